@@ -1,0 +1,131 @@
+//! Command-line arguments, and which stages each subcommand connects. No orchestration here.
+
+mod check;
+mod graph;
+mod plan;
+
+use crate::inventory::InventoryError;
+use crate::plan::PlanError;
+use crate::site::SiteErrors;
+use crate::state::StateError;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Exit codes; stable, documented in the book.
+pub mod code {
+    /// Everything asked for was done (or, for `check`, the site is valid).
+    pub const OK: u8 = 0;
+    /// The run finished but some hosts failed, or `verify` found a host off its desired state.
+    pub const FAILED: u8 = 1;
+    /// The command line itself is wrong (clap's own code).
+    pub const USAGE: u8 = 2;
+    /// The site, platform or policy files are invalid.
+    pub const INVALID: u8 = 3;
+    /// Refused: no confirmation, a held lock, or a saved plan that drifted.
+    pub const REFUSED: u8 = 4;
+    /// The environment failed: inventory, transport, state or a file that cannot be written.
+    pub const ENVIRONMENT: u8 = 5;
+    /// Interrupted by a signal.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// Drover: roll out a declared site over SSH, in dependency order, under a policy.
+#[derive(Debug, Parser)]
+#[command(name = "deploy", version, about, after_help = EXIT_CODES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+const EXIT_CODES: &str = "Exit codes: 0 ok, 1 some hosts failed or diverge, 2 usage, 3 invalid site, 4 refused, 5 environment error, 130 interrupted.";
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Parse and validate a site offline, reporting every problem at once.
+    Check {
+        /// The site file.
+        site: PathBuf,
+    },
+    /// Resolve the inventory, read host state and show what would change.
+    Plan(PlanArgs),
+    /// Show classes, services and every dependency between them.
+    Graph {
+        /// The site file.
+        site: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
+        format: GraphFormat,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// The site file.
+    pub site: PathBuf,
+    /// Print the plan as JSON (schema in the book).
+    #[arg(long)]
+    pub json: bool,
+    /// Save the exact plan (inventory snapshot and observed state included) to this file.
+    #[arg(long, value_name = "PLAN")]
+    pub out: Option<PathBuf>,
+    /// Do not contact any host: treat every host as fresh.
+    #[arg(long)]
+    pub offline: bool,
+    /// Plan only these services (the others are listed as not selected).
+    #[arg(long, value_name = "SERVICE", num_args = 1..)]
+    pub only: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GraphFormat {
+    Text,
+    Dot,
+}
+
+/// Every way a command can fail, by layer.
+#[derive(Debug, Error, miette::Diagnostic)]
+pub enum Error {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Site(#[from] SiteErrors),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Plan(#[from] PlanError),
+    #[error("unknown service `{name}` in --only")]
+    #[diagnostic(code(drover::cli::unknown_service), help("{help}"))]
+    UnknownService { name: String, help: String },
+    #[error("cannot write {path}: {source}")]
+    #[diagnostic(code(drover::cli::write))]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The documented exit code for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Site(_) | Error::UnknownService { .. } => code::INVALID,
+            Error::Inventory(_) | Error::State(_) | Error::Plan(_) | Error::Write { .. } => {
+                code::ENVIRONMENT
+            }
+        }
+    }
+}
+
+/// Runs one command; returns the exit code on success, the error otherwise.
+pub fn run(cli: Cli) -> Result<u8, Error> {
+    match cli.command {
+        Command::Check { site } => check::run(&site),
+        Command::Plan(args) => plan::run(&args),
+        Command::Graph { site, format } => graph::run(&site, format),
+    }
+}

@@ -1,0 +1,76 @@
+//! `deploy plan`: site → inventory → observed state → plan → text, JSON or a saved file.
+
+use super::{code, Error, PlanArgs};
+use crate::plan::{self, Plan, Selection};
+use crate::site::{self, Site};
+use crate::state::{Observe, Offline};
+use crate::{inventory, report};
+use std::io::Write;
+
+pub fn run(args: &PlanArgs) -> Result<u8, Error> {
+    let site = site::load(&args.site)?;
+    let selection = selection(&site, &args.only)?;
+    let hosts = inventory::resolve(&site)?;
+    let observer: Box<dyn Observe> = Box::new(Offline);
+    let observed = observer.observe(&site, &hosts)?;
+    let plan = plan::plan(&site, &hosts, &observed, &selection)?;
+    if let Some(path) = &args.out {
+        save(&plan, path)?;
+    }
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, &plan)
+            .map_err(std::io::Error::from)
+            .and_then(|_| writeln!(out))
+    } else {
+        out.write_all(report::plan_text(&plan).as_bytes())
+    };
+    // A closed pipe (`deploy plan | head`) is not an error worth reporting.
+    let _ = written.and_then(|_| out.flush());
+    Ok(code::OK)
+}
+
+/// `--only` names → service ids; an unknown name is an error with a suggestion.
+pub fn selection(site: &Site, only: &[String]) -> Result<Selection, Error> {
+    if only.is_empty() {
+        return Ok(Selection::default());
+    }
+    let mut services = std::collections::BTreeSet::new();
+    for name in only.iter().flat_map(|o| o.split(',')) {
+        match site.service(name) {
+            Some(id) => {
+                services.insert(id);
+            }
+            None => {
+                let names: Vec<&str> = site.services.iter().map(|s| s.name.as_str()).collect();
+                return Err(Error::UnknownService {
+                    name: name.into(),
+                    help: format!("services: {}", names.join(", ")),
+                });
+            }
+        }
+    }
+    Ok(Selection {
+        services: Some(services),
+        hosts: None,
+    })
+}
+
+/// Writes the plan as compact JSON, atomically.
+fn save(plan: &Plan, path: &std::path::Path) -> Result<(), Error> {
+    let err = |source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    let file = std::fs::File::create(&tmp).map_err(err)?;
+    let mut w = std::io::BufWriter::new(file);
+    serde_json::to_writer(&mut w, plan).map_err(|e| err(e.into()))?;
+    w.write_all(b"\n").map_err(err)?;
+    w.into_inner()
+        .map_err(|e| err(e.into_error()))?
+        .sync_all()
+        .map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}

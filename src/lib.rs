@@ -1,0 +1,12 @@
+//! Drover: a push-model, declarative site deployer.
+//!
+//! The pipeline, one module per stage: [`site`] (KDL → checked model) → [`inventory`]
+//! (class → hosts) → [`plan`] (graph, observed state, waves; pure) → `rollout` → `transport`
+//! → [`state`] → [`report`]. [`cli`] only connects the stages.
+
+pub mod cli;
+pub mod inventory;
+pub mod plan;
+pub mod report;
+pub mod site;
+pub mod state;

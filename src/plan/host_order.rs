@@ -1,0 +1,72 @@
+//! On one host, a service's step follows the steps of the services it needs at runtime.
+
+use crate::inventory::HostId;
+use crate::site::{ClassId, ServiceId, Site};
+
+/// Per service, every service it needs at runtime, directly or through others.
+pub struct RuntimeClosure {
+    /// `needs[s]` is a bitset over services.
+    needs: Vec<Vec<u64>>,
+}
+
+impl RuntimeClosure {
+    pub fn new(site: &Site) -> Self {
+        let words = site.services.len().div_ceil(64);
+        let mut needs = vec![vec![0u64; words]; site.services.len()];
+        for &s in &site.order {
+            for n in site.services[s]
+                .needs
+                .iter()
+                .filter(|n| n.healthy.is_some())
+            {
+                let t = n.service;
+                let inherited = needs[t].clone();
+                let mine = &mut needs[s];
+                for (m, i) in mine.iter_mut().zip(inherited) {
+                    *m |= i;
+                }
+                mine[t / 64] |= 1 << (t % 64);
+            }
+        }
+        RuntimeClosure { needs }
+    }
+
+    /// The services of `class` that `service` needs at runtime, in dependency order.
+    pub fn after<'a>(
+        &'a self,
+        site: &'a Site,
+        class: ClassId,
+        service: ServiceId,
+    ) -> impl Iterator<Item = ServiceId> + 'a {
+        let bits = &self.needs[service];
+        let mut mine: Vec<ServiceId> = site.classes[class]
+            .services
+            .iter()
+            .copied()
+            .filter(|t| bits[t / 64] & (1 << (t % 64)) != 0)
+            .collect();
+        mine.sort_by_key(|t| site.order.iter().position(|o| o == t));
+        mine.into_iter()
+    }
+}
+
+/// Which services have a step on which host, filled in dependency order.
+pub struct Changing {
+    per_host: Vec<Vec<ServiceId>>,
+}
+
+impl Changing {
+    pub fn new(hosts: usize) -> Self {
+        Changing {
+            per_host: vec![Vec::new(); hosts],
+        }
+    }
+
+    pub fn add(&mut self, host: HostId, service: ServiceId) {
+        self.per_host[host].push(service);
+    }
+
+    pub fn has(&self, host: HostId, service: ServiceId) -> bool {
+        self.per_host[host].contains(&service)
+    }
+}

@@ -1,0 +1,349 @@
+//! The plan: per service, its start condition and its waves of host transitions.
+//!
+//! A pure function of the checked site, the resolved hosts, what each host runs and what the
+//! operator selected. The rollout only carries it out.
+
+mod host_order;
+mod waves;
+
+use crate::inventory::{HostId, Hosts};
+use crate::site::{OnFailure, Pause, Quota, Round, ServiceId, Site};
+use crate::state::Observed;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use thiserror::Error;
+
+/// Version of the plan's JSON schema; bumped on any incompatible change.
+pub const SCHEMA: u32 = 1;
+
+/// Everything `deploy apply` needs to carry out a change, and everything it was derived from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema: u32,
+    pub site: String,
+    pub site_file: String,
+    /// sha256 of every file the site was read from.
+    pub site_digest: String,
+    pub platform: String,
+    /// The inventory snapshot and what each host ran when planned.
+    pub hosts: Vec<PlannedHost>,
+    /// In dependency order: a service after every service it needs at runtime.
+    pub services: Vec<ServicePlan>,
+}
+
+/// A host as the inventory gave it and as it was observed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedHost {
+    pub name: Arc<str>,
+    pub address: Arc<str>,
+    pub class: String,
+    pub tags: BTreeMap<String, String>,
+    pub observed: Observed,
+}
+
+/// One service's part of the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServicePlan {
+    pub name: String,
+    pub version: Arc<str>,
+    pub port: Option<u16>,
+    pub classes: Vec<String>,
+    /// All hosts that run the service, changing or not.
+    pub hosts: usize,
+    pub policy: PlannedPolicy,
+    /// Runtime dependencies: start once each holds.
+    pub waits_for: Vec<Condition>,
+    /// Data dependencies: addresses handed to the hooks, no ordering.
+    pub addresses_of: Vec<Condition>,
+    pub waves: Vec<Wave>,
+    pub skipped: Vec<Skip>,
+}
+
+/// The service's policy with its shares turned into host counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedPolicy {
+    pub name: String,
+    pub batch: Quota,
+    /// Hosts per wave (at least 1).
+    pub batch_hosts: usize,
+    pub max_failed: Quota,
+    /// New waves stop once more hosts than this have failed.
+    pub max_failed_hosts: usize,
+    pub canary: u64,
+    /// A duration such as `"30s"`, or `"confirm"`.
+    pub pause: String,
+    pub spread: Option<String>,
+    pub on_failure: OnFailure,
+}
+
+/// "`count` of the `of` hosts of `service`".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    pub service: String,
+    pub count: usize,
+    pub of: usize,
+}
+
+/// Hosts that switch together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wave {
+    pub canary: bool,
+    /// The value of the policy's `spread` tag every host of the wave shares.
+    pub spread: Option<String>,
+    pub steps: Vec<Step>,
+}
+
+/// One host going from one version to another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub host: Arc<str>,
+    /// `None`: a fresh install.
+    pub from: Option<Arc<str>>,
+    pub to: Arc<str>,
+    /// Services on the same host whose steps must finish first (runtime needs).
+    pub after: Vec<String>,
+}
+
+/// A host that runs the service but is left alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skip {
+    pub host: Arc<str>,
+    pub version: Option<Arc<str>>,
+    pub reason: SkipReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkipReason {
+    /// Already runs the desired version.
+    AtVersion,
+    /// Left out by `--only` or `--on`.
+    NotSelected,
+}
+
+/// What the operator chose to change; everything by default.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// `--only`: these services, or all.
+    pub services: Option<BTreeSet<ServiceId>>,
+    /// `--on`: these hosts, or all.
+    pub hosts: Option<BTreeSet<HostId>>,
+}
+
+impl Selection {
+    fn has(&self, service: ServiceId, host: HostId) -> bool {
+        self.services.as_ref().is_none_or(|s| s.contains(&service))
+            && self.hosts.as_ref().is_none_or(|h| h.contains(&host))
+    }
+}
+
+/// What makes a plan impossible.
+#[derive(Debug, Error, miette::Diagnostic)]
+pub enum PlanError {
+    #[error("observed state has {got} entries for {want} hosts")]
+    #[diagnostic(code(drover::plan::observed))]
+    ObservedMismatch { got: usize, want: usize },
+}
+
+/// Plans the change from what `observed` runs to what `site` declares, for `selection`.
+pub fn plan(
+    site: &Site,
+    hosts: &Hosts,
+    observed: &[Observed],
+    selection: &Selection,
+) -> Result<Plan, PlanError> {
+    if observed.len() != hosts.hosts.len() {
+        return Err(PlanError::ObservedMismatch {
+            got: observed.len(),
+            want: hosts.hosts.len(),
+        });
+    }
+    let versions: Vec<Arc<str>> = site
+        .services
+        .iter()
+        .map(|s| Arc::from(s.version.as_str()))
+        .collect();
+    let mut changing = host_order::Changing::new(hosts.hosts.len());
+    let after = host_order::RuntimeClosure::new(site);
+    let mut services = Vec::with_capacity(site.services.len());
+    for &sid in &site.order {
+        services.push(service_plan(
+            site,
+            hosts,
+            observed,
+            selection,
+            sid,
+            &versions[sid],
+            &mut changing,
+            &after,
+        ));
+    }
+    Ok(Plan {
+        schema: SCHEMA,
+        site: site.name.clone(),
+        site_file: site.file.display().to_string(),
+        site_digest: site.digest.clone(),
+        platform: site.platform.name.clone(),
+        hosts: hosts
+            .hosts
+            .iter()
+            .zip(observed)
+            .map(|(h, o)| PlannedHost {
+                name: h.name.clone(),
+                address: h.address.clone(),
+                class: site.classes[h.class].name.clone(),
+                tags: h.tags.clone(),
+                observed: o.clone(),
+            })
+            .collect(),
+        services,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn service_plan(
+    site: &Site,
+    hosts: &Hosts,
+    observed: &[Observed],
+    selection: &Selection,
+    sid: ServiceId,
+    version: &Arc<str>,
+    changing: &mut host_order::Changing,
+    closure: &host_order::RuntimeClosure,
+) -> ServicePlan {
+    let service = &site.services[sid];
+    let members = service_hosts(site, hosts, sid);
+    let mut todo = Vec::new();
+    let mut skipped = Vec::new();
+    let mut from_versions = Vec::new();
+    for &h in &members {
+        let running = observed[h].version(&service.name);
+        let reason = if !selection.has(sid, h) {
+            Some(SkipReason::NotSelected)
+        } else if running == Some(&**version) {
+            Some(SkipReason::AtVersion)
+        } else {
+            None
+        };
+        let running: Option<Arc<str>> = running.map(|v| {
+            if v == &**version {
+                version.clone()
+            } else {
+                Arc::from(v)
+            }
+        });
+        match reason {
+            Some(reason) => skipped.push(Skip {
+                host: hosts.hosts[h].name.clone(),
+                version: running,
+                reason,
+            }),
+            None => {
+                todo.push(h);
+                from_versions.push(running);
+            }
+        }
+    }
+    let policy = &service.policy;
+    let batch_hosts = policy.batch.of(members.len(), Round::Down).max(1);
+    let groups = waves::waves(hosts, &todo, policy, batch_hosts);
+    let from_of: BTreeMap<HostId, Option<Arc<str>>> =
+        todo.iter().copied().zip(from_versions).collect();
+    let waves = groups
+        .into_iter()
+        .map(|g| Wave {
+            canary: g.canary,
+            spread: g.spread,
+            steps: g
+                .hosts
+                .into_iter()
+                .map(|h| {
+                    let host = &hosts.hosts[h];
+                    let after = closure
+                        .after(site, host.class, sid)
+                        .filter(|t| changing.has(h, *t))
+                        .map(|t| site.services[t].name.clone())
+                        .collect();
+                    Step {
+                        host: host.name.clone(),
+                        from: from_of.get(&h).cloned().flatten(),
+                        to: version.clone(),
+                        after,
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    for &h in &todo {
+        changing.add(h, sid);
+    }
+    ServicePlan {
+        name: service.name.clone(),
+        version: version.clone(),
+        port: service.port,
+        classes: service
+            .classes
+            .iter()
+            .map(|c| site.classes[*c].name.clone())
+            .collect(),
+        hosts: members.len(),
+        policy: PlannedPolicy {
+            name: policy.name.clone(),
+            batch: policy.batch,
+            batch_hosts,
+            max_failed: policy.max_failed,
+            max_failed_hosts: policy.max_failed.of(members.len(), Round::Down),
+            canary: policy.canary,
+            pause: match policy.pause {
+                Pause::Wait(d) => crate::site::format_duration(d),
+                Pause::Confirm => "confirm".into(),
+            },
+            spread: policy.spread.clone(),
+            on_failure: policy.on_failure,
+        },
+        waits_for: conditions(site, hosts, sid, |n| n.healthy),
+        addresses_of: conditions(site, hosts, sid, |n| n.addressable),
+        waves,
+        skipped,
+    }
+}
+
+/// Every host of every class that runs `sid`, in natural name order.
+fn service_hosts(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
+    let classes = &site.services[sid].classes;
+    if let [only] = classes.as_slice() {
+        return hosts.by_class[*only].clone();
+    }
+    let mut all: Vec<HostId> = classes
+        .iter()
+        .flat_map(|c| hosts.by_class[*c].iter().copied())
+        .collect();
+    all.sort_unstable();
+    all
+}
+
+fn conditions(
+    site: &Site,
+    hosts: &Hosts,
+    sid: ServiceId,
+    quota: impl Fn(&crate::site::Need) -> Option<Quota>,
+) -> Vec<Condition> {
+    site.services[sid]
+        .needs
+        .iter()
+        .filter_map(|n| {
+            let q = quota(n)?;
+            let of = site.services[n.service]
+                .classes
+                .iter()
+                .map(|c| hosts.by_class[*c].len())
+                .sum();
+            Some(Condition {
+                service: site.services[n.service].name.clone(),
+                count: q.of(of, Round::Up),
+                of,
+            })
+        })
+        .collect()
+}

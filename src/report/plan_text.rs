@@ -1,0 +1,168 @@
+//! `deploy plan` for people: per service, what it waits for, its waves, and who is skipped.
+
+use crate::plan::{Plan, ServicePlan, SkipReason, Wave};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+/// The whole plan as text, deterministic for the same plan.
+pub fn plan_text(plan: &Plan) -> String {
+    let mut out = String::new();
+    let steps: usize = plan
+        .services
+        .iter()
+        .flat_map(|s| &s.waves)
+        .map(|w| w.steps.len())
+        .sum();
+    let skipped: usize = plan.services.iter().map(|s| s.skipped.len()).sum();
+    let _ = writeln!(
+        out,
+        "Plan for site {} on platform {}: {} hosts, {} services (digest {})",
+        plan.site,
+        plan.platform,
+        plan.hosts.len(),
+        plan.services.len(),
+        &plan.site_digest[..12.min(plan.site_digest.len())]
+    );
+    for s in &plan.services {
+        out.push('\n');
+        service(&mut out, s);
+    }
+    let waves: usize = plan.services.iter().map(|s| s.waves.len()).sum();
+    let _ = writeln!(
+        out,
+        "\n{steps} {} in {waves} {}, {skipped} skipped.",
+        plural(steps, "step"),
+        plural(waves, "wave")
+    );
+    out
+}
+
+fn service(out: &mut String, s: &ServicePlan) {
+    let p = &s.policy;
+    let _ = writeln!(
+        out,
+        "{} → {}  (class {}: {} {})",
+        s.name,
+        s.version,
+        s.classes.join(", "),
+        s.hosts,
+        plural(s.hosts, "host")
+    );
+    let mut rules = vec![format!("{} per wave", count(p.batch_hosts, "host"))];
+    if p.canary > 0 {
+        rules.insert(0, format!("canary {}", p.canary));
+    }
+    if let Some(tag) = &p.spread {
+        rules.push(format!("one {tag} at a time"));
+    }
+    rules.push(format!("stop after {} failed", p.max_failed_hosts + 1));
+    rules.push(format!(
+        "on failure {}",
+        serde_json::to_value(p.on_failure)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default()
+    ));
+    if p.pause != "0s" {
+        rules.push(format!("pause {}", p.pause));
+    }
+    let _ = writeln!(out, "  policy {}: {}", p.name, rules.join(", "));
+    if s.waits_for.is_empty() {
+        let _ = writeln!(out, "  starts at once");
+    }
+    for c in &s.waits_for {
+        let _ = writeln!(
+            out,
+            "  waits for {}: {} of {} hosts healthy",
+            c.service, c.count, c.of
+        );
+    }
+    for c in &s.addresses_of {
+        let _ = writeln!(
+            out,
+            "  addresses of {}: {} of {} hosts",
+            c.service, c.count, c.of
+        );
+    }
+    let after: BTreeSet<&str> = s
+        .waves
+        .iter()
+        .flat_map(|w| &w.steps)
+        .flat_map(|st| &st.after)
+        .map(String::as_str)
+        .collect();
+    if !after.is_empty() {
+        let _ = writeln!(
+            out,
+            "  on each host after: {}",
+            after.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    for (i, w) in s.waves.iter().enumerate() {
+        wave(out, i + 1, w);
+    }
+    skips(out, s);
+}
+
+fn wave(out: &mut String, n: usize, w: &Wave) {
+    let mut label = format!("wave {n}");
+    if w.canary {
+        label.push_str(" (canary)");
+    }
+    if let Some(v) = &w.spread {
+        label.push_str(&format!(" [{v}]"));
+    }
+    // One line per distinct starting version, hosts in plan order.
+    let mut froms: Vec<Option<&str>> = Vec::new();
+    for st in &w.steps {
+        let f = st.from.as_deref();
+        if !froms.contains(&f) {
+            froms.push(f);
+        }
+    }
+    for (i, f) in froms.iter().enumerate() {
+        let hosts: Vec<&str> = w
+            .steps
+            .iter()
+            .filter(|st| st.from.as_deref() == *f)
+            .map(|st| &*st.host)
+            .collect();
+        let to = w.steps.first().map(|st| &*st.to).unwrap_or("");
+        let lead = if i == 0 { label.as_str() } else { "" };
+        let _ = writeln!(
+            out,
+            "  {lead:<18} {} → {to}: {}",
+            f.unwrap_or("fresh"),
+            hosts.join(", ")
+        );
+    }
+}
+
+fn skips(out: &mut String, s: &ServicePlan) {
+    for (reason, text) in [
+        (SkipReason::AtVersion, "already at version"),
+        (SkipReason::NotSelected, "not selected"),
+    ] {
+        let hosts: Vec<&str> = s
+            .skipped
+            .iter()
+            .filter(|k| k.reason == reason)
+            .map(|k| &*k.host)
+            .collect();
+        if !hosts.is_empty() {
+            let _ = writeln!(out, "  skipped, {text}: {}", hosts.join(", "));
+        }
+    }
+}
+
+fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        word.into()
+    } else {
+        format!("{word}s")
+    }
+}
+
+fn count(n: usize, word: &str) -> String {
+    format!("{n} {}", plural(n, word))
+}

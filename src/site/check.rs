@@ -1,0 +1,582 @@
+//! Raw nodes → the checked [`Site`]: names resolved, defaults applied, every problem collected.
+
+use super::cycle;
+use super::error::{SiteError, Src};
+use super::model::*;
+use super::raw::{self, HookKind, RawHook, RawPlatform, RawPolicy, RawService, RawSite};
+use super::read::{Reader, Spanned};
+use super::source::{beside, Referrer, Sources};
+use super::suggest;
+use super::value::Quota;
+use miette::SourceSpan;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything the checker carries while it walks the files.
+pub struct Checker {
+    pub sources: Sources,
+    pub errors: Vec<SiteError>,
+    policies: HashMap<PathBuf, Option<Arc<Policy>>>,
+}
+
+const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Checker {
+    pub fn new() -> Self {
+        Checker {
+            sources: Sources::default(),
+            errors: Vec::new(),
+            policies: HashMap::new(),
+        }
+    }
+
+    /// Reads the site at `path` and everything it names; `None` when anything is wrong.
+    pub fn site(&mut self, path: &Path) -> Option<Site> {
+        let (src, doc) = self.sources.load(path, None, &mut self.errors)?;
+        let raw = raw::site(
+            &mut Reader {
+                src: &src,
+                errors: &mut self.errors,
+            },
+            &doc,
+        );
+        drop(doc);
+        let start = SourceSpan::from(0..0);
+        let Some(name) = raw.name.clone() else {
+            if raw.site_span.is_none() {
+                self.errors.push(SiteError::Missing {
+                    what: "a `site` node".into(),
+                    src: src.clone(),
+                    span: start,
+                    help: "begin the file with `site \"name\" { version \"1.0\"; platform \"../platforms/lab.kdl\" }`".into(),
+                });
+            }
+            return None;
+        };
+        let platform = self.platform(path, &src, &raw);
+        let default_policy = match &raw.policy {
+            Some(p) => self.policy(path, &src, p),
+            None => Some(Arc::new(Policy::default())),
+        };
+        let (classes, class_ids) = self.classes(&src, &raw);
+        let services = self.services(path, &src, &raw, &class_ids, default_policy);
+        let platform = platform.and_then(|p| self.platform_model(p, &class_ids, &src));
+        if !self.errors.is_empty() {
+            return None;
+        }
+        let (platform, mut services, mut classes) = (platform?, services?, classes);
+        for (cid, class) in classes.iter_mut().enumerate() {
+            for &sid in &class.services {
+                services[sid].classes.push(cid);
+            }
+        }
+        let order = cycle::order(&services);
+        Some(Site {
+            name: name.value,
+            file: path.to_path_buf(),
+            digest: self.sources.digest(),
+            platform,
+            classes,
+            services,
+            order,
+        })
+    }
+
+    fn classes(
+        &mut self,
+        src: &Src,
+        raw: &RawSite,
+    ) -> (Vec<Class>, BTreeMap<String, (ClassId, SourceSpan)>) {
+        let mut ids: BTreeMap<String, (ClassId, SourceSpan)> = BTreeMap::new();
+        let mut classes = Vec::new();
+        let service_names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
+        for c in &raw.classes {
+            if let Some((_, first)) = ids.get(&c.name.value) {
+                self.duplicate(src, "class", &c.name, *first);
+                continue;
+            }
+            let mut members: Vec<(ServiceId, SourceSpan)> = Vec::new();
+            for s in &c.services {
+                let Some(sid) = service_names.iter().position(|n| *n == s.value) else {
+                    self.unknown(src, "service", s, &service_names);
+                    continue;
+                };
+                match members.iter().find(|(m, _)| *m == sid) {
+                    Some((_, first)) => self.duplicate(src, "service in this class", s, *first),
+                    None => members.push((sid, s.span)),
+                }
+            }
+            ids.insert(c.name.value.clone(), (classes.len(), c.name.span));
+            classes.push(Class {
+                name: c.name.value.clone(),
+                services: members.into_iter().map(|m| m.0).collect(),
+            });
+        }
+        (classes, ids)
+    }
+
+    fn services(
+        &mut self,
+        site_path: &Path,
+        src: &Src,
+        raw: &RawSite,
+        classes: &BTreeMap<String, (ClassId, SourceSpan)>,
+        default_policy: Option<Arc<Policy>>,
+    ) -> Option<Vec<Service>> {
+        let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
+        let names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
+        let mut out = Vec::with_capacity(raw.services.len());
+        let mut ok = true;
+        for s in &raw.services {
+            if let Some(first) = seen.get(s.name.value.as_str()) {
+                self.duplicate(src, "service", &s.name, *first);
+                ok = false;
+                continue;
+            }
+            seen.insert(&s.name.value, s.name.span);
+            let in_a_class = raw.classes.iter().any(|c| {
+                classes.contains_key(&c.name.value)
+                    && c.services.iter().any(|m| m.value == s.name.value)
+            });
+            if !in_a_class {
+                let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
+                self.errors.push(SiteError::OrphanService {
+                    name: s.name.value.clone(),
+                    src: src.clone(),
+                    span: s.name.span,
+                    help: format!(
+                        "add `service \"{}\"` to a class ({})",
+                        s.name.value,
+                        class_names.join(", ")
+                    ),
+                });
+            }
+            let version = s
+                .version
+                .as_ref()
+                .or(raw.version.as_ref())
+                .map(|v| v.value.clone());
+            if version.is_none() {
+                self.errors.push(SiteError::Missing {
+                    what: format!("a version for `{}`", s.name.value),
+                    src: src.clone(),
+                    span: s.name.span,
+                    help: "give the site a default `version \"…\"` or the service its own".into(),
+                });
+            }
+            let needs = self.needs(src, s, &names);
+            let policy = match &s.policy {
+                Some(p) => self.policy(site_path, src, p),
+                None => default_policy.clone(),
+            };
+            match (version, needs, policy) {
+                (Some(version), Some(needs), Some(policy)) => out.push(Service {
+                    name: s.name.value.clone(),
+                    version,
+                    port: s.port.as_ref().and_then(|p| u16::try_from(p.value).ok()),
+                    classes: Vec::new(),
+                    needs,
+                    policy,
+                    hooks: hooks(&s.hooks),
+                }),
+                _ => ok = false,
+            }
+        }
+        if ok {
+            cycle::report(src, raw, &out, &mut self.errors);
+        }
+        ok.then_some(out)
+    }
+
+    fn needs(&mut self, src: &Src, s: &RawService, names: &[&str]) -> Option<Vec<Need>> {
+        let mut out = Vec::new();
+        let mut ok = true;
+        for n in &s.needs {
+            let Some(service) = names.iter().position(|x| *x == n.service.value) else {
+                self.unknown(src, "service", &n.service, names);
+                ok = false;
+                continue;
+            };
+            let healthy = match (&n.healthy, &n.addressable) {
+                (None, None) => Some(Quota::All),
+                (h, _) => h.as_ref().map(|h| h.value),
+            };
+            out.push(Need {
+                service,
+                healthy,
+                addressable: n.addressable.as_ref().map(|a| a.value),
+            });
+        }
+        ok.then_some(out)
+    }
+
+    fn policy(
+        &mut self,
+        site_path: &Path,
+        src: &Src,
+        named: &Spanned<String>,
+    ) -> Option<Arc<Policy>> {
+        let path = beside(site_path, &named.value);
+        if let Some(cached) = self.policies.get(&path) {
+            return cached.clone();
+        }
+        let loaded = self.sources.load(
+            &path,
+            Some(Referrer {
+                src,
+                span: named.span,
+            }),
+            &mut self.errors,
+        );
+        let policy = loaded.and_then(|(psrc, doc)| {
+            let raw = raw::policy(
+                &mut Reader {
+                    src: &psrc,
+                    errors: &mut self.errors,
+                },
+                &doc,
+            );
+            policy_model(
+                &mut Reader {
+                    src: &psrc,
+                    errors: &mut self.errors,
+                },
+                raw,
+            )
+        });
+        let policy = policy.map(Arc::new);
+        self.policies.insert(path, policy.clone());
+        policy
+    }
+
+    fn platform(
+        &mut self,
+        site_path: &Path,
+        src: &Src,
+        raw: &RawSite,
+    ) -> Option<(RawPlatform, Src, PathBuf)> {
+        let Some(named) = &raw.platform else {
+            self.errors.push(SiteError::Missing {
+                what: "the platform".into(),
+                src: src.clone(),
+                span: raw.site_span.unwrap_or_else(|| (0..0).into()),
+                help:
+                    "name the platform file in the site node: `platform \"../platforms/lab.kdl\"`"
+                        .into(),
+            });
+            return None;
+        };
+        let path = beside(site_path, &named.value);
+        let (psrc, doc) = self.sources.load(
+            &path,
+            Some(Referrer {
+                src,
+                span: named.span,
+            }),
+            &mut self.errors,
+        )?;
+        let raw = raw::platform(
+            &mut Reader {
+                src: &psrc,
+                errors: &mut self.errors,
+            },
+            &doc,
+        );
+        Some((raw, psrc, path))
+    }
+
+    fn platform_model(
+        &mut self,
+        (raw, src, path): (RawPlatform, Src, PathBuf),
+        classes: &BTreeMap<String, (ClassId, SourceSpan)>,
+        site: &Src,
+    ) -> Option<Platform> {
+        let mut r = Reader {
+            src: &src,
+            errors: &mut self.errors,
+        };
+        let top = raw.span.unwrap_or_else(|| (0..0).into());
+        let Some(name) = raw.name else {
+            if raw.span.is_none() {
+                r.missing(
+                    top,
+                    "a `platform` node".into(),
+                    "write `platform \"lab\" { transport \"ssh\"; inventory \"static\" { … } }`"
+                        .into(),
+                );
+            }
+            return None;
+        };
+        let transport = match raw.transport {
+            Some(t) => transport_model(&mut r, t, &path),
+            None => {
+                r.missing(
+                    name.span,
+                    "a `transport`".into(),
+                    "add `transport \"ssh\" user=\"root\"` or `transport \"local\" root=\"hosts\"`"
+                        .into(),
+                );
+                None
+            }
+        };
+        let state_dir = raw
+            .state_dir
+            .map(|s| s.value)
+            .unwrap_or_else(|| "/var/lib/drover".into());
+        let inventory = match raw.inventory {
+            Some(inv) => inventory_model(&mut r, inv, classes, site),
+            None => {
+                r.missing(
+                    name.span,
+                    "an `inventory`".into(),
+                    "add `inventory \"static\" { host \"db1\" address=\"10.0.0.5\" class=\"db\" }`"
+                        .into(),
+                );
+                None
+            }
+        };
+        Some(Platform {
+            name: name.value,
+            file: path,
+            transport: transport?,
+            state_dir,
+            inventory: inventory?,
+        })
+    }
+
+    fn duplicate(&mut self, src: &Src, kind: &str, again: &Spanned<String>, first: SourceSpan) {
+        self.errors.push(SiteError::Duplicate {
+            kind: kind.into(),
+            name: again.value.clone(),
+            src: src.clone(),
+            first,
+            second: again.span,
+            help: format!(
+                "rename one of them or merge them into one `{}`",
+                kind.split(' ').next().unwrap_or(kind)
+            ),
+        });
+    }
+
+    fn unknown(&mut self, src: &Src, kind: &str, name: &Spanned<String>, known: &[&str]) {
+        self.errors.push(SiteError::UnknownName {
+            kind: kind.into(),
+            name: name.value.clone(),
+            src: src.clone(),
+            span: name.span,
+            help: suggest::help(&name.value, kind, known),
+        });
+    }
+}
+
+impl Default for Checker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn hooks(raw: &[RawHook]) -> Hooks {
+    let mut h = Hooks::default();
+    for hook in raw {
+        let plain = Some(Hook {
+            command: hook.command.clone(),
+            timeout: hook.timeout,
+        });
+        match hook.kind {
+            HookKind::Stop => h.stop = plain,
+            HookKind::Install => h.install = plain,
+            HookKind::Migrate => h.migrate = plain,
+            HookKind::Start => h.start = plain,
+            HookKind::Rollback => h.rollback = plain,
+            HookKind::Check => {
+                h.check = Some(Check {
+                    command: hook.command.clone(),
+                    timeout: hook.timeout.unwrap_or(DEFAULT_CHECK_TIMEOUT),
+                    interval: hook.interval.unwrap_or(DEFAULT_CHECK_INTERVAL),
+                })
+            }
+        }
+    }
+    h
+}
+
+fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
+    let defaults = Policy::default();
+    let name = raw.name?.value;
+    if let Some(b) = &raw.batch {
+        if b.value == Quota::Count(0) || b.value == Quota::Percent(0) {
+            r.bad(
+                b.span,
+                "the batch size".into(),
+                "a batch of 0 never finishes".into(),
+                "use at least 1 host or a percentage above 0%".into(),
+            );
+            return None;
+        }
+    }
+    let on_failure = match raw.on_failure {
+        None => defaults.on_failure,
+        Some(s) => match s.value.as_str() {
+            "rollback" => OnFailure::Rollback,
+            "stop" => OnFailure::Stop,
+            "continue" => OnFailure::Continue,
+            other => {
+                let help = suggest::help(other, "choice", &["rollback", "stop", "continue"]);
+                r.bad(
+                    s.span,
+                    "`on-failure`".into(),
+                    format!("`{other}` is not a choice"),
+                    help,
+                );
+                return None;
+            }
+        },
+    };
+    Some(Policy {
+        name,
+        batch: raw.batch.map_or(defaults.batch, |b| b.value),
+        max_failed: raw.max_failed.map_or(defaults.max_failed, |m| m.value),
+        canary: raw.canary.map_or(0, |c| c.value),
+        pause: match raw.pause {
+            None => defaults.pause,
+            Some(Spanned { value: Some(d), .. }) => Pause::Wait(d),
+            Some(Spanned { value: None, .. }) => Pause::Confirm,
+        },
+        spread: raw.spread.map(|s| s.value),
+        on_failure,
+    })
+}
+
+fn transport_model(
+    r: &mut Reader<'_>,
+    t: raw::RawTransport,
+    platform_file: &Path,
+) -> Option<Transport> {
+    let path = |s: Option<Spanned<String>>| s.map(|s| beside(platform_file, &s.value));
+    match t.kind.value.as_str() {
+        "ssh" => {
+            if let Some(root) = &t.root {
+                r.bad(
+                    root.span,
+                    "`root`".into(),
+                    "only the local transport has a root".into(),
+                    "remove `root=`".into(),
+                );
+                return None;
+            }
+            Some(Transport::Ssh(SshOptions {
+                user: t.user.map(|u| u.value),
+                port: t.port.and_then(|p| u16::try_from(p.value).ok()),
+                identity: path(t.identity),
+                known_hosts: path(t.known_hosts),
+                config: path(t.config),
+                connect_timeout: t
+                    .connect_timeout
+                    .map_or(DEFAULT_CONNECT_TIMEOUT, |c| c.value),
+            }))
+        }
+        "local" => {
+            let ssh_only = [&t.user, &t.identity, &t.known_hosts, &t.config]
+                .into_iter()
+                .flatten()
+                .next();
+            if let Some(s) = ssh_only {
+                r.bad(
+                    s.span,
+                    "the local transport".into(),
+                    "this is an ssh setting".into(),
+                    "remove it, or use `transport \"ssh\"`".into(),
+                );
+                return None;
+            }
+            let root = t.root.map_or_else(
+                || beside(platform_file, "hosts"),
+                |s| beside(platform_file, &s.value),
+            );
+            Some(Transport::Local { root })
+        }
+        other => {
+            let help = suggest::help(other, "transport", &["ssh", "local"]);
+            r.bad(
+                t.kind.span,
+                "the transport".into(),
+                format!("`{other}` is not a transport"),
+                help,
+            );
+            None
+        }
+    }
+}
+
+fn inventory_model(
+    r: &mut Reader<'_>,
+    inv: raw::RawInventory,
+    classes: &BTreeMap<String, (ClassId, SourceSpan)>,
+    site: &Src,
+) -> Option<InventorySpec> {
+    if inv.kind.value != "static" {
+        let help = suggest::help(&inv.kind.value, "inventory backend", &["static"]);
+        r.bad(
+            inv.kind.span,
+            "the inventory".into(),
+            format!("`{}` is not an inventory backend", inv.kind.value),
+            help,
+        );
+        return None;
+    }
+    let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
+    let mut seen: HashMap<&str, SourceSpan> = HashMap::with_capacity(inv.hosts.len());
+    let mut counts = vec![0usize; classes.len()];
+    let mut hosts = Vec::with_capacity(inv.hosts.len());
+    let errors_before = r.errors.len();
+    for h in &inv.hosts {
+        if let Some(first) = seen.insert(&h.name.value, h.name.span) {
+            r.errors.push(SiteError::Duplicate {
+                kind: "host".into(),
+                name: h.name.value.clone(),
+                src: r.src.clone(),
+                first,
+                second: h.name.span,
+                help: "host names must be unique in an inventory".into(),
+            });
+        }
+        let (Some(address), Some(class)) = (&h.address, &h.class) else {
+            continue;
+        };
+        let Some((cid, _)) = classes.get(&class.value) else {
+            r.errors.push(SiteError::UnknownName {
+                kind: "class".into(),
+                name: class.value.clone(),
+                src: r.src.clone(),
+                span: class.span,
+                help: suggest::help(&class.value, "class", &class_names),
+            });
+            continue;
+        };
+        counts[*cid] += 1;
+        hosts.push(HostSpec {
+            name: h.name.value.clone(),
+            address: address.value.clone(),
+            class: *cid,
+            tags: h.tags.iter().cloned().collect(),
+        });
+    }
+    for (name, (cid, span)) in classes {
+        if counts[*cid] == 0 {
+            r.errors.push(SiteError::EmptyClass {
+                name: name.clone(),
+                src: site.clone(),
+                span: *span,
+                inventory: "the static inventory".into(),
+                help: format!(
+                    "add a host with class=\"{name}\" to the inventory, or remove the class"
+                ),
+            });
+        }
+    }
+    (r.errors.len() == errors_before).then_some(InventorySpec::Static { hosts })
+}

@@ -1,0 +1,185 @@
+//! Site diagnostics: every problem in every file, each pointing at its file, line and column.
+
+use miette::{Diagnostic, LabeledSpan, NamedSource, SourceSpan};
+use std::sync::Arc;
+use thiserror::Error;
+
+/// A file's text as diagnostics show it.
+pub type Src = NamedSource<Arc<String>>;
+
+/// One problem in the site, its platform or its policies.
+#[derive(Debug, Error, Diagnostic)]
+pub enum SiteError {
+    /// A file named by the site (or the site itself) could not be read.
+    #[error("cannot read {path}: {reason}")]
+    #[diagnostic(code(drover::site::unreadable))]
+    Unreadable {
+        path: String,
+        reason: String,
+        #[source_code]
+        src: Option<Src>,
+        #[label("named here")]
+        span: Option<SourceSpan>,
+        #[help]
+        help: String,
+    },
+
+    /// The KDL itself does not parse.
+    #[error("{message}")]
+    #[diagnostic(code(drover::site::syntax))]
+    Syntax {
+        message: String,
+        #[source_code]
+        src: Src,
+        #[label("{label}")]
+        span: SourceSpan,
+        label: String,
+        #[help]
+        help: Option<String>,
+    },
+
+    /// A node that has no meaning where it stands.
+    #[error("unknown node `{name}` in {context}")]
+    #[diagnostic(code(drover::site::unknown_node))]
+    UnknownNode {
+        name: String,
+        context: String,
+        #[source_code]
+        src: Src,
+        #[label("not a known node here")]
+        span: SourceSpan,
+        #[help]
+        help: String,
+    },
+
+    /// A property a node does not take.
+    #[error("unknown property `{name}` on `{node}`")]
+    #[diagnostic(code(drover::site::unknown_property))]
+    UnknownProperty {
+        name: String,
+        node: String,
+        #[source_code]
+        src: Src,
+        #[label("not a property of `{node}`")]
+        span: SourceSpan,
+        #[help]
+        help: String,
+    },
+
+    /// A value of the wrong kind, or one that does not parse.
+    #[error("bad value for {what}: {reason}")]
+    #[diagnostic(code(drover::site::bad_value))]
+    BadValue {
+        what: String,
+        reason: String,
+        #[source_code]
+        src: Src,
+        #[label("{reason}")]
+        span: SourceSpan,
+        #[help]
+        help: String,
+    },
+
+    /// Something required is not there.
+    #[error("{what} is missing")]
+    #[diagnostic(code(drover::site::missing))]
+    Missing {
+        what: String,
+        #[source_code]
+        src: Src,
+        #[label("needs {what}")]
+        span: SourceSpan,
+        #[help]
+        help: String,
+    },
+
+    /// Two definitions of one name.
+    #[error("{kind} `{name}` is defined twice")]
+    #[diagnostic(code(drover::site::duplicate))]
+    Duplicate {
+        kind: String,
+        name: String,
+        #[source_code]
+        src: Src,
+        #[label("first defined here")]
+        first: SourceSpan,
+        #[label("defined again here")]
+        second: SourceSpan,
+        #[help]
+        help: String,
+    },
+
+    /// A name that refers to nothing.
+    #[error("unknown {kind} `{name}`")]
+    #[diagnostic(code(drover::site::unknown_name))]
+    UnknownName {
+        kind: String,
+        name: String,
+        #[source_code]
+        src: Src,
+        #[label("no {kind} of this name")]
+        span: SourceSpan,
+        #[help]
+        help: String,
+    },
+
+    /// A service that no class runs.
+    #[error("service `{name}` is in no class")]
+    #[diagnostic(code(drover::site::orphan_service))]
+    OrphanService {
+        name: String,
+        #[source_code]
+        src: Src,
+        #[label("no class runs this service")]
+        span: SourceSpan,
+        #[help]
+        help: String,
+    },
+
+    /// A class the inventory gives no host.
+    #[error("class `{name}` has no hosts")]
+    #[diagnostic(code(drover::site::empty_class))]
+    EmptyClass {
+        name: String,
+        #[source_code]
+        src: Src,
+        #[label("no host in {inventory} has class=\"{name}\"")]
+        span: SourceSpan,
+        inventory: String,
+        #[help]
+        help: String,
+    },
+
+    /// Runtime dependencies that go round in a circle.
+    #[error("runtime dependency cycle: {cycle}")]
+    #[diagnostic(
+        code(drover::site::cycle),
+        help("a runtime `needs` orders upgrades, so a cycle can never start; make one edge a data dependency (`needs \"X\" addressable=\"all\"`) if only the addresses are needed")
+    )]
+    Cycle {
+        cycle: String,
+        #[source_code]
+        src: Src,
+        #[label(collection)]
+        edges: Vec<LabeledSpan>,
+    },
+}
+
+/// Every problem found, in file order.
+#[derive(Debug, Error, Diagnostic)]
+#[error("{} in {file}", count_problems(.errors.len()))]
+#[diagnostic(code(drover::site::invalid))]
+pub struct SiteErrors {
+    /// The site file that was checked.
+    pub file: String,
+    #[related]
+    pub errors: Vec<SiteError>,
+}
+
+fn count_problems(n: usize) -> String {
+    if n == 1 {
+        "1 problem".into()
+    } else {
+        format!("{n} problems")
+    }
+}

@@ -1,0 +1,30 @@
+//! Site files in, a checked model out: `site` → raw nodes with spans → [`Site`].
+
+mod check;
+mod cycle;
+pub mod error;
+pub mod model;
+mod raw;
+mod read;
+mod source;
+mod suggest;
+pub mod value;
+
+pub use error::{SiteError, SiteErrors};
+pub use model::*;
+pub use value::{format_duration, parse_duration, Quota, Round};
+
+use std::path::Path;
+
+/// Reads the site at `path`, its platform and its policies, and checks them all,
+/// reporting every problem at once.
+pub fn load(path: &Path) -> Result<Site, SiteErrors> {
+    let mut checker = check::Checker::new();
+    match checker.site(path) {
+        Some(site) if checker.errors.is_empty() => Ok(site),
+        _ => Err(SiteErrors {
+            file: path.display().to_string(),
+            errors: checker.errors,
+        }),
+    }
+}

@@ -1,0 +1,194 @@
+//! The checked site model: every name resolved, every value parsed, no optional soup.
+
+use super::value::Quota;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Index of a class in [`Site::classes`].
+pub type ClassId = usize;
+/// Index of a service in [`Site::services`].
+pub type ServiceId = usize;
+
+/// A whole site: classes, services, their dependencies, the platform and policies.
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub name: String,
+    /// The site file as the operator named it.
+    pub file: PathBuf,
+    /// sha256 over every file read (site, platform, policies), in reading order.
+    pub digest: String,
+    pub platform: Platform,
+    pub classes: Vec<Class>,
+    pub services: Vec<Service>,
+    /// Services in dependency order: a service comes after every service it needs at runtime;
+    /// ties keep declaration order.
+    pub order: Vec<ServiceId>,
+}
+
+/// A role that hosts play, and the services that role runs.
+#[derive(Debug, Clone)]
+pub struct Class {
+    pub name: String,
+    pub services: Vec<ServiceId>,
+}
+
+/// A service: its version, hooks, dependencies and rollout policy.
+#[derive(Debug, Clone)]
+pub struct Service {
+    pub name: String,
+    pub version: String,
+    pub port: Option<u16>,
+    /// The classes that run it (never empty).
+    pub classes: Vec<ClassId>,
+    pub needs: Vec<Need>,
+    pub policy: Arc<Policy>,
+    pub hooks: Hooks,
+}
+
+/// A dependency on another service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub service: ServiceId,
+    /// Runtime: this many of the needed service's hosts must be at their new version and healthy
+    /// before this service starts.
+    pub healthy: Option<Quota>,
+    /// Data: this service's hooks get the needed service's addresses; no ordering.
+    pub addressable: Option<Quota>,
+}
+
+/// The switch-over hooks of a service; each is optional.
+#[derive(Debug, Clone, Default)]
+pub struct Hooks {
+    pub stop: Option<Hook>,
+    pub install: Option<Hook>,
+    pub migrate: Option<Hook>,
+    pub start: Option<Hook>,
+    pub check: Option<Check>,
+    pub rollback: Option<Hook>,
+}
+
+/// A shell command run with `/bin/sh -c` on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hook {
+    pub command: String,
+    /// Kill the hook after this long (none: no limit).
+    pub timeout: Option<Duration>,
+}
+
+/// A health check, retried every `interval` until it passes or `timeout` runs out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub command: String,
+    pub timeout: Duration,
+    pub interval: Duration,
+}
+
+/// How a service's hosts are rolled out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub name: String,
+    pub batch: Quota,
+    pub max_failed: Quota,
+    pub canary: u64,
+    pub pause: Pause,
+    pub spread: Option<String>,
+    pub on_failure: OnFailure,
+}
+
+impl Default for Policy {
+    /// The built-in policy for a site that names none: a quarter of the hosts at a time,
+    /// no failure tolerated, roll back on failure.
+    fn default() -> Self {
+        Policy {
+            name: "default".into(),
+            batch: Quota::Percent(2500),
+            max_failed: Quota::Count(0),
+            canary: 0,
+            pause: Pause::Wait(Duration::ZERO),
+            spread: None,
+            on_failure: OnFailure::Rollback,
+        }
+    }
+}
+
+/// What happens between waves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    Wait(Duration),
+    /// Ask on a terminal; refuse without one.
+    Confirm,
+}
+
+/// What a failed host does to the rest of the service's rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFailure {
+    /// Roll the failed host back and stop starting waves.
+    Rollback,
+    /// Leave the failed host as it is and stop starting waves.
+    Stop,
+    /// Roll back the failed host and go on while the failure budget holds.
+    Continue,
+}
+
+/// Where the hosts are and how to reach them.
+#[derive(Debug, Clone)]
+pub struct Platform {
+    pub name: String,
+    pub file: PathBuf,
+    pub transport: Transport,
+    /// Where each host records what it runs.
+    pub state_dir: String,
+    pub inventory: InventorySpec,
+}
+
+/// How commands reach a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    Ssh(SshOptions),
+    /// Each host is a directory under `root` on this machine.
+    Local {
+        root: PathBuf,
+    },
+}
+
+/// Options of the ssh transport; unset ones come from the user's ssh_config.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SshOptions {
+    pub user: Option<String>,
+    pub port: Option<u16>,
+    pub identity: Option<PathBuf>,
+    pub known_hosts: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub connect_timeout: Duration,
+}
+
+/// Where class → hosts comes from.
+#[derive(Debug, Clone)]
+pub enum InventorySpec {
+    Static { hosts: Vec<HostSpec> },
+}
+
+/// One host of a static inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    pub name: String,
+    pub address: String,
+    pub class: ClassId,
+    /// Every other property: zone, rack, …
+    pub tags: BTreeMap<String, String>,
+}
+
+impl Site {
+    /// The service of this name.
+    pub fn service(&self, name: &str) -> Option<ServiceId> {
+        self.services.iter().position(|s| s.name == name)
+    }
+
+    /// The class of this name.
+    pub fn class(&self, name: &str) -> Option<ClassId> {
+        self.classes.iter().position(|c| c.name == name)
+    }
+}

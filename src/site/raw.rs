@@ -1,0 +1,448 @@
+//! KDL documents → raw site, policy and platform nodes: typed, with spans, not yet cross-checked.
+
+use super::read::{Reader, Spanned};
+use super::value::Quota;
+use kdl::{KdlDocument, KdlNode};
+use miette::SourceSpan;
+use std::time::Duration;
+
+/// The site file.
+#[derive(Debug, Default)]
+pub struct RawSite {
+    pub name: Option<Spanned<String>>,
+    pub version: Option<Spanned<String>>,
+    pub platform: Option<Spanned<String>>,
+    pub policy: Option<Spanned<String>>,
+    pub classes: Vec<RawClass>,
+    pub services: Vec<RawService>,
+    /// Where a missing `site` node would go (the start of the file).
+    pub site_span: Option<SourceSpan>,
+}
+
+#[derive(Debug)]
+pub struct RawClass {
+    pub name: Spanned<String>,
+    pub services: Vec<Spanned<String>>,
+}
+
+#[derive(Debug)]
+pub struct RawService {
+    pub name: Spanned<String>,
+    pub version: Option<Spanned<String>>,
+    pub port: Option<Spanned<u64>>,
+    pub needs: Vec<RawNeed>,
+    pub policy: Option<Spanned<String>>,
+    pub hooks: Vec<RawHook>,
+}
+
+#[derive(Debug)]
+pub struct RawNeed {
+    pub service: Spanned<String>,
+    pub healthy: Option<Spanned<Quota>>,
+    pub addressable: Option<Spanned<Quota>>,
+    /// The whole `needs` line.
+    pub span: SourceSpan,
+}
+
+#[derive(Debug)]
+pub struct RawHook {
+    pub kind: HookKind,
+    pub command: String,
+    pub timeout: Option<Duration>,
+    pub interval: Option<Duration>,
+}
+
+/// The hooks a service may have, in the order a version change runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookKind {
+    Stop,
+    Install,
+    Migrate,
+    Start,
+    Check,
+    Rollback,
+}
+
+impl HookKind {
+    pub const ALL: [(&'static str, HookKind); 6] = [
+        ("stop", HookKind::Stop),
+        ("install", HookKind::Install),
+        ("migrate", HookKind::Migrate),
+        ("start", HookKind::Start),
+        ("check", HookKind::Check),
+        ("rollback", HookKind::Rollback),
+    ];
+}
+
+/// A policy file.
+#[derive(Debug, Default)]
+pub struct RawPolicy {
+    pub name: Option<Spanned<String>>,
+    pub batch: Option<Spanned<Quota>>,
+    pub max_failed: Option<Spanned<Quota>>,
+    pub canary: Option<Spanned<u64>>,
+    /// `None` inside: "confirm".
+    pub pause: Option<Spanned<Option<Duration>>>,
+    pub spread: Option<Spanned<String>>,
+    pub on_failure: Option<Spanned<String>>,
+}
+
+/// A platform file.
+#[derive(Debug, Default)]
+pub struct RawPlatform {
+    pub name: Option<Spanned<String>>,
+    pub transport: Option<RawTransport>,
+    pub state_dir: Option<Spanned<String>>,
+    pub inventory: Option<RawInventory>,
+    pub span: Option<SourceSpan>,
+}
+
+#[derive(Debug)]
+pub struct RawTransport {
+    pub kind: Spanned<String>,
+    pub user: Option<Spanned<String>>,
+    pub port: Option<Spanned<u64>>,
+    pub identity: Option<Spanned<String>>,
+    pub known_hosts: Option<Spanned<String>>,
+    pub config: Option<Spanned<String>>,
+    pub connect_timeout: Option<Spanned<Duration>>,
+    pub root: Option<Spanned<String>>,
+}
+
+#[derive(Debug)]
+pub struct RawInventory {
+    pub kind: Spanned<String>,
+    pub hosts: Vec<RawHost>,
+}
+
+#[derive(Debug)]
+pub struct RawHost {
+    pub name: Spanned<String>,
+    pub address: Option<Spanned<String>>,
+    pub class: Option<Spanned<String>>,
+    pub tags: Vec<(String, String)>,
+}
+
+const SITE_TOP: &[&str] = &["site", "class", "service"];
+const SITE_SETTINGS: &[&str] = &["version", "platform", "policy"];
+const SERVICE_NODES: &[&str] = &[
+    "version", "port", "needs", "policy", "install", "stop", "migrate", "start", "check",
+    "rollback",
+];
+const POLICY_NODES: &[&str] = &[
+    "batch",
+    "max-failed",
+    "canary",
+    "pause",
+    "spread",
+    "on-failure",
+];
+const PLATFORM_NODES: &[&str] = &["transport", "state-dir", "inventory"];
+const TRANSPORT_PROPS: &[&str] = &[
+    "user",
+    "port",
+    "identity",
+    "known-hosts",
+    "config",
+    "connect-timeout",
+    "root",
+];
+
+/// Reads the site file's nodes.
+pub fn site(r: &mut Reader<'_>, doc: &KdlDocument) -> RawSite {
+    let mut raw = RawSite::default();
+    let mut seen_site = None;
+    for node in r.known_nodes(doc.nodes(), "the site file", SITE_TOP) {
+        match node.name().value() {
+            "site" => {
+                if r.once(&mut seen_site, node) {
+                    raw.site_span = Some(Reader::name_span(node));
+                    site_node(r, node, &mut raw);
+                }
+            }
+            "class" => raw.classes.extend(class(r, node)),
+            _ => raw.services.extend(service(r, node)),
+        }
+    }
+    raw
+}
+
+fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
+    r.shape(node, 1, &[], true);
+    raw.name = r.string_arg(node, "the site's name");
+    let (mut v, mut pl, mut po) = (None, None, None);
+    for n in r.children(node, SITE_SETTINGS) {
+        r.shape(n, 1, &[], false);
+        let (seen, slot) = match n.name().value() {
+            "version" => (&mut v, &mut raw.version),
+            "platform" => (&mut pl, &mut raw.platform),
+            _ => (&mut po, &mut raw.policy),
+        };
+        if r.once(seen, n) {
+            *slot = r.string_arg(n, &format!("the {}", n.name().value()));
+        }
+    }
+}
+
+fn class(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawClass> {
+    r.shape(node, 1, &[], true);
+    let name = r.string_arg(node, "the class's name")?;
+    let mut services = Vec::new();
+    for n in r.children(node, &["service"]) {
+        r.shape(n, usize::MAX, &[], false);
+        for e in n.entries().iter().filter(|e| e.name().is_none()) {
+            match e.value().as_string() {
+                Some(s) => services.push(Spanned {
+                    value: s.to_string(),
+                    span: e.span(),
+                }),
+                None => r.bad(
+                    e.span(),
+                    "`service`".into(),
+                    "expected a service name in quotes".into(),
+                    "write it as `service \"api\"`".into(),
+                ),
+            }
+        }
+        if n.entries().iter().all(|e| e.name().is_some()) {
+            r.missing(
+                Reader::name_span(n),
+                "the service's name".into(),
+                "write it as `service \"api\"`".into(),
+            );
+        }
+    }
+    Some(RawClass { name, services })
+}
+
+fn service(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawService> {
+    r.shape(node, 1, &[], true);
+    let name = r.string_arg(node, "the service's name")?;
+    let mut s = RawService {
+        name,
+        version: None,
+        port: None,
+        needs: Vec::new(),
+        policy: None,
+        hooks: Vec::new(),
+    };
+    let mut seen: [Option<SourceSpan>; SERVICE_NODES.len()] = Default::default();
+    for n in r.children(node, SERVICE_NODES) {
+        let key = n.name().value();
+        if key == "needs" {
+            s.needs.extend(need(r, n));
+            continue;
+        }
+        let slot = SERVICE_NODES.iter().position(|k| *k == key).unwrap_or(0);
+        if !r.once(&mut seen[slot], n) {
+            continue;
+        }
+        match key {
+            "version" => {
+                r.shape(n, 1, &[], false);
+                s.version = r.string_arg(n, "the version");
+            }
+            "port" => {
+                r.shape(n, 1, &[], false);
+                s.port = r.integer_arg(n, "the port", 1, 65535);
+            }
+            "policy" => {
+                r.shape(n, 1, &[], false);
+                s.policy = r.string_arg(n, "the policy file");
+            }
+            _ => s.hooks.extend(hook(r, n)),
+        }
+    }
+    Some(s)
+}
+
+fn need(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawNeed> {
+    r.shape(n, 1, &["healthy", "addressable"], false);
+    let healthy = r.quota_prop(n, "healthy");
+    let addressable = r.quota_prop(n, "addressable");
+    let service = r.string_arg(n, "the needed service")?;
+    Some(RawNeed {
+        service,
+        healthy,
+        addressable,
+        span: n.span(),
+    })
+}
+
+fn hook(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawHook> {
+    let kind = HookKind::ALL
+        .iter()
+        .find(|(k, _)| *k == n.name().value())?
+        .1;
+    let props: &[&str] = if kind == HookKind::Check {
+        &["timeout", "interval"]
+    } else {
+        &["timeout"]
+    };
+    r.shape(n, 1, props, false);
+    let timeout = r.duration_prop(n, "timeout").map(|d| d.value);
+    let interval = if kind == HookKind::Check {
+        r.duration_prop(n, "interval").map(|d| d.value)
+    } else {
+        None
+    };
+    let command = r.string_arg(n, "the command")?.value;
+    Some(RawHook {
+        kind,
+        command,
+        timeout,
+        interval,
+    })
+}
+
+/// Reads a policy file: one `policy` node.
+pub fn policy(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPolicy {
+    let mut raw = RawPolicy::default();
+    let tops = r.known_nodes(doc.nodes(), "a policy file", &["policy"]);
+    let mut seen_top = None;
+    let mut seen: [Option<SourceSpan>; POLICY_NODES.len()] = Default::default();
+    for top in tops {
+        if !r.once(&mut seen_top, top) {
+            continue;
+        }
+        r.shape(top, 1, &[], true);
+        raw.name = r.string_arg(top, "the policy's name");
+        for n in r.children(top, POLICY_NODES) {
+            let key = n.name().value();
+            let slot = POLICY_NODES.iter().position(|k| *k == key).unwrap_or(0);
+            if !r.once(&mut seen[slot], n) {
+                continue;
+            }
+            r.shape(n, 1, &[], false);
+            match key {
+                "batch" => raw.batch = r.quota_arg(n, "the batch size"),
+                "max-failed" => raw.max_failed = r.quota_arg(n, "the failure budget"),
+                "canary" => {
+                    raw.canary = r.integer_arg(n, "the canary size", 0, i128::from(u32::MAX))
+                }
+                "pause" => raw.pause = pause(r, n),
+                "spread" => raw.spread = r.string_arg(n, "the tag to spread over"),
+                _ => raw.on_failure = r.string_arg(n, "what to do on failure"),
+            }
+        }
+    }
+    raw
+}
+
+fn pause(r: &mut Reader<'_>, n: &KdlNode) -> Option<Spanned<Option<Duration>>> {
+    let is_confirm = n
+        .entries()
+        .iter()
+        .any(|e| e.name().is_none() && e.value().as_string() == Some("confirm"));
+    if is_confirm {
+        let span = n
+            .entries()
+            .iter()
+            .find(|e| e.name().is_none())
+            .map(|e| e.span())?;
+        return Some(Spanned { value: None, span });
+    }
+    r.duration_arg(n, "the pause").map(|d| Spanned {
+        value: Some(d.value),
+        span: d.span,
+    })
+}
+
+/// Reads a platform file: one `platform` node.
+pub fn platform(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPlatform {
+    let mut raw = RawPlatform::default();
+    let mut seen_top = None;
+    let mut seen: [Option<SourceSpan>; PLATFORM_NODES.len()] = Default::default();
+    for top in r.known_nodes(doc.nodes(), "a platform file", &["platform"]) {
+        if !r.once(&mut seen_top, top) {
+            continue;
+        }
+        raw.span = Some(Reader::name_span(top));
+        r.shape(top, 1, &[], true);
+        raw.name = r.string_arg(top, "the platform's name");
+        for n in r.children(top, PLATFORM_NODES) {
+            let key = n.name().value();
+            let slot = PLATFORM_NODES.iter().position(|k| *k == key).unwrap_or(0);
+            if !r.once(&mut seen[slot], n) {
+                continue;
+            }
+            match key {
+                "transport" => raw.transport = transport(r, n),
+                "state-dir" => {
+                    r.shape(n, 1, &[], false);
+                    raw.state_dir = r.string_arg(n, "the state directory");
+                }
+                _ => raw.inventory = inventory(r, n),
+            }
+        }
+    }
+    raw
+}
+
+fn transport(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawTransport> {
+    r.shape(n, 1, TRANSPORT_PROPS, false);
+    Some(RawTransport {
+        user: r.string_prop(n, "user"),
+        port: r.integer_prop(n, "port", 1, 65535),
+        identity: r.string_prop(n, "identity"),
+        known_hosts: r.string_prop(n, "known-hosts"),
+        config: r.string_prop(n, "config"),
+        connect_timeout: r.duration_prop(n, "connect-timeout"),
+        root: r.string_prop(n, "root"),
+        kind: r.string_arg(n, "the transport (\"ssh\" or \"local\")")?,
+    })
+}
+
+fn inventory(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawInventory> {
+    r.shape(n, 1, &[], true);
+    let kind = r.string_arg(n, "the inventory backend")?;
+    let hosts_nodes = r.children(n, &["host"]);
+    let mut hosts = Vec::with_capacity(hosts_nodes.len());
+    for h in hosts_nodes {
+        if h.children().is_some() {
+            r.shape(h, 1, &[], false);
+        }
+        let Some(name) = r.string_arg(h, "the host's name") else {
+            continue;
+        };
+        let address = r.string_prop(h, "address");
+        let class = r.string_prop(h, "class");
+        if address.is_none() {
+            r.missing(
+                name.span,
+                "`address=`".into(),
+                format!(
+                    "write it as `host \"{}\" address=\"10.0.0.5\" class=\"app\"`",
+                    name.value
+                ),
+            );
+        }
+        if class.is_none() {
+            r.missing(
+                name.span,
+                "`class=`".into(),
+                format!(
+                    "write it as `host \"{}\" address=\"10.0.0.5\" class=\"app\"`",
+                    name.value
+                ),
+            );
+        }
+        let extra_args = h.entries().iter().filter(|e| e.name().is_none()).skip(1);
+        for e in extra_args {
+            r.bad(
+                e.span(),
+                "`host`".into(),
+                "one value too many".into(),
+                "give properties as key=\"value\"".into(),
+            );
+        }
+        let tags = r.other_props(h, &["address", "class"]);
+        hosts.push(RawHost {
+            name,
+            address,
+            class,
+            tags,
+        });
+    }
+    Some(RawInventory { kind, hosts })
+}
