@@ -8,5 +8,7 @@ pub mod cli;
 pub mod inventory;
 pub mod plan;
 pub mod report;
+pub mod rollout;
 pub mod site;
 pub mod state;
+pub mod transport;

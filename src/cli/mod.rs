@@ -1,8 +1,11 @@
 //! Command-line arguments, and which stages each subcommand connects. No orchestration here.
 
+mod apply;
 mod check;
 mod graph;
 mod plan;
+mod status;
+mod verify;
 
 use crate::inventory::InventoryError;
 use crate::plan::PlanError;
@@ -49,6 +52,12 @@ pub enum Command {
     },
     /// Resolve the inventory, read host state and show what would change.
     Plan(PlanArgs),
+    /// Carry out a plan: show it, confirm, and roll it out.
+    Apply(ApplyArgs),
+    /// Which version runs where, failures with their logs, and hosts unaccounted for.
+    Status(SiteArgs),
+    /// Exit 0 only if every host runs its desired versions and its checks pass now.
+    Verify(SiteArgs),
     /// Show classes, services and every dependency between them.
     Graph {
         /// The site file.
@@ -72,9 +81,43 @@ pub struct PlanArgs {
     /// Do not contact any host: treat every host as fresh.
     #[arg(long)]
     pub offline: bool,
+    /// Open at most this many connections at once.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_connections: usize,
     /// Plan only these services (the others are listed as not selected).
     #[arg(long, value_name = "SERVICE", num_args = 1..)]
     pub only: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The site file, or a plan saved with `deploy plan --out`.
+    #[arg(value_name = "SITE|PLAN")]
+    pub target: std::path::PathBuf,
+    /// Do not ask for confirmation (needed when not on a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Change only these services.
+    #[arg(long, value_name = "SERVICE", num_args = 1..)]
+    pub only: Vec<String>,
+    /// NDJSON events on stdout instead of progress (schema in the book).
+    #[arg(long)]
+    pub json: bool,
+    /// Open at most this many connections at once.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_connections: usize,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SiteArgs {
+    /// The site file.
+    pub site: PathBuf,
+    /// JSON instead of a table (schema in the book).
+    #[arg(long)]
+    pub json: bool,
+    /// Open at most this many connections at once.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -101,6 +144,30 @@ pub enum Error {
     #[error("unknown service `{name}` in --only")]
     #[diagnostic(code(drover::cli::unknown_service), help("{help}"))]
     UnknownService { name: String, help: String },
+    #[error("cannot start the async runtime: {0}")]
+    #[diagnostic(code(drover::cli::runtime))]
+    Runtime(std::io::Error),
+    #[error("refused: {reason}")]
+    #[diagnostic(code(drover::cli::refused), help("{help}"))]
+    Refused { reason: String, help: String },
+    #[error("the saved plan {plan} no longer matches the fleet:\n  {changes}")]
+    #[diagnostic(
+        code(drover::cli::drift),
+        help("make a new plan with `deploy plan --out`, review it, and apply that")
+    )]
+    Drift { plan: PathBuf, changes: String },
+    #[error("{path} is not a plan saved by this version of deploy: {reason}")]
+    #[diagnostic(
+        code(drover::cli::bad_plan),
+        help("make a new plan with `deploy plan --out`")
+    )]
+    BadPlan { path: PathBuf, reason: String },
+    #[error("cannot read {path}: {source}")]
+    #[diagnostic(code(drover::cli::read))]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot write {path}: {source}")]
     #[diagnostic(code(drover::cli::write))]
     Write {
@@ -113,12 +180,24 @@ impl Error {
     /// The documented exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Site(_) | Error::UnknownService { .. } => code::INVALID,
-            Error::Inventory(_) | Error::State(_) | Error::Plan(_) | Error::Write { .. } => {
-                code::ENVIRONMENT
-            }
+            Error::Site(_) | Error::UnknownService { .. } | Error::BadPlan { .. } => code::INVALID,
+            Error::Refused { .. } | Error::Drift { .. } => code::REFUSED,
+            Error::Read { .. } => code::ENVIRONMENT,
+            Error::Inventory(_)
+            | Error::State(_)
+            | Error::Plan(_)
+            | Error::Write { .. }
+            | Error::Runtime(_) => code::ENVIRONMENT,
         }
     }
+}
+
+/// The runtime that async stages (transport, rollout) run on.
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)
 }
 
 /// Runs one command; returns the exit code on success, the error otherwise.
@@ -127,5 +206,8 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Check { site } => check::run(&site),
         Command::Plan(args) => plan::run(&args),
         Command::Graph { site, format } => graph::run(&site, format),
+        Command::Apply(args) => apply::run(&args),
+        Command::Status(args) => status::run(&args),
+        Command::Verify(args) => verify::run(&args),
     }
 }

@@ -1,9 +1,11 @@
 //! `deploy plan`: site → inventory → observed state → plan → text, JSON or a saved file.
 
 use super::{code, Error, PlanArgs};
+use crate::inventory::Hosts;
 use crate::plan::{self, Plan, Selection};
 use crate::site::{self, Site};
-use crate::state::{Observe, Offline};
+use crate::state::{Observe, Observed, Offline, Remote};
+use crate::transport::AnyTransport;
 use crate::{inventory, report};
 use std::io::Write;
 
@@ -11,8 +13,7 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let site = site::load(&args.site)?;
     let selection = selection(&site, &args.only)?;
     let hosts = inventory::resolve(&site)?;
-    let observer: Box<dyn Observe> = Box::new(Offline);
-    let observed = observer.observe(&site, &hosts)?;
+    let observed = observe(&site, &hosts, args.offline, args.max_connections)?;
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     if let Some(path) = &args.out {
         save(&plan, path)?;
@@ -29,6 +30,25 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     // A closed pipe (`deploy plan | head`) is not an error worth reporting.
     let _ = written.and_then(|_| out.flush());
     Ok(code::OK)
+}
+
+/// What every host runs: read over the platform's transport, or all fresh with `offline`.
+pub fn observe(
+    site: &Site,
+    hosts: &Hosts,
+    offline: bool,
+    max_connections: usize,
+) -> Result<Vec<Observed>, Error> {
+    let runtime = super::runtime()?;
+    if offline {
+        return Ok(runtime.block_on(Offline.observe(site, hosts)));
+    }
+    let remote = Remote {
+        transport: std::sync::Arc::new(AnyTransport::for_platform(&site.platform)),
+        state_dir: site.platform.host_state_dir(),
+        max_connections,
+    };
+    Ok(runtime.block_on(remote.observe(site, hosts)))
 }
 
 /// `--only` names → service ids; an unknown name is an error with a suggestion.

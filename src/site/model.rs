@@ -181,6 +181,17 @@ pub struct HostSpec {
     pub tags: BTreeMap<String, String>,
 }
 
+impl Platform {
+    /// The state directory as the transport sees it: on the local transport, a path inside
+    /// the host's directory.
+    pub fn host_state_dir(&self) -> String {
+        match self.transport {
+            Transport::Local { .. } => self.state_dir.trim_start_matches('/').to_string(),
+            Transport::Ssh(_) => self.state_dir.clone(),
+        }
+    }
+}
+
 impl Site {
     /// The service of this name.
     pub fn service(&self, name: &str) -> Option<ServiceId> {

@@ -1,9 +1,18 @@
-//! What each host runs: the host state record and how it is observed.
+//! What each host runs: the record every host keeps, and how the controller reads it.
+
+mod observe;
+mod record;
+mod status;
+
+pub use observe::{Offline, Remote};
+pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
+pub use status::{status, HostStatus, ServiceStatus, Status, Unaccounted, STATUS_SCHEMA};
 
 use crate::inventory::Hosts;
 use crate::site::Site;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::future::Future;
 use thiserror::Error;
 
 /// What is known of one host before a run.
@@ -12,46 +21,45 @@ use thiserror::Error;
 pub enum Observed {
     /// No state recorded: nothing deployed yet (or `--offline`).
     Fresh,
-    /// The versions the host records, per service.
+    /// The host's record, per service.
     Running {
         services: BTreeMap<String, ServiceRecord>,
     },
-}
-
-/// What a host records of one service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServiceRecord {
-    pub version: String,
+    /// The host did not answer.
+    Unreachable { reason: String },
+    /// The host answered but its state file cannot be read.
+    Unreadable { reason: String },
 }
 
 impl Observed {
+    /// The record of `service` the host keeps, if any.
+    pub fn service(&self, service: &str) -> Option<&ServiceRecord> {
+        match self {
+            Observed::Running { services } => services.get(service),
+            _ => None,
+        }
+    }
+
     /// The version of `service` the host runs, if any.
     pub fn version(&self, service: &str) -> Option<&str> {
-        match self {
-            Observed::Fresh => None,
-            Observed::Running { services } => services.get(service).map(|r| r.version.as_str()),
-        }
+        self.service(service).map(|r| r.version.as_str())
+    }
+
+    /// Whether the host could be read at all.
+    pub fn known(&self) -> bool {
+        matches!(self, Observed::Fresh | Observed::Running { .. })
     }
 }
 
-/// What went wrong reading host state.
+/// What went wrong with host state.
 #[derive(Debug, Error, miette::Diagnostic)]
 pub enum StateError {
-    #[error("cannot read the state of host `{host}`: {reason}")]
-    #[diagnostic(code(drover::state::unreadable))]
-    Unreadable { host: String, reason: String },
+    #[error("cannot record the state of {host}: {reason}")]
+    #[diagnostic(code(drover::state::write))]
+    Write { host: String, reason: String },
 }
 
 /// Reads what every host runs; one entry per host of `hosts`, in the same order.
 pub trait Observe {
-    fn observe(&self, site: &Site, hosts: &Hosts) -> Result<Vec<Observed>, StateError>;
-}
-
-/// `--offline`: every host is treated as fresh, nothing is contacted.
-pub struct Offline;
-
-impl Observe for Offline {
-    fn observe(&self, _site: &Site, hosts: &Hosts) -> Result<Vec<Observed>, StateError> {
-        Ok(vec![Observed::Fresh; hosts.hosts.len()])
-    }
+    fn observe(&self, site: &Site, hosts: &Hosts) -> impl Future<Output = Vec<Observed>>;
 }

@@ -1,0 +1,212 @@
+//! `deploy apply`: site (or saved plan) → plan → confirmation → rollout → summary.
+
+use super::{code, plan::observe, ApplyArgs, Error};
+use crate::plan::{self, Plan, PlannedHost};
+use crate::report;
+use crate::rollout::{self, Gate, Rollout, Sink};
+use crate::site::{self, Site};
+use crate::transport::AnyTransport;
+use crate::{inventory, state::Observed};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
+    let (site, plan) = if is_saved_plan(&args.target) {
+        saved(args)?
+    } else {
+        fresh(args)?
+    };
+    let steps: usize = plan
+        .services
+        .iter()
+        .flat_map(|s| &s.waves)
+        .map(|w| w.steps.len())
+        .sum();
+    if !args.json {
+        print!("{}", report::plan_text(&plan));
+    }
+    let unreachable = plan.hosts.iter().filter(|h| !h.observed.known()).count();
+    if steps == 0 {
+        if !args.json {
+            println!("Nothing to change.");
+        }
+        return Ok(if unreachable > 0 {
+            code::FAILED
+        } else {
+            code::OK
+        });
+    }
+    confirm(args, &plan)?;
+    let (site, plan) = (Arc::new(site), Arc::new(plan));
+    let run_id = run_id();
+    let log_dir = Path::new(".drover").join("runs").join(&run_id);
+    let sink: Arc<dyn Sink> = if args.json {
+        Arc::new(report::Ndjson)
+    } else if std::io::stderr().is_terminal() {
+        Arc::new(report::Bars::new())
+    } else {
+        Arc::new(report::Lines)
+    };
+    let rollout = Rollout {
+        transport: Arc::new(AnyTransport::for_platform(&site.platform)),
+        plan: plan.clone(),
+        site,
+        sink,
+        gate: Arc::new(TerminalGate),
+        run_id,
+        log_dir,
+        max_connections: args.max_connections,
+    };
+    let summary = super::runtime()?.block_on(rollout::run(rollout));
+    if !args.json {
+        for (host, service, log) in &summary.failures {
+            eprintln!("failed: {service} on {host}, log: {log}");
+        }
+    }
+    Ok(if summary.converged() {
+        code::OK
+    } else {
+        code::FAILED
+    })
+}
+
+fn fresh(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
+    let site = site::load(&args.target)?;
+    let selection = super::plan::selection(&site, &args.only)?;
+    let hosts = inventory::resolve(&site)?;
+    let observed = observe(&site, &hosts, false, args.max_connections)?;
+    let plan = plan::plan(&site, &hosts, &observed, &selection)?;
+    Ok((site, plan))
+}
+
+/// A saved plan is carried out as saved, once the site, inventory and host state are shown
+/// to be what they were when it was made.
+fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
+    let text = std::fs::read(&args.target).map_err(|e| Error::Read {
+        path: args.target.clone(),
+        source: e,
+    })?;
+    let plan: Plan = serde_json::from_slice(&text).map_err(|e| Error::BadPlan {
+        path: args.target.clone(),
+        reason: e.to_string(),
+    })?;
+    if plan.schema != plan::SCHEMA {
+        return Err(Error::BadPlan {
+            path: args.target.clone(),
+            reason: format!("plan schema {} is not {}", plan.schema, plan::SCHEMA),
+        });
+    }
+    let site = site::load(Path::new(&plan.site_file))?;
+    let mut drift = Vec::new();
+    if site.digest != plan.site_digest {
+        drift.push(format!(
+            "the site files changed since the plan was made ({})",
+            plan.site_file
+        ));
+    }
+    let hosts = inventory::resolve(&site)?;
+    let observed = observe(&site, &hosts, false, args.max_connections)?;
+    let now: Vec<(&str, &str, &Observed)> = hosts
+        .hosts
+        .iter()
+        .zip(&observed)
+        .map(|(h, o)| (&*h.name, &*h.address, o))
+        .collect();
+    drift.extend(drifted(&plan.hosts, &now));
+    if !drift.is_empty() {
+        return Err(Error::Drift {
+            plan: args.target.clone(),
+            changes: drift.join("\n  "),
+        });
+    }
+    Ok((site, plan))
+}
+
+/// What differs between the hosts a plan saw and the hosts now.
+fn drifted(then: &[PlannedHost], now: &[(&str, &str, &Observed)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in then {
+        match now.iter().find(|(n, _, _)| *n == &*h.name) {
+            None => out.push(format!("host {} is gone from the inventory", h.name)),
+            Some((_, addr, _)) if *addr != &*h.address => out.push(format!(
+                "host {} moved from {} to {addr}",
+                h.name, h.address
+            )),
+            Some((_, _, o)) if **o != h.observed => out.push(format!(
+                "host {} changed state since the plan was made",
+                h.name
+            )),
+            Some(_) => {}
+        }
+    }
+    for (n, _, _) in now {
+        if !then.iter().any(|h| &*h.name == *n) {
+            out.push(format!("host {n} was added to the inventory"));
+        }
+    }
+    out
+}
+
+fn is_saved_plan(path: &Path) -> bool {
+    let head = std::fs::read(path)
+        .map(|b| b.into_iter().find(|c| !c.is_ascii_whitespace()))
+        .unwrap_or(None);
+    head == Some(b'{')
+}
+
+/// Asks on a terminal, refuses without one unless `--yes`.
+fn confirm(args: &ApplyArgs, plan: &Plan) -> Result<(), Error> {
+    let tty = std::io::stdin().is_terminal();
+    let confirms = plan
+        .services
+        .iter()
+        .any(|s| s.policy.pause == "confirm" && s.waves.len() > 1);
+    if confirms && !tty {
+        return Err(Error::Refused {
+            reason: "a policy pauses with \"confirm\" and there is no terminal to ask on".into(),
+            help: "run it from a terminal, or use a policy with a timed pause".into(),
+        });
+    }
+    if args.yes {
+        return Ok(());
+    }
+    if !tty {
+        return Err(Error::Refused {
+            reason: "not a terminal, and --yes was not given".into(),
+            help: "review `deploy plan`, then run `deploy apply --yes`".into(),
+        });
+    }
+    if ask("Apply this plan?") {
+        Ok(())
+    } else {
+        Err(Error::Refused {
+            reason: "not confirmed".into(),
+            help: "nothing was changed".into(),
+        })
+    }
+}
+
+fn ask(question: &str) -> bool {
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut answer);
+    matches!(answer.trim(), "y" | "Y" | "yes")
+}
+
+/// Confirms `pause "confirm"` waves on the terminal.
+struct TerminalGate;
+
+impl Gate for TerminalGate {
+    fn confirm(&self, service: &str, wave: usize) -> bool {
+        ask(&format!("Start wave {wave} of {service}?"))
+    }
+}
+
+fn run_id() -> String {
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(':', "");
+    format!("{stamp}-{}", std::process::id())
+}

@@ -1,0 +1,63 @@
+//! `deploy verify`: every host at its desired versions, and every check passing now.
+
+use super::{code, plan::observe, Error, SiteArgs};
+use crate::plan::{self, Selection};
+use crate::rollout;
+use crate::transport::AnyTransport;
+use crate::{inventory, site, state};
+use std::sync::Arc;
+
+pub fn run(args: &SiteArgs) -> Result<u8, Error> {
+    let site = site::load(&args.site)?;
+    let hosts = inventory::resolve(&site)?;
+    let observed = observe(&site, &hosts, false, args.max_connections)?;
+    let status = state::status(&site, &hosts, &observed);
+    let plan = plan::plan(&site, &hosts, &observed, &Selection::default())?;
+    let transport = Arc::new(AnyTransport::for_platform(&site.platform));
+    let checks = super::runtime()?.block_on(rollout::verify(
+        Arc::new(site),
+        Arc::new(plan),
+        transport,
+        args.max_connections,
+    ));
+    let mut problems = Vec::new();
+    for h in &status.hosts {
+        for s in h.services.iter().filter(|s| !s.ok) {
+            problems.push(format!(
+                "{} {}: runs {}, desired {}",
+                h.host,
+                s.service,
+                s.running.as_deref().unwrap_or("nothing"),
+                s.desired
+            ));
+        }
+    }
+    for u in &status.unaccounted {
+        problems.push(format!("{}: {}", u.host, u.reason));
+    }
+    for c in checks.iter().filter(|c| !c.ok) {
+        problems.push(format!("{} {}: {}", c.host, c.service, c.detail));
+    }
+    problems.sort();
+    problems.dedup();
+    if args.json {
+        let out = serde_json::json!({ "schema": 1, "ok": problems.is_empty(), "problems": problems, "checks": checks });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    } else if problems.is_empty() {
+        println!(
+            "verified: {} host services at their desired version, {} checks passed",
+            status.total,
+            checks.len()
+        );
+    } else {
+        println!("{} problems:", problems.len());
+        for p in &problems {
+            println!("  {p}");
+        }
+    }
+    Ok(if problems.is_empty() {
+        code::OK
+    } else {
+        code::FAILED
+    })
+}

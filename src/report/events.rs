@@ -1,0 +1,218 @@
+//! Consumers of rollout events: plain timestamped lines, NDJSON, or progress bars on a terminal.
+
+use crate::rollout::{Event, EventKind, ServiceOutcome, Sink};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Mutex;
+
+/// One JSON object per line on stdout.
+pub struct Ndjson;
+
+impl Sink for Ndjson {
+    fn emit(&self, event: Event) {
+        if let Ok(line) = serde_json::to_string(&event) {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+}
+
+/// Plain lines on stderr, one per event that matters to a person.
+pub struct Lines;
+
+impl Sink for Lines {
+    fn emit(&self, event: Event) {
+        if let Some(text) = line(&event.kind) {
+            let time = event.time.get(11..23).unwrap_or(&event.time);
+            let _ = writeln!(std::io::stderr().lock(), "{time} {text}");
+        }
+    }
+}
+
+/// The text of an event as a plain line; `None` for events too fine to print.
+pub fn line(kind: &EventKind) -> Option<String> {
+    Some(match kind {
+        EventKind::RunStarted {
+            run,
+            site,
+            steps,
+            hosts,
+            log_dir,
+            ..
+        } => format!("run {run}: site {site}, {steps} steps on {hosts} hosts, logs in {log_dir}"),
+        EventKind::ServiceWaiting { service, waits_for } => {
+            let conds: Vec<String> = waits_for
+                .iter()
+                .map(|c| format!("{} {}/{} healthy", c.service, c.count, c.of))
+                .collect();
+            format!("{service}: waiting for {}", conds.join(", "))
+        }
+        EventKind::ServiceStarted {
+            service,
+            waves,
+            steps,
+        } => format!("{service}: started, {steps} steps in {waves} waves"),
+        EventKind::WaveStarted {
+            service,
+            wave,
+            canary,
+            hosts,
+        } => format!(
+            "{service}: wave {wave}{} started: {}",
+            if *canary { " (canary)" } else { "" },
+            hosts.join(", ")
+        ),
+        EventKind::StepStarted { .. } | EventKind::HookFinished { .. } => return None,
+        EventKind::StepFinished {
+            service,
+            host,
+            ok: true,
+            ..
+        } => format!("{service}: {host} ok"),
+        EventKind::StepFinished {
+            service,
+            host,
+            reason,
+            rolled_back,
+            log,
+            ..
+        } => {
+            let rb = if *rolled_back { ", rolled back" } else { "" };
+            format!(
+                "{service}: {host} FAILED: {}{rb} (log: {log})",
+                reason.as_deref().unwrap_or("failed")
+            )
+        }
+        EventKind::StepBlocked {
+            service,
+            host,
+            reason,
+        } => format!("{service}: {host} not started: {reason}"),
+        EventKind::WaveFinished {
+            service,
+            wave,
+            failed,
+        } => format!("{service}: wave {wave} finished ({failed} failed so far)"),
+        EventKind::ServiceFinished {
+            service,
+            outcome,
+            reason,
+            succeeded,
+            failed,
+            not_started,
+        } => {
+            let word = match outcome {
+                ServiceOutcome::Done => "done",
+                ServiceOutcome::Failed => "finished with failures",
+                ServiceOutcome::Halted => "HALTED",
+                ServiceOutcome::Blocked => "BLOCKED",
+            };
+            let why = reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            format!("{service}: {word}{why} ({succeeded} ok, {failed} failed, {not_started} not started)")
+        }
+        EventKind::RunFinished {
+            converged,
+            succeeded,
+            failed,
+            not_started,
+            ms,
+        } => {
+            let word = if *converged {
+                "converged"
+            } else {
+                "NOT converged"
+            };
+            format!(
+                "run {word}: {succeeded} ok, {failed} failed, {not_started} not started in {:.1}s",
+                *ms as f64 / 1000.0
+            )
+        }
+    })
+}
+
+/// One bar per service (hosts done of hosts planned), with failures and notable lines above.
+pub struct Bars {
+    multi: MultiProgress,
+    bars: Mutex<HashMap<String, ProgressBar>>,
+    style: ProgressStyle,
+}
+
+impl Bars {
+    pub fn new() -> Bars {
+        let style = ProgressStyle::with_template("{prefix:>16.bold} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        Bars {
+            multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(10)),
+            bars: Mutex::new(HashMap::new()),
+            style,
+        }
+    }
+
+    fn bar(&self, service: &str, len: u64) -> ProgressBar {
+        let mut bars = self.bars.lock().unwrap_or_else(|p| p.into_inner());
+        bars.entry(service.to_string())
+            .or_insert_with(|| {
+                let b = self.multi.add(
+                    ProgressBar::new(len)
+                        .with_style(self.style.clone())
+                        .with_prefix(service.to_string()),
+                );
+                b.set_message("waiting");
+                b
+            })
+            .clone()
+    }
+}
+
+impl Default for Bars {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sink for Bars {
+    fn emit(&self, event: Event) {
+        match &event.kind {
+            EventKind::ServiceStarted { service, steps, .. } => {
+                self.bar(service, *steps as u64).set_message("running")
+            }
+            EventKind::WaveStarted {
+                service,
+                wave,
+                hosts,
+                ..
+            } => self
+                .bar(service, 0)
+                .set_message(format!("wave {wave}: {} hosts", hosts.len())),
+            EventKind::StepFinished { service, ok, .. } => {
+                self.bar(service, 0).inc(1);
+                if !ok {
+                    let _ = self.multi.println(line(&event.kind).unwrap_or_default());
+                }
+            }
+            EventKind::StepBlocked { .. } | EventKind::RunStarted { .. } => {
+                let _ = self.multi.println(line(&event.kind).unwrap_or_default());
+            }
+            EventKind::ServiceFinished { service, .. } => {
+                let b = self.bar(service, 0);
+                b.finish_with_message(
+                    line(&event.kind)
+                        .unwrap_or_default()
+                        .split_once(": ")
+                        .map(|(_, m)| m.to_string())
+                        .unwrap_or_default(),
+                );
+            }
+            EventKind::RunFinished { .. } => {
+                let _ = self.multi.println(line(&event.kind).unwrap_or_default());
+            }
+            _ => {}
+        }
+    }
+}

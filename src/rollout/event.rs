@@ -1,0 +1,128 @@
+//! What the rollout tells the world: a stream of events; renderers are consumers.
+
+use crate::plan::Condition;
+use serde::Serialize;
+use std::time::SystemTime;
+
+/// Version of the NDJSON event schema.
+pub const EVENT_SCHEMA: u32 = 1;
+
+/// One event, stamped with the time it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// RFC 3339, UTC, milliseconds.
+    pub time: String,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+impl Event {
+    pub fn now(kind: EventKind) -> Event {
+        Event {
+            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            kind,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+pub enum EventKind {
+    RunStarted {
+        schema: u32,
+        run: String,
+        site: String,
+        services: usize,
+        hosts: usize,
+        steps: usize,
+        log_dir: String,
+    },
+    ServiceWaiting {
+        service: String,
+        waits_for: Vec<Condition>,
+    },
+    ServiceStarted {
+        service: String,
+        waves: usize,
+        steps: usize,
+    },
+    WaveStarted {
+        service: String,
+        wave: usize,
+        canary: bool,
+        hosts: Vec<String>,
+    },
+    StepStarted {
+        service: String,
+        host: String,
+        from: Option<String>,
+        to: String,
+    },
+    HookFinished {
+        service: String,
+        host: String,
+        hook: String,
+        ok: bool,
+        code: Option<i32>,
+        ms: u64,
+    },
+    StepFinished {
+        service: String,
+        host: String,
+        ok: bool,
+        failed_hook: Option<String>,
+        rolled_back: bool,
+        reason: Option<String>,
+        log: String,
+    },
+    StepBlocked {
+        service: String,
+        host: String,
+        reason: String,
+    },
+    WaveFinished {
+        service: String,
+        wave: usize,
+        failed: usize,
+    },
+    ServiceFinished {
+        service: String,
+        outcome: ServiceOutcome,
+        reason: Option<String>,
+        succeeded: usize,
+        failed: usize,
+        not_started: usize,
+    },
+    RunFinished {
+        converged: bool,
+        succeeded: usize,
+        failed: usize,
+        not_started: usize,
+        ms: u64,
+    },
+}
+
+/// How a service's rollout ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServiceOutcome {
+    /// Every planned step ran and succeeded.
+    Done,
+    /// Some steps failed; every wave ran.
+    Failed,
+    /// Waves stopped: failure budget exceeded or `on-failure "stop"`.
+    Halted,
+    /// Never started: a runtime dependency can no longer be met.
+    Blocked,
+}
+
+/// Where events go. The engine never prints.
+pub trait Sink: Send + Sync {
+    fn emit(&self, event: Event);
+}
+
+/// Asked before a wave whose policy pauses with `confirm`.
+pub trait Gate: Send + Sync {
+    /// Whether to start wave `wave` of `service`.
+    fn confirm(&self, service: &str, wave: usize) -> bool;
+}

@@ -1,0 +1,128 @@
+//! Open connections, at most `max` at once: reused for every step on a host, opened ahead of
+//! need, closed when the host is done or when another host needs the slot.
+
+use crate::transport::{Link, Target, Transport, TransportError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Notify, OnceCell};
+
+type Cell<L> = Arc<OnceCell<Result<Arc<L>, TransportError>>>;
+
+/// A pool of links keyed by host name.
+pub struct Links<T: Transport> {
+    transport: Arc<T>,
+    max: usize,
+    open: Mutex<HashMap<String, Cell<T::Link>>>,
+    freed: Notify,
+}
+
+impl<T: Transport> Links<T> {
+    pub fn new(transport: Arc<T>, max: usize) -> Self {
+        Links {
+            transport,
+            max: max.max(1),
+            open: Mutex::new(HashMap::new()),
+            freed: Notify::new(),
+        }
+    }
+
+    /// The link to `target`, connecting (once, however many ask) if needed.
+    pub async fn get(&self, target: &Target) -> Result<Arc<T::Link>, TransportError> {
+        let cell = loop {
+            if let Some(cell) = self.slot(&target.name, true) {
+                break cell;
+            }
+            let notified = self.freed.notified();
+            if let Some(cell) = self.slot(&target.name, true) {
+                break cell;
+            }
+            notified.await;
+        };
+        let result = cell
+            .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
+            .await
+            .clone();
+        if result.is_err() {
+            self.drop_entry(&target.name);
+        }
+        result
+    }
+
+    /// Starts connecting to `target` in the background if a slot is free now.
+    pub fn prefetch(self: &Arc<Self>, target: Target) {
+        let has_room = self.lock().len() < self.max.div_ceil(2).max(1);
+        if has_room && self.slot(&target.name, false).is_some() {
+            let links = self.clone();
+            tokio::spawn(async move {
+                let _ = links.get(&target).await;
+            });
+        }
+    }
+
+    /// The host needs no more commands: close its link.
+    pub async fn release(&self, host: &str) {
+        if let Some(cell) = self.drop_entry(host) {
+            close(cell).await;
+        }
+    }
+
+    /// Closes every link.
+    pub async fn close_all(&self) {
+        let cells: Vec<Cell<T::Link>> = self.lock().drain().map(|(_, c)| c).collect();
+        for c in cells {
+            close(c).await;
+        }
+        self.freed.notify_waiters();
+    }
+
+    /// The cell for `host`: existing, or new if under the cap (evicting an idle link if `evict`).
+    fn slot(&self, host: &str, evict: bool) -> Option<Cell<T::Link>> {
+        let mut open = self.lock();
+        if let Some(cell) = open.get(host) {
+            return Some(cell.clone());
+        }
+        if open.len() >= self.max {
+            if !evict {
+                return None;
+            }
+            // An idle link: connected, and nobody but the pool holds it.
+            let idle = open
+                .iter()
+                .find(|(_, c)| {
+                    Arc::strong_count(c) == 1
+                        && matches!(c.get(), Some(Ok(l)) if Arc::strong_count(l) == 1)
+                })
+                .map(|(k, _)| k.clone());
+            let cell = open.remove(&idle?)?;
+            tokio::spawn(close(cell));
+        }
+        let cell: Cell<T::Link> = Arc::new(OnceCell::new());
+        open.insert(host.to_string(), cell.clone());
+        Some(cell)
+    }
+
+    fn drop_entry(&self, host: &str) -> Option<Cell<T::Link>> {
+        let cell = self.lock().remove(host);
+        self.freed.notify_waiters();
+        cell
+    }
+
+    /// A step on some host finished: a waiter may now find an idle link to evict.
+    pub fn step_done(&self) {
+        self.freed.notify_waiters();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cell<T::Link>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+async fn close<L: Link>(cell: Cell<L>) {
+    if let Ok(cell) = Arc::try_unwrap(cell) {
+        if let Some(Ok(link)) = cell.into_inner() {
+            if let Ok(link) = Arc::try_unwrap(link) {
+                link.close().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! Carrying out a plan: services start when their runtime needs hold, waves run under their
+//! policy, each host runs one step at a time. The engine never prints; it emits [`Event`]s.
+
+mod event;
+mod hook;
+mod links;
+mod schedule;
+mod step;
+mod verify;
+
+pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
+pub use hook::needs_var;
+pub use verify::{verify, CheckResult};
+
+use crate::plan::Plan;
+use crate::site::Site;
+use crate::state::HostRecord;
+use crate::transport::Transport;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Everything a rollout needs.
+pub struct Rollout<T> {
+    pub plan: Arc<Plan>,
+    pub site: Arc<Site>,
+    pub transport: Arc<T>,
+    pub sink: Arc<dyn Sink>,
+    pub gate: Arc<dyn Gate>,
+    /// Unique per run; names the log directory and is written into host records.
+    pub run_id: String,
+    /// `.drover/runs/<run-id>`: one log per host and service.
+    pub log_dir: PathBuf,
+    pub max_connections: usize,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub succeeded: usize,
+    pub failed: usize,
+    /// Steps never started: halted or blocked services, hosts whose earlier step failed.
+    pub not_started: usize,
+    /// Hosts the plan could not reach or read.
+    pub unreachable: usize,
+    /// `(host, service, log)` of every failed step.
+    pub failures: Vec<(String, String, String)>,
+}
+
+impl Summary {
+    /// Everything planned was done and every host was reachable.
+    pub fn converged(&self) -> bool {
+        self.failed == 0 && self.not_started == 0 && self.unreachable == 0
+    }
+}
+
+/// Runs the plan to the end and reports how it went.
+pub async fn run<T: Transport>(rollout: Rollout<T>) -> Summary {
+    schedule::Scheduler::new(rollout).run().await
+}
+
+/// The record each host starts from: what was observed when planning.
+pub fn initial_record(plan: &Plan, host: usize) -> HostRecord {
+    match &plan.hosts[host].observed {
+        crate::state::Observed::Running { services } => HostRecord {
+            schema: HostRecord::SCHEMA,
+            services: services.clone(),
+        },
+        _ => HostRecord {
+            schema: HostRecord::SCHEMA,
+            ..Default::default()
+        },
+    }
+}

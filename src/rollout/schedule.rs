@@ -1,0 +1,594 @@
+//! The coordinator: decides which steps may start, launches them, and records what finished.
+
+use super::event::{Event, EventKind, ServiceOutcome};
+use super::hook::{service_env, step_env};
+use super::links::Links;
+use super::step::{self, ServiceJob, StepJob, StepResult};
+use super::{initial_record, Rollout, Summary};
+use crate::plan::SkipReason;
+use crate::site::{OnFailure, Pause};
+use crate::state::HostRecord;
+use crate::transport::{Target, Transport};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::task::JoinSet;
+use tokio::time::Instant as TokioInstant;
+
+/// Per service: where its rollout stands.
+struct Svc {
+    job: Arc<ServiceJob>,
+    started: bool,
+    /// The next wave to open.
+    next_wave: usize,
+    /// Steps of the open wave not yet launched.
+    pending: Vec<usize>,
+    /// Steps of the open wave launched and not finished.
+    running: usize,
+    not_before: Option<TokioInstant>,
+    healthy: usize,
+    succeeded: usize,
+    failed: usize,
+    not_started: usize,
+    finished: Option<ServiceOutcome>,
+}
+
+/// Per host: one step at a time, and what happened to each service on it this run.
+struct HostState {
+    busy: bool,
+    done: HashSet<usize>,
+    broken: HashSet<usize>,
+    record: HostRecord,
+    steps_left: usize,
+}
+
+pub struct Scheduler<T: Transport> {
+    r: Rollout<T>,
+    links: Arc<Links<T>>,
+    svcs: Vec<Svc>,
+    hosts: Vec<HostState>,
+    host_index: HashMap<Arc<str>, usize>,
+    service_index: HashMap<String, usize>,
+    tasks: JoinSet<(usize, usize, usize, StepResult)>,
+    started: Instant,
+}
+
+impl<T: Transport> Scheduler<T> {
+    pub fn new(r: Rollout<T>) -> Self {
+        let plan = r.plan.clone();
+        let host_index: HashMap<Arc<str>, usize> = plan
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.name.clone(), i))
+            .collect();
+        let service_index = plan
+            .services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), i))
+            .collect();
+        let mut hosts: Vec<HostState> = (0..plan.hosts.len())
+            .map(|i| HostState {
+                busy: false,
+                done: HashSet::new(),
+                broken: HashSet::new(),
+                record: initial_record(&plan, i),
+                steps_left: 0,
+            })
+            .collect();
+        let state_dir = r.site.platform.host_state_dir();
+        let svcs = plan
+            .services
+            .iter()
+            .map(|s| {
+                for st in s.waves.iter().flat_map(|w| &w.steps) {
+                    if let Some(&h) = host_index.get(&st.host) {
+                        hosts[h].steps_left += 1;
+                    }
+                }
+                let model = r.site.service(&s.name).map(|id| &r.site.services[id]);
+                let healthy = plan
+                    .hosts
+                    .iter()
+                    .filter(|h| s.classes.contains(&h.class))
+                    .filter(|h| {
+                        h.observed
+                            .service(&s.name)
+                            .is_some_and(|rec| *rec.version == *s.version && rec.healthy())
+                    })
+                    .count();
+                Svc {
+                    job: Arc::new(ServiceJob {
+                        name: s.name.clone(),
+                        hooks: model.map(|m| m.hooks.clone()).unwrap_or_default(),
+                        on_failure: s.policy.on_failure,
+                        env: service_env(&r.site, &plan, s),
+                        state_dir: state_dir.clone(),
+                        run: r.run_id.clone(),
+                    }),
+                    started: false,
+                    next_wave: 0,
+                    pending: Vec::new(),
+                    running: 0,
+                    not_before: None,
+                    healthy,
+                    succeeded: 0,
+                    failed: 0,
+                    not_started: 0,
+                    finished: None,
+                }
+            })
+            .collect();
+        let links = Arc::new(Links::new(r.transport.clone(), r.max_connections));
+        Scheduler {
+            r,
+            links,
+            svcs,
+            hosts,
+            host_index,
+            service_index,
+            tasks: JoinSet::new(),
+            started: Instant::now(),
+        }
+    }
+
+    fn emit(&self, kind: EventKind) {
+        self.r.sink.emit(Event::now(kind));
+    }
+
+    pub async fn run(mut self) -> Summary {
+        let plan = self.r.plan.clone();
+        let steps = plan
+            .services
+            .iter()
+            .flat_map(|s| &s.waves)
+            .map(|w| w.steps.len())
+            .sum();
+        self.emit(EventKind::RunStarted {
+            schema: super::EVENT_SCHEMA,
+            run: self.r.run_id.clone(),
+            site: plan.site.clone(),
+            services: plan.services.len(),
+            hosts: plan.hosts.len(),
+            steps,
+            log_dir: self.r.log_dir.display().to_string(),
+        });
+        for s in plan
+            .services
+            .iter()
+            .filter(|s| !s.waits_for.is_empty() && !s.waves.is_empty())
+        {
+            self.emit(EventKind::ServiceWaiting {
+                service: s.name.clone(),
+                waits_for: s.waits_for.clone(),
+            });
+        }
+        loop {
+            let wake = self.advance();
+            if self.tasks.is_empty() {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => break,
+                }
+                continue;
+            }
+            let done = match wake {
+                Some(at) => tokio::select! {
+                    done = self.tasks.join_next() => done,
+                    _ = tokio::time::sleep_until(at) => None,
+                },
+                None => self.tasks.join_next().await,
+            };
+            if let Some(Ok((s, w, i, result))) = done {
+                self.finish_step(s, w, i, result).await;
+            }
+        }
+        self.links.close_all().await;
+        self.summary()
+    }
+
+    /// Starts what may start; returns when to look again if something waits on a timer.
+    fn advance(&mut self) -> Option<TokioInstant> {
+        let mut wake: Option<TokioInstant> = None;
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for s in 0..self.svcs.len() {
+                if self.svcs[s].finished.is_some() {
+                    continue;
+                }
+                if !self.svcs[s].started {
+                    changed |= self.try_start(s);
+                    if !self.svcs[s].started {
+                        continue;
+                    }
+                }
+                if self.svcs[s].pending.is_empty() && self.svcs[s].running == 0 {
+                    match self.svcs[s].not_before {
+                        Some(at) if at > TokioInstant::now() => {
+                            wake = Some(wake.map_or(at, |w| w.min(at)));
+                            continue;
+                        }
+                        _ => changed |= self.open_wave(s),
+                    }
+                }
+                changed |= self.launch(s);
+            }
+        }
+        wake
+    }
+
+    /// Starts service `s` once its runtime needs hold; blocks it if they never can.
+    fn try_start(&mut self, s: usize) -> bool {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        let mut unmet = None;
+        for c in &sp.waits_for {
+            let Some(&t) = self.service_index.get(&c.service) else {
+                continue;
+            };
+            if self.svcs[t].healthy >= c.count {
+                continue;
+            }
+            if self.svcs[t].finished.is_some() {
+                let reason = format!(
+                    "{} has {} of the {} healthy hosts it needs",
+                    c.service, self.svcs[t].healthy, c.count
+                );
+                self.block(s, reason);
+                return true;
+            }
+            unmet = Some(());
+        }
+        if unmet.is_some() {
+            return false;
+        }
+        self.svcs[s].started = true;
+        let steps = sp.waves.iter().map(|w| w.steps.len()).sum();
+        if steps > 0 {
+            self.emit(EventKind::ServiceStarted {
+                service: sp.name.clone(),
+                waves: sp.waves.len(),
+                steps,
+            });
+        }
+        true
+    }
+
+    /// Opens the next wave of `s`, or ends the service when none is left or its policy says stop.
+    fn open_wave(&mut self, s: usize) -> bool {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        let svc = &self.svcs[s];
+        if svc.next_wave >= sp.waves.len() {
+            let outcome = if svc.failed > 0 {
+                ServiceOutcome::Failed
+            } else {
+                ServiceOutcome::Done
+            };
+            self.end_service(s, outcome, None);
+            return true;
+        }
+        let halt = match sp.policy.on_failure {
+            OnFailure::Stop if svc.failed > 0 => Some(format!(
+                "stopped after {} failed (on-failure \"stop\")",
+                svc.failed
+            )),
+            OnFailure::Rollback | OnFailure::Stop if svc.failed > sp.policy.max_failed_hosts => {
+                Some(format!(
+                    "{} hosts failed, more than max-failed {} allows ({})",
+                    svc.failed, sp.policy.max_failed, sp.policy.max_failed_hosts
+                ))
+            }
+            _ => None,
+        };
+        if let Some(reason) = halt {
+            self.halt(s, reason);
+            return true;
+        }
+        let w = svc.next_wave;
+        if w > 0 && sp.policy.pause == "confirm" && !self.r.gate.confirm(&sp.name, w + 1) {
+            self.halt(s, format!("wave {} not confirmed", w + 1));
+            return true;
+        }
+        let wave = &sp.waves[w];
+        self.emit(EventKind::WaveStarted {
+            service: sp.name.clone(),
+            wave: w + 1,
+            canary: wave.canary,
+            hosts: wave.steps.iter().map(|st| st.host.to_string()).collect(),
+        });
+        let svc = &mut self.svcs[s];
+        svc.pending = (0..wave.steps.len()).collect();
+        svc.next_wave += 1;
+        if let Some(next) = sp.waves.get(w + 1) {
+            for st in &next.steps {
+                if let Some(&h) = self.host_index.get(&st.host) {
+                    self.links.prefetch(target(&plan, h));
+                }
+            }
+        }
+        true
+    }
+
+    /// Launches every pending step of `s` whose host is free and whose same-host needs are done.
+    fn launch(&mut self, s: usize) -> bool {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        let w = self.svcs[s].next_wave - 1;
+        let mut launched = false;
+        let mut still = Vec::new();
+        for i in std::mem::take(&mut self.svcs[s].pending) {
+            let st = &sp.waves[w].steps[i];
+            let Some(&h) = self.host_index.get(&st.host) else {
+                continue;
+            };
+            let after: Vec<usize> = st
+                .after
+                .iter()
+                .filter_map(|a| self.service_index.get(a).copied())
+                .collect();
+            if let Some(broken) = after.iter().find(|a| self.hosts[h].broken.contains(a)) {
+                let reason = format!(
+                    "{} did not switch on this host",
+                    plan.services[*broken].name
+                );
+                self.emit(EventKind::StepBlocked {
+                    service: sp.name.clone(),
+                    host: st.host.to_string(),
+                    reason,
+                });
+                self.svcs[s].not_started += 1;
+                self.hosts[h].broken.insert(s);
+                self.host_step_over(h);
+                launched = true;
+                continue;
+            }
+            if self.hosts[h].busy || !after.iter().all(|a| self.hosts[h].done.contains(a)) {
+                still.push(i);
+                continue;
+            }
+            self.spawn_step(s, w, i, h);
+            launched = true;
+        }
+        self.svcs[s].pending = still;
+        if launched && self.svcs[s].pending.is_empty() && self.svcs[s].running == 0 {
+            self.wave_over(s, w);
+        }
+        launched
+    }
+
+    fn spawn_step(&mut self, s: usize, w: usize, i: usize, h: usize) {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        let st = &sp.waves[w].steps[i];
+        let host = &plan.hosts[h];
+        self.hosts[h].busy = true;
+        self.svcs[s].running += 1;
+        let job = StepJob {
+            service: self.svcs[s].job.clone(),
+            host: host.name.to_string(),
+            env: step_env(&self.svcs[s].job.env, host, st.from.as_deref(), &st.to),
+            from: st.from.as_ref().map(|f| f.to_string()),
+            to: st.to.to_string(),
+            record: self.hosts[h].record.clone(),
+            log: self
+                .r
+                .log_dir
+                .join(&*host.name)
+                .join(format!("{}.log", sp.name)),
+        };
+        self.emit(EventKind::StepStarted {
+            service: sp.name.clone(),
+            host: host.name.to_string(),
+            from: job.from.clone(),
+            to: job.to.clone(),
+        });
+        let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
+        self.tasks.spawn(async move {
+            let result = match links.get(&target).await {
+                Ok(link) => step::run(job, &*link, &*sink).await,
+                Err(e) => StepResult {
+                    record: job.record,
+                    failed_hook: Some("connect".into()),
+                    reason: Some(e.to_string()),
+                    rolled_back: false,
+                },
+            };
+            links.step_done();
+            (s, w, i, result)
+        });
+    }
+
+    async fn finish_step(&mut self, s: usize, w: usize, i: usize, result: StepResult) {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        let st = &sp.waves[w].steps[i];
+        let Some(&h) = self.host_index.get(&st.host) else {
+            return;
+        };
+        let ok = result.ok();
+        self.emit(EventKind::StepFinished {
+            service: sp.name.clone(),
+            host: st.host.to_string(),
+            ok,
+            failed_hook: result.failed_hook.clone(),
+            rolled_back: result.rolled_back,
+            reason: result.reason.clone(),
+            log: self
+                .r
+                .log_dir
+                .join(&*st.host)
+                .join(format!("{}.log", sp.name))
+                .display()
+                .to_string(),
+        });
+        let host = &mut self.hosts[h];
+        host.busy = false;
+        host.record = result.record;
+        let svc = &mut self.svcs[s];
+        svc.running -= 1;
+        if ok {
+            svc.succeeded += 1;
+            svc.healthy += 1;
+            host.done.insert(s);
+        } else {
+            svc.failed += 1;
+            host.broken.insert(s);
+        }
+        if self.host_step_over(h) {
+            self.links.release(&plan.hosts[h].name).await;
+        }
+        if self.svcs[s].pending.is_empty() && self.svcs[s].running == 0 {
+            self.wave_over(s, w);
+        }
+    }
+
+    /// One step of host `h` is over (done, failed or blocked); whether it has none left.
+    fn host_step_over(&mut self, h: usize) -> bool {
+        let host = &mut self.hosts[h];
+        host.steps_left = host.steps_left.saturating_sub(1);
+        host.steps_left == 0
+    }
+
+    fn wave_over(&mut self, s: usize, w: usize) {
+        let sp = &self.r.plan.services[s];
+        let failed = self.svcs[s].failed;
+        self.emit(EventKind::WaveFinished {
+            service: sp.name.clone(),
+            wave: w + 1,
+            failed,
+        });
+        let pause = match crate::site::parse_duration(&sp.policy.pause) {
+            Ok(d) => Pause::Wait(d),
+            Err(_) => Pause::Confirm,
+        };
+        if let Pause::Wait(d) = pause {
+            self.svcs[s].not_before = Some(TokioInstant::now() + d);
+        }
+    }
+
+    /// Stops `s`: its unopened waves never start.
+    fn halt(&mut self, s: usize, reason: String) {
+        let sp = &self.r.plan.services[s];
+        let left: Vec<Arc<str>> = sp.waves[self.svcs[s].next_wave..]
+            .iter()
+            .flat_map(|w| &w.steps)
+            .map(|st| st.host.clone())
+            .collect();
+        self.give_up(s, &left);
+        self.end_service(s, ServiceOutcome::Halted, Some(reason));
+    }
+
+    /// `s` can never start: every step is left undone.
+    fn block(&mut self, s: usize, reason: String) {
+        let sp = &self.r.plan.services[s];
+        let left: Vec<Arc<str>> = sp
+            .waves
+            .iter()
+            .flat_map(|w| &w.steps)
+            .map(|st| st.host.clone())
+            .collect();
+        self.give_up(s, &left);
+        self.svcs[s].started = true;
+        self.end_service(s, ServiceOutcome::Blocked, Some(reason));
+    }
+
+    fn give_up(&mut self, s: usize, hosts: &[Arc<str>]) {
+        for name in hosts {
+            if let Some(&h) = self.host_index.get(name) {
+                self.hosts[h].broken.insert(s);
+                self.host_step_over(h);
+            }
+        }
+        self.svcs[s].not_started += hosts.len();
+    }
+
+    fn end_service(&mut self, s: usize, outcome: ServiceOutcome, reason: Option<String>) {
+        let svc = &mut self.svcs[s];
+        svc.finished = Some(outcome);
+        let (succeeded, failed, not_started) = (svc.succeeded, svc.failed, svc.not_started);
+        let has_steps = self.r.plan.services[s]
+            .waves
+            .iter()
+            .any(|w| !w.steps.is_empty());
+        if has_steps {
+            self.emit(EventKind::ServiceFinished {
+                service: self.r.plan.services[s].name.clone(),
+                outcome,
+                reason,
+                succeeded,
+                failed,
+                not_started,
+            });
+        }
+    }
+
+    fn summary(&self) -> Summary {
+        let plan = &self.r.plan;
+        let mut sum = Summary::default();
+        for (s, svc) in self.svcs.iter().enumerate() {
+            sum.succeeded += svc.succeeded;
+            sum.failed += svc.failed;
+            sum.not_started += svc.not_started;
+            if svc.finished.is_none() {
+                sum.not_started += plan.services[s]
+                    .waves
+                    .iter()
+                    .map(|w| w.steps.len())
+                    .sum::<usize>()
+                    - svc.succeeded
+                    - svc.failed;
+            }
+        }
+        sum.unreachable = plan
+            .services
+            .iter()
+            .flat_map(|s| &s.skipped)
+            .filter(|k| k.reason == SkipReason::Unreachable)
+            .map(|k| k.host.clone())
+            .collect::<HashSet<_>>()
+            .len();
+        sum.failures = self
+            .hosts
+            .iter()
+            .enumerate()
+            .flat_map(|(h, st)| st.broken.iter().map(move |s| (h, *s)))
+            .filter(|(h, s)| {
+                plan.hosts[*h].observed.known()
+                    && self.svcs[*s].failed > 0
+                    && !self.hosts[*h].done.contains(s)
+            })
+            .map(|(h, s)| {
+                (
+                    plan.hosts[h].name.to_string(),
+                    plan.services[s].name.clone(),
+                    self.r
+                        .log_dir
+                        .join(&*plan.hosts[h].name)
+                        .join(format!("{}.log", plan.services[s].name))
+                        .display()
+                        .to_string(),
+                )
+            })
+            .collect();
+        sum.failures.sort();
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.emit(EventKind::RunFinished {
+            converged: sum.converged(),
+            succeeded: sum.succeeded,
+            failed: sum.failed,
+            not_started: sum.not_started,
+            ms,
+        });
+        sum
+    }
+}
+
+fn target(plan: &crate::plan::Plan, h: usize) -> Target {
+    Target {
+        name: plan.hosts[h].name.to_string(),
+        address: plan.hosts[h].address.to_string(),
+    }
+}

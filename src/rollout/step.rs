@@ -1,0 +1,271 @@
+//! One host's switch-over for one service: stop old → install → migrate → start → check,
+//! with rollback on failure and the host's record written after each stage.
+
+use super::event::{Event, EventKind, Sink};
+use crate::site::{Hook, Hooks, OnFailure};
+use crate::state::{write_script, HostRecord, Mark, Outcome, ServiceRecord};
+use crate::transport::{env_prefix, Link, Output, TransportError};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// What a step needs that is the same for every host of the service.
+pub struct ServiceJob {
+    pub name: String,
+    pub hooks: Hooks,
+    pub on_failure: OnFailure,
+    pub env: Vec<(String, String)>,
+    pub state_dir: String,
+    pub run: String,
+}
+
+/// One step to carry out.
+pub struct StepJob {
+    pub service: Arc<ServiceJob>,
+    pub host: String,
+    pub env: Vec<(String, String)>,
+    pub from: Option<String>,
+    pub to: String,
+    pub record: HostRecord,
+    pub log: PathBuf,
+}
+
+/// How it went; `record` is the host's record as now written.
+pub struct StepResult {
+    pub record: HostRecord,
+    pub failed_hook: Option<String>,
+    pub reason: Option<String>,
+    pub rolled_back: bool,
+}
+
+impl StepResult {
+    pub fn ok(&self) -> bool {
+        self.failed_hook.is_none()
+    }
+}
+
+/// Runs the step over `link`.
+pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult {
+    let mut step = Running { job, link, sink };
+    match step.switch().await {
+        Ok(()) => StepResult {
+            record: step.job.record,
+            failed_hook: None,
+            reason: None,
+            rolled_back: false,
+        },
+        Err((hook, reason)) => step.fail(hook, reason).await,
+    }
+}
+
+struct Running<'a, L> {
+    job: StepJob,
+    link: &'a L,
+    sink: &'a dyn Sink,
+}
+
+type Failure = (&'static str, String);
+
+impl<L: Link> Running<'_, L> {
+    async fn switch(&mut self) -> Result<(), Failure> {
+        let hooks = self.job.service.hooks.clone();
+        let fresh = self.job.from.is_none();
+        let stages: [(&'static str, Option<&Hook>, bool); 4] = [
+            ("stop", hooks.stop.as_ref(), !fresh),
+            ("install", hooks.install.as_ref(), true),
+            ("migrate", hooks.migrate.as_ref(), !fresh),
+            ("start", hooks.start.as_ref(), true),
+        ];
+        for (name, hook, applies) in stages {
+            if let (Some(hook), true) = (hook, applies) {
+                self.hook(name, &hook.command, hook.timeout).await?;
+            }
+        }
+        self.mark(Some(Outcome::Success), None, None).await?;
+        if let Some(check) = &hooks.check {
+            let deadline = Instant::now() + check.timeout;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self
+                    .hook(
+                        "check",
+                        &check.command,
+                        Some(left.max(Duration::from_millis(1))),
+                    )
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(e) if Instant::now() + check.interval >= deadline => return Err(e),
+                    Err(_) => tokio::time::sleep(check.interval).await,
+                }
+            }
+        }
+        self.mark(None, Some(Outcome::Success), None).await
+    }
+
+    /// Runs one hook; its output goes to the step's log.
+    async fn hook(
+        &mut self,
+        name: &'static str,
+        command: &str,
+        timeout: Option<Duration>,
+    ) -> Result<(), Failure> {
+        let script = env_prefix(&self.job.env, command);
+        let started = Instant::now();
+        let run = self.link.run(&script);
+        let result: Result<Output, TransportError> = match timeout {
+            Some(t) => tokio::time::timeout(t, run).await.unwrap_or_else(|_| {
+                Ok(Output {
+                    code: None,
+                    stdout: Vec::new(),
+                    stderr: format!("timed out after {}\n", crate::site::format_duration(t))
+                        .into_bytes(),
+                })
+            }),
+            None => run.await,
+        };
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (code, ok, reason) = match &result {
+            Ok(out) => (out.code, out.success(), exit_reason(name, out)),
+            Err(e) => (None, false, e.to_string()),
+        };
+        self.log(name, &result, ms);
+        self.sink.emit(Event::now(EventKind::HookFinished {
+            service: self.job.service.name.clone(),
+            host: self.job.host.clone(),
+            hook: name.into(),
+            ok,
+            code,
+            ms,
+        }));
+        if ok {
+            Ok(())
+        } else {
+            Err((name, reason))
+        }
+    }
+
+    /// Updates this service's record and writes the host's state file.
+    async fn mark(
+        &mut self,
+        configured: Option<Outcome>,
+        validated: Option<Outcome>,
+        failed: Option<(&str, String)>,
+    ) -> Result<(), Failure> {
+        let mark = |outcome: Outcome| Mark {
+            outcome,
+            at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            run: self.job.service.run.clone(),
+            log: self.job.log.display().to_string(),
+            hook: failed
+                .as_ref()
+                .map(|(h, _)| h.to_string())
+                .filter(|_| outcome == Outcome::Failure),
+        };
+        let version = failed
+            .as_ref()
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| self.job.to.clone());
+        let entry = self
+            .job
+            .record
+            .services
+            .entry(self.job.service.name.clone())
+            .or_insert_with(|| ServiceRecord {
+                version: version.clone(),
+                configured: None,
+                validated: None,
+            });
+        entry.version = version;
+        if let Some(c) = configured {
+            entry.configured = Some(mark(c));
+            entry.validated = None;
+        }
+        if let Some(v) = validated {
+            entry.validated = Some(mark(v));
+        }
+        self.job.record.schema = HostRecord::SCHEMA;
+        let script = write_script(&self.job.service.state_dir, &self.job.record);
+        match self.link.run(&script).await {
+            Ok(out) if out.success() => Ok(()),
+            Ok(out) => Err(("state", exit_reason("state", &out))),
+            Err(e) => Err(("state", e.to_string())),
+        }
+    }
+
+    /// After a failed hook: roll back where the policy and hooks allow, record the failure.
+    async fn fail(mut self, hook: &'static str, reason: String) -> StepResult {
+        let svc = self.job.service.clone();
+        let may_roll_back = self.job.from.is_some() && svc.on_failure != OnFailure::Stop;
+        let mut rolled_back = false;
+        if let (true, Some(rollback)) = (may_roll_back, &svc.hooks.rollback) {
+            rolled_back = self
+                .hook("rollback", &rollback.command, rollback.timeout)
+                .await
+                .is_ok();
+        }
+        // What the host now has: the old version after a clean rollback or a failed `stop`.
+        let version = match (&self.job.from, rolled_back || hook == "stop") {
+            (Some(old), true) => old.clone(),
+            _ => self.job.to.clone(),
+        };
+        let (configured, validated) = if hook == "check" {
+            (None, Some(Outcome::Failure))
+        } else {
+            (Some(Outcome::Failure), None)
+        };
+        if hook != "state" {
+            let _ = self
+                .mark(configured, validated, Some((hook, version)))
+                .await;
+        }
+        StepResult {
+            record: self.job.record,
+            failed_hook: Some(hook.into()),
+            reason: Some(reason),
+            rolled_back,
+        }
+    }
+
+    fn log(&self, hook: &str, result: &Result<Output, TransportError>, ms: u64) {
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = self.job.log.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.job.log)?;
+            match result {
+                Ok(out) => {
+                    let code = out.code.map_or("signal".to_string(), |c| c.to_string());
+                    writeln!(f, "== {hook}: exit {code} after {ms} ms")?;
+                    f.write_all(&out.stdout)?;
+                    f.write_all(&out.stderr)?;
+                }
+                Err(e) => writeln!(f, "== {hook}: {e}")?,
+            }
+            Ok(())
+        };
+        let _ = write();
+    }
+}
+
+fn exit_reason(hook: &str, out: &Output) -> String {
+    let tail: String = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect();
+    let code = out
+        .code
+        .map_or("was killed".to_string(), |c| format!("exited {c}"));
+    if tail.is_empty() {
+        format!("{hook} {code}")
+    } else {
+        format!("{hook} {code}: {tail}")
+    }
+}

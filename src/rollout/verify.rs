@@ -1,0 +1,120 @@
+//! `deploy verify`: run every service's check on every host now, concurrently.
+
+use super::hook::{service_env, step_env};
+use crate::plan::Plan;
+use crate::site::Site;
+use crate::transport::{env_prefix, Link, Target, Transport};
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CheckResult {
+    pub host: String,
+    pub service: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// Runs the `check` hook of every service with one on every reachable host of the plan.
+pub async fn verify<T: Transport>(
+    site: Arc<Site>,
+    plan: Arc<Plan>,
+    transport: Arc<T>,
+    max_connections: usize,
+) -> Vec<CheckResult> {
+    let gate = Arc::new(Semaphore::new(max_connections.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (h, host) in plan.hosts.iter().enumerate() {
+        let (site, plan, transport, gate) =
+            (site.clone(), plan.clone(), transport.clone(), gate.clone());
+        let target = Target {
+            name: host.name.to_string(),
+            address: host.address.to_string(),
+        };
+        tasks.spawn(async move {
+            let _permit = gate.acquire_owned().await;
+            check_host(&site, &plan, h, &*transport, &target).await
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        out.extend(done.unwrap_or_default());
+    }
+    out.sort_by(|a, b| (&a.host, &a.service).cmp(&(&b.host, &b.service)));
+    out
+}
+
+async fn check_host<T: Transport>(
+    site: &Site,
+    plan: &Plan,
+    h: usize,
+    transport: &T,
+    target: &Target,
+) -> Vec<CheckResult> {
+    let host = &plan.hosts[h];
+    let services: Vec<_> = plan
+        .services
+        .iter()
+        .filter(|s| s.classes.contains(&host.class))
+        .collect();
+    let link = match transport.connect(target).await {
+        Ok(l) => l,
+        Err(e) => {
+            return services
+                .iter()
+                .map(|s| CheckResult {
+                    host: target.name.clone(),
+                    service: s.name.clone(),
+                    ok: false,
+                    detail: e.to_string(),
+                })
+                .collect()
+        }
+    };
+    let mut out = Vec::new();
+    for s in services {
+        let Some(check) = site
+            .service(&s.name)
+            .and_then(|id| site.services[id].hooks.check.clone())
+        else {
+            continue;
+        };
+        let running = host.observed.version(&s.name);
+        let env = step_env(
+            &service_env(site, plan, s),
+            host,
+            running,
+            running.unwrap_or(&s.version),
+        );
+        let script = env_prefix(&env, &check.command);
+        let run = link.run(&script);
+        let (ok, detail) = match tokio::time::timeout(check.timeout, run).await {
+            Ok(Ok(o)) if o.success() => (true, "check passed".into()),
+            Ok(Ok(o)) => (
+                false,
+                format!(
+                    "check exited {}: {}",
+                    o.code.map_or("by signal".into(), |c| c.to_string()),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ),
+            ),
+            Ok(Err(e)) => (false, e.to_string()),
+            Err(_) => (
+                false,
+                format!(
+                    "check timed out after {}",
+                    crate::site::format_duration(check.timeout)
+                ),
+            ),
+        };
+        out.push(CheckResult {
+            host: target.name.clone(),
+            service: s.name.clone(),
+            ok,
+            detail,
+        });
+    }
+    link.close().await;
+    out
+}

@@ -1,0 +1,82 @@
+//! Observing hosts: `--offline` (all fresh) or reading every state file over the transport.
+
+use super::record::{read_script, HostRecord, NO_STATE};
+use super::{Observe, Observed};
+use crate::inventory::Hosts;
+use crate::site::Site;
+use crate::transport::{Link, Target, Transport};
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// `--offline`: every host is treated as fresh, nothing is contacted.
+pub struct Offline;
+
+impl Observe for Offline {
+    async fn observe(&self, _site: &Site, hosts: &Hosts) -> Vec<Observed> {
+        vec![Observed::Fresh; hosts.hosts.len()]
+    }
+}
+
+/// Reads every host's state file, concurrently, at most `max_connections` at once, read-only.
+pub struct Remote<T> {
+    pub transport: Arc<T>,
+    pub state_dir: String,
+    pub max_connections: usize,
+}
+
+impl<T: Transport> Observe for Remote<T> {
+    async fn observe(&self, _site: &Site, hosts: &Hosts) -> Vec<Observed> {
+        let gate = Arc::new(Semaphore::new(self.max_connections.max(1)));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, h) in hosts.hosts.iter().enumerate() {
+            let target = Target {
+                name: h.name.to_string(),
+                address: h.address.to_string(),
+            };
+            let (transport, gate, script) = (
+                self.transport.clone(),
+                gate.clone(),
+                read_script(&self.state_dir),
+            );
+            tasks.spawn(async move {
+                let _permit = gate.acquire_owned().await;
+                (i, observe_one(&*transport, &target, &script).await)
+            });
+        }
+        let mut out = vec![Observed::Fresh; hosts.hosts.len()];
+        while let Some(done) = tasks.join_next().await {
+            if let Ok((i, observed)) = done {
+                out[i] = observed;
+            }
+        }
+        out
+    }
+}
+
+async fn observe_one<T: Transport>(transport: &T, target: &Target, script: &str) -> Observed {
+    let link = match transport.connect(target).await {
+        Ok(link) => link,
+        Err(e) => {
+            return Observed::Unreachable {
+                reason: e.to_string(),
+            }
+        }
+    };
+    let result = link.run(script).await;
+    link.close().await;
+    match result {
+        Err(e) => Observed::Unreachable {
+            reason: e.to_string(),
+        },
+        Ok(out) if out.code == Some(NO_STATE) => Observed::Fresh,
+        Ok(out) if !out.success() => Observed::Unreadable {
+            reason: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        },
+        Ok(out) => match HostRecord::parse(&out.stdout) {
+            Ok(record) => Observed::Running {
+                services: record.services,
+            },
+            Err(reason) => Observed::Unreadable { reason },
+        },
+    }
+}

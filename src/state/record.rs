@@ -1,0 +1,129 @@
+//! The host state file: per service, its version and the last configured/validated outcome.
+
+use crate::transport::quote;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The file, inside the platform's `state-dir`, where a host records what it runs.
+pub const STATE_FILE: &str = "state.json";
+
+/// What a host records (the whole state file).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    pub schema: u32,
+    pub services: BTreeMap<String, ServiceRecord>,
+}
+
+/// What a host records of one service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    /// The version installed (the old one again after a successful rollback).
+    pub version: String,
+    /// Whether the last switch-over got through `start` (or where it failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured: Option<Mark>,
+    /// Whether the last `check` passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validated: Option<Mark>,
+}
+
+impl ServiceRecord {
+    /// A service that has a version and no recorded failure.
+    pub fn healthy(&self) -> bool {
+        let ok = |m: &Option<Mark>| m.as_ref().is_none_or(|m| m.outcome == Outcome::Success);
+        ok(&self.configured) && ok(&self.validated)
+    }
+}
+
+/// One category's outcome: exactly one of success or failure, when, by which run, logged where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    pub outcome: Outcome,
+    /// RFC 3339, UTC.
+    pub at: String,
+    pub run: String,
+    /// The controller-side log of that step.
+    pub log: String,
+    /// The hook that failed, on failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Success,
+    Failure,
+}
+
+/// Prints the state file, or exits 3 when there is none.
+pub fn read_script(state_dir: &str) -> String {
+    let file = format!("{state_dir}/{STATE_FILE}");
+    format!(
+        "if [ -e {f} ]; then cat {f}; else exit 3; fi",
+        f = quote(&file)
+    )
+}
+
+/// The exit code of [`read_script`] for a host with no state file.
+pub const NO_STATE: i32 = 3;
+
+/// Writes `record` atomically: a private temporary file, synced, then renamed over the old one.
+pub fn write_script(state_dir: &str, record: &HostRecord) -> String {
+    let json = serde_json::to_string(record).unwrap_or_default();
+    let dir = quote(state_dir);
+    let tmp = quote(&format!("{state_dir}/.{STATE_FILE}.tmp"));
+    let file = quote(&format!("{state_dir}/{STATE_FILE}"));
+    format!("umask 077 && mkdir -p {dir} && printf '%s\\n' {} > {tmp} && sync {tmp} 2>/dev/null; mv -f {tmp} {file}", quote(&json))
+}
+
+impl HostRecord {
+    pub const SCHEMA: u32 = 1;
+
+    /// Parses a state file's text.
+    pub fn parse(text: &[u8]) -> Result<HostRecord, String> {
+        serde_json::from_slice(text).map_err(|e| format!("state file is not valid: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str, dir: &std::path::Path) -> std::process::Output {
+        std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .output()
+            .expect("sh runs")
+    }
+
+    #[test]
+    fn write_then_read_roundtrips_odd_values() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state_dir = dir.path().join("var lib/dr'over").display().to_string();
+        assert_eq!(
+            sh(&read_script(&state_dir), dir.path()).status.code(),
+            Some(NO_STATE)
+        );
+        let mut record = HostRecord {
+            schema: HostRecord::SCHEMA,
+            ..Default::default()
+        };
+        record.services.insert(
+            "api".into(),
+            ServiceRecord {
+                version: "1.0'$(touch pwned)`id`\n".into(),
+                configured: None,
+                validated: None,
+            },
+        );
+        assert!(sh(&write_script(&state_dir, &record), dir.path())
+            .status
+            .success());
+        let out = sh(&read_script(&state_dir), dir.path());
+        assert_eq!(HostRecord::parse(&out.stdout), Ok(record));
+        assert!(!dir.path().join("pwned").exists());
+    }
+}

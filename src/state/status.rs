@@ -1,0 +1,116 @@
+//! `deploy status` as data: per host and service, what runs against what is desired.
+
+use super::{Mark, Observed, Outcome};
+use crate::inventory::Hosts;
+use crate::site::Site;
+use serde::Serialize;
+
+/// Version of the status JSON schema.
+pub const STATUS_SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub schema: u32,
+    pub site: String,
+    pub hosts: Vec<HostStatus>,
+    /// Hosts that did not answer, could not be read, or have no state at all.
+    pub unaccounted: Vec<Unaccounted>,
+    /// Host/service pairs at their desired version with no recorded failure.
+    pub converged: usize,
+    pub total: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HostStatus {
+    pub host: String,
+    pub class: String,
+    pub services: Vec<ServiceStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceStatus {
+    pub service: String,
+    pub running: Option<String>,
+    pub desired: String,
+    pub configured: Option<Mark>,
+    pub validated: Option<Mark>,
+    /// The latest recorded time of either category.
+    pub last_change: Option<String>,
+    /// Running the desired version with no recorded failure.
+    pub ok: bool,
+    /// The log of the last failure, if the last outcome was one.
+    pub failure_log: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Unaccounted {
+    pub host: String,
+    pub reason: String,
+}
+
+/// The status of every host of `hosts`, from what was observed.
+pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
+    let mut out = Status {
+        schema: STATUS_SCHEMA,
+        site: site.name.clone(),
+        hosts: Vec::new(),
+        unaccounted: Vec::new(),
+        converged: 0,
+        total: 0,
+    };
+    for (h, o) in hosts.hosts.iter().zip(observed) {
+        let reason = match o {
+            Observed::Fresh => Some("no state recorded".to_string()),
+            Observed::Unreachable { reason } => Some(format!("does not answer: {reason}")),
+            Observed::Unreadable { reason } => Some(format!("state unreadable: {reason}")),
+            Observed::Running { .. } => None,
+        };
+        if let Some(reason) = reason {
+            out.unaccounted.push(Unaccounted {
+                host: h.name.to_string(),
+                reason,
+            });
+        }
+        let class = &site.classes[h.class];
+        let services: Vec<ServiceStatus> = class
+            .services
+            .iter()
+            .map(|&sid| {
+                let s = &site.services[sid];
+                let rec = o.service(&s.name);
+                let ok = rec.is_some_and(|r| r.version == s.version && r.healthy());
+                let marks = rec
+                    .map(|r| (r.configured.clone(), r.validated.clone()))
+                    .unwrap_or_default();
+                let failure_log = [&marks.0, &marks.1]
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m.outcome == Outcome::Failure)
+                    .map(|m| m.log.clone());
+                let last_change = [&marks.0, &marks.1]
+                    .into_iter()
+                    .flatten()
+                    .map(|m| m.at.clone())
+                    .max();
+                ServiceStatus {
+                    service: s.name.clone(),
+                    running: rec.map(|r| r.version.clone()),
+                    desired: s.version.clone(),
+                    configured: marks.0,
+                    validated: marks.1,
+                    last_change,
+                    ok,
+                    failure_log,
+                }
+            })
+            .collect();
+        out.total += services.len();
+        out.converged += services.iter().filter(|s| s.ok).count();
+        out.hosts.push(HostStatus {
+            host: h.name.to_string(),
+            class: class.name.clone(),
+            services,
+        });
+    }
+    out
+}

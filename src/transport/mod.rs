@@ -1,0 +1,114 @@
+//! Reaching hosts: one [`Transport`] trait, an `ssh` and a `local` implementation.
+//!
+//! A transport runs shell text on a host through `/bin/sh -c` and returns its output. Every
+//! value inside that text was quoted by [`quote`] when the text was built.
+
+mod local;
+mod quote;
+mod ssh;
+
+pub use local::Local;
+pub use quote::{env_prefix, quote};
+pub use ssh::Ssh;
+
+use crate::site::{Platform, Transport as TransportSpec};
+use std::future::Future;
+use thiserror::Error;
+
+/// What a command left behind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Output {
+    /// The exit code; `None` when a signal ended it.
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// Which host to reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub name: String,
+    pub address: String,
+}
+
+/// Failures of the transport itself, not of the commands it runs.
+#[derive(Debug, Clone, Error, miette::Diagnostic)]
+pub enum TransportError {
+    #[error("cannot connect to {host} ({address}): {reason}")]
+    #[diagnostic(code(drover::transport::connect), help("check that the host is up, that ssh accepts the key, and that its host key is in known_hosts"))]
+    Connect {
+        host: String,
+        address: String,
+        reason: String,
+    },
+    #[error("lost {host} while running a command: {reason}")]
+    #[diagnostic(code(drover::transport::command))]
+    Command { host: String, reason: String },
+}
+
+/// Opens links to hosts.
+pub trait Transport: Send + Sync + 'static {
+    type Link: Link;
+    fn connect(
+        &self,
+        target: &Target,
+    ) -> impl Future<Output = Result<Self::Link, TransportError>> + Send;
+}
+
+/// An open connection to one host; every command on that host goes through it.
+pub trait Link: Send + Sync + 'static {
+    fn run(&self, script: &str) -> impl Future<Output = Result<Output, TransportError>> + Send;
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// The transport a platform names.
+pub enum AnyTransport {
+    Ssh(Ssh),
+    Local(Local),
+}
+
+/// A link of either kind.
+pub enum AnyLink {
+    Ssh(ssh::SshLink),
+    Local(local::LocalLink),
+}
+
+impl AnyTransport {
+    pub fn for_platform(platform: &Platform) -> AnyTransport {
+        match &platform.transport {
+            TransportSpec::Ssh(options) => AnyTransport::Ssh(Ssh::new(options.clone())),
+            TransportSpec::Local { root } => AnyTransport::Local(Local::new(root.clone())),
+        }
+    }
+}
+
+impl Transport for AnyTransport {
+    type Link = AnyLink;
+    async fn connect(&self, target: &Target) -> Result<AnyLink, TransportError> {
+        match self {
+            AnyTransport::Ssh(t) => t.connect(target).await.map(AnyLink::Ssh),
+            AnyTransport::Local(t) => t.connect(target).await.map(AnyLink::Local),
+        }
+    }
+}
+
+impl Link for AnyLink {
+    async fn run(&self, script: &str) -> Result<Output, TransportError> {
+        match self {
+            AnyLink::Ssh(l) => l.run(script).await,
+            AnyLink::Local(l) => l.run(script).await,
+        }
+    }
+    async fn close(self) {
+        match self {
+            AnyLink::Ssh(l) => l.close().await,
+            AnyLink::Local(l) => l.close().await,
+        }
+    }
+}
