@@ -314,6 +314,9 @@ impl<T: Transport> Scheduler<T> {
 
     /// Launches every pending step of `s` whose host is free and whose same-host needs are done.
     fn launch(&mut self, s: usize) -> bool {
+        if self.svcs[s].finished.is_some() || self.svcs[s].pending.is_empty() {
+            return false;
+        }
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
         let w = self.svcs[s].next_wave - 1;

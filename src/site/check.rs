@@ -144,15 +144,20 @@ impl Checker {
             });
             if !in_a_class {
                 let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
+                let name = &s.name.value;
+                let help = if class_names.is_empty() {
+                    format!("define a class that runs it: `class \"app\" {{ service \"{name}\" }}`")
+                } else {
+                    format!(
+                        "add `service \"{name}\"` to a class ({})",
+                        class_names.join(", ")
+                    )
+                };
                 self.errors.push(SiteError::OrphanService {
-                    name: s.name.value.clone(),
+                    name: name.clone(),
                     src: src.clone(),
                     span: s.name.span,
-                    help: format!(
-                        "add `service \"{}\"` to a class ({})",
-                        s.name.value,
-                        class_names.join(", ")
-                    ),
+                    help,
                 });
             }
             let version = s
@@ -571,7 +576,7 @@ fn inventory_model(
                 name: name.clone(),
                 src: site.clone(),
                 span: *span,
-                inventory: "the static inventory".into(),
+                inventory: format!("the inventory of {}", r.src.name()),
                 help: format!(
                     "add a host with class=\"{name}\" to the inventory, or remove the class"
                 ),

@@ -165,6 +165,31 @@ pub enum SiteError {
     },
 }
 
+impl SiteError {
+    /// The file the problem is in (`None`: a file that names nothing, such as an unreadable
+    /// site) and the offset in it that the problem is reported at.
+    pub fn location(&self) -> (Option<&str>, usize) {
+        use SiteError::*;
+        let (src, span) = match self {
+            Unreadable { src, span, .. } => (src.as_ref(), *span),
+            Syntax { src, span, .. }
+            | UnknownNode { src, span, .. }
+            | UnknownProperty { src, span, .. }
+            | BadValue { src, span, .. }
+            | Missing { src, span, .. }
+            | UnknownName { src, span, .. }
+            | OrphanService { src, span, .. }
+            | EmptyClass { src, span, .. } => (Some(src), Some(*span)),
+            Duplicate { src, second, .. } => (Some(src), Some(*second)),
+            Cycle { src, edges, .. } => (
+                Some(src),
+                edges.iter().map(|e| *e.inner()).min_by_key(|s| s.offset()),
+            ),
+        };
+        (src.map(|s| s.name()), span.map_or(0, |s| s.offset()))
+    }
+}
+
 /// Every problem found, in file order.
 #[derive(Debug, Error, Diagnostic)]
 #[error("{} in {file}", count_problems(.errors.len()))]

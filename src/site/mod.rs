@@ -22,9 +22,18 @@ pub fn load(path: &Path) -> Result<Site, SiteErrors> {
     let mut checker = check::Checker::new();
     match checker.site(path) {
         Some(site) if checker.errors.is_empty() => Ok(site),
-        _ => Err(SiteErrors {
-            file: path.display().to_string(),
-            errors: checker.errors,
-        }),
+        _ => {
+            // File by file in the order read (the site first), each in line order.
+            let files = checker.sources.files();
+            let mut errors = checker.errors;
+            errors.sort_by_key(|e| {
+                let (file, offset) = e.location();
+                (file.map(|f| files.iter().position(|x| x == f)), offset)
+            });
+            Err(SiteErrors {
+                file: path.display().to_string(),
+                errors,
+            })
+        }
     }
 }

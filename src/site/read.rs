@@ -309,6 +309,16 @@ impl Reader<'_> {
 
     /// A duration in a string: `"30s"`, `"1m30s"`, `"500ms"`.
     fn duration(&mut self, e: &KdlEntry, what: &str) -> Option<Spanned<Duration>> {
+        if let KdlValue::Integer(i) = e.value() {
+            // "put the value in double quotes" would give `"5"`, still not a duration.
+            self.bad(
+                e.span(),
+                what.into(),
+                "a duration needs a unit".into(),
+                format!("write it in double quotes with a unit, as in \"{i}s\""),
+            );
+            return None;
+        }
         let s = self.string(e, what)?;
         match parse_duration(&s.value) {
             Ok(value) => Some(Spanned {
@@ -316,12 +326,13 @@ impl Reader<'_> {
                 span: s.span,
             }),
             Err(reason) => {
-                self.bad(
-                    s.span,
-                    what.into(),
-                    reason,
-                    "write a number with a unit: ms, s, m or h, as in \"30s\" or \"1m30s\"".into(),
-                );
+                let digits = !s.value.is_empty() && s.value.bytes().all(|b| b.is_ascii_digit());
+                let help = if digits {
+                    format!("add a unit (ms, s, m or h), as in \"{}s\"", s.value)
+                } else {
+                    "write a number with a unit: ms, s, m or h, as in \"30s\" or \"1m30s\"".into()
+                };
+                self.bad(s.span, what.into(), reason, help);
                 None
             }
         }

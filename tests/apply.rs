@@ -1,0 +1,232 @@
+//! `deploy apply` on a real sshd fleet: fresh install, dependency order, batch bounds,
+//! data dependencies, idempotence, and an upgrade through every switch-over hook.
+
+mod support;
+
+use support::shop::{max_in_flight, Shop, Spec};
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn fresh_install_then_upgrade_one_service() {
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let out = shop.deploy(&["apply", site.to_str().unwrap(), "--yes"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "apply failed:\n{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+
+    for host in shop.fleet.names() {
+        let service = if host.starts_with("db") {
+            "db"
+        } else if host.starts_with("app") {
+            "api"
+        } else {
+            "lb"
+        };
+        let state = shop.state(host);
+        let rec = &state["services"][service];
+        assert_eq!(rec["version"], "1.0", "{host}");
+        assert_eq!(rec["configured"]["outcome"], "success", "{host}");
+        assert_eq!(rec["validated"]["outcome"], "success", "{host}");
+        assert_eq!(
+            shop.serving(host, service),
+            "1.0",
+            "{host} serves its version"
+        );
+        let whats: Vec<String> = shop.events(host).into_iter().map(|e| e.what).collect();
+        assert_eq!(
+            whats,
+            ["install", "start", "checked"],
+            "a fresh host skips stop and migrate: {host}"
+        );
+    }
+
+    let all = shop.all_events();
+    let last_db_check = all
+        .iter()
+        .filter(|(_, e)| e.service == "db" && e.what == "checked")
+        .map(|(_, e)| e.ns)
+        .max()
+        .unwrap();
+    let first_api = all
+        .iter()
+        .filter(|(_, e)| e.service == "api")
+        .map(|(_, e)| e.ns)
+        .min()
+        .unwrap();
+    assert!(
+        first_api > last_db_check,
+        "no api host may start before every db host is healthy"
+    );
+    let mut api_checks: Vec<u128> = all
+        .iter()
+        .filter(|(_, e)| e.service == "api" && e.what == "checked")
+        .map(|(_, e)| e.ns)
+        .collect();
+    api_checks.sort();
+    let first_lb = all
+        .iter()
+        .filter(|(_, e)| e.service == "lb")
+        .map(|(_, e)| e.ns)
+        .min()
+        .unwrap();
+    assert!(
+        first_lb > api_checks[2],
+        "lb waits for 50% (3 of 6) api hosts healthy"
+    );
+    assert!(
+        first_lb < *api_checks.last().unwrap(),
+        "lb does not wait for all api hosts: the plan is a graph"
+    );
+    assert_eq!(max_in_flight(&all, "db"), 1);
+    assert_eq!(
+        max_in_flight(&all, "api"),
+        2,
+        "api's batch is 2 and the rollout uses it"
+    );
+    assert_eq!(max_in_flight(&all, "lb"), 1);
+
+    // Data dependencies: every address of the needed service, with its port.
+    let env = std::fs::read_to_string(shop.fleet.host_root("app1").join("srv/api/env")).unwrap();
+    let lbs: Vec<String> = ["lb1", "lb2", "lb3"]
+        .iter()
+        .map(|h| format!("{}:18000", shop.fleet.address(h)))
+        .collect();
+    assert!(
+        env.contains(&format!("DEPLOY_NEEDS_LB={}", lbs.join(" "))),
+        "{env}"
+    );
+    assert!(
+        env.contains("DEPLOY_NEEDS_DB="),
+        "runtime needs get addresses too: {env}"
+    );
+    assert!(env.contains(&format!("DEPLOY_ADDRESS={}", shop.fleet.address("app1"))));
+    assert!(
+        env.contains("DEPLOY_CLASS=app")
+            && env.contains("DEPLOY_SITE=shop")
+            && env.contains("DEPLOY_PORT=18080")
+    );
+    assert!(
+        env.contains("DEPLOY_OLD_VERSION=\n"),
+        "fresh install has an empty old version: {env}"
+    );
+
+    // Converged: a second apply changes nothing.
+    let before = shop.all_events().len();
+    let again = shop.deploy(&["apply", site.to_str().unwrap(), "--yes"]);
+    assert_eq!(again.status.code(), Some(0));
+    assert!(
+        stdout(&again).contains("Nothing to change"),
+        "{}",
+        stdout(&again)
+    );
+    assert_eq!(
+        shop.all_events().len(),
+        before,
+        "no hook ran on a converged site"
+    );
+
+    // Upgrade api only: every switch-over hook, in order, seeing both versions.
+    let site = shop.write(&Spec {
+        api: "2.0",
+        ..Spec::default()
+    });
+    let out = shop.deploy(&["apply", site.to_str().unwrap(), "--yes"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "upgrade failed:\n{}",
+        stderr(&out)
+    );
+    for host in shop.hosts_of("app") {
+        let new: Vec<(String, String, String)> = shop
+            .events(&host)
+            .into_iter()
+            .skip(3)
+            .map(|e| (e.what, e.old, e.new))
+            .collect();
+        let want: Vec<(String, String, String)> =
+            ["stop", "install", "migrate", "start", "checked"]
+                .iter()
+                .map(|w| (w.to_string(), "1.0".into(), "2.0".into()))
+                .collect();
+        assert_eq!(new, want, "{host}");
+        assert_eq!(shop.version(&host, "api"), "2.0");
+        assert_eq!(shop.serving(&host, "api"), "2.0");
+    }
+    for host in shop.hosts_of("db").into_iter().chain(shop.hosts_of("lb")) {
+        assert_eq!(
+            shop.events(&host).len(),
+            3,
+            "{host} was not touched by the api upgrade"
+        );
+    }
+    assert_eq!(
+        max_in_flight(&shop.all_events(), "api"),
+        2,
+        "never more than the batch between stop and a passing check"
+    );
+}
+
+#[test]
+fn apply_refuses_without_yes_when_not_a_terminal() {
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let out = shop.deploy(&["apply", site.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
+    assert!(shop.all_events().is_empty(), "nothing ran");
+}
+
+#[test]
+fn ndjson_events_follow_the_schema() {
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let out = shop.deploy(&[
+        "apply",
+        site.to_str().unwrap(),
+        "--yes",
+        "--json",
+        "--only",
+        "db",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let events: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(events.first().unwrap()["event"], "run-started");
+    assert_eq!(events.first().unwrap()["schema"], 1);
+    assert_eq!(events.last().unwrap()["event"], "run-finished");
+    assert_eq!(
+        events.last().unwrap()["converged"],
+        true,
+        "everything selected was done"
+    );
+    assert!(
+        events.iter().all(|e| e["service"] != "api"),
+        "api was not selected"
+    );
+    let finished: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["event"] == "step-finished")
+        .collect();
+    assert_eq!(finished.len(), 3);
+    assert!(finished
+        .iter()
+        .all(|e| e["ok"] == true && e["service"] == "db"));
+    assert!(events
+        .iter()
+        .all(|e| e["time"].as_str().is_some_and(|t| t.ends_with('Z'))));
+}

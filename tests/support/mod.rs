@@ -1,0 +1,5 @@
+//! Shared helpers for integration tests. Include with `mod support;`.
+#![allow(dead_code)]
+
+pub mod fleet;
+pub mod shop;
