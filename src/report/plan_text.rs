@@ -142,6 +142,7 @@ fn skips(out: &mut String, s: &ServicePlan) {
     for (reason, text) in [
         (SkipReason::AtVersion, "already at version"),
         (SkipReason::NotSelected, "not selected"),
+        (SkipReason::Unreachable, "unreachable or state unreadable"),
     ] {
         let hosts: Vec<&str> = s
             .skipped

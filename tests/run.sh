@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every test of Drover: formatting, lints, unit and property tests, and the integration
+# tests on a real fleet of sshd hosts on loopback addresses.
+# Installs what the tests need when it is missing (Debian's openssh-server; needs root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ssh >/dev/null || missing+=(openssh-client)
+command -v python3 >/dev/null || missing+=(python3)
+command -v unshare >/dev/null || missing+=(util-linux)
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "tests/run.sh: needs ${missing[*]}; run as root to install them" >&2
+        exit 1
+    fi
+    echo "tests/run.sh: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cargo fmt --check
+cargo clippy --all-targets --quiet -- -D warnings
+cargo test --quiet
