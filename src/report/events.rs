@@ -179,8 +179,18 @@ impl Default for Bars {
 impl Sink for Bars {
     fn emit(&self, event: Event) {
         match &event.kind {
+            EventKind::ServiceWaiting { service, waits_for } => {
+                let conds: Vec<String> = waits_for
+                    .iter()
+                    .map(|c| format!("{} {}/{}", c.service, c.count, c.of))
+                    .collect();
+                self.bar(service, 0)
+                    .set_message(format!("waiting for {}", conds.join(", ")));
+            }
             EventKind::ServiceStarted { service, steps, .. } => {
-                self.bar(service, *steps as u64).set_message("running")
+                let bar = self.bar(service, *steps as u64);
+                bar.set_length(*steps as u64);
+                bar.set_message("running");
             }
             EventKind::WaveStarted {
                 service,
