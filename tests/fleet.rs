@@ -331,24 +331,3 @@ fn killing_a_host_or_dropping_the_fleet_leaves_nothing_running() {
         );
     }
 }
-
-#[test]
-#[ignore]
-fn zz_throwaway_200_hosts() {
-    let hosts: Vec<FleetHost> = (0..200).map(|i| FleetHost::new(&format!("h{i}"), "app")).collect();
-    let t = Instant::now();
-    let fleet = Fleet::start(&hosts);
-    eprintln!("fleet: 200 hosts up in {:?}", t.elapsed());
-    let t = Instant::now();
-    std::thread::scope(|s| {
-        for chunk in hosts.chunks(20) {
-            let fleet = &fleet;
-            s.spawn(move || for h in chunk { let out = fleet.ssh(&h.name, "hostname"); assert_success(&h.name, &out); assert_eq!(stdout(&out).trim(), h.name); });
-        }
-    });
-    eprintln!("fleet: 200 ssh hostname (20 threads) in {:?}", t.elapsed());
-    eprintln!("first {} last {}", fleet.address("h0"), fleet.address("h199"));
-    let t = Instant::now();
-    drop(fleet);
-    eprintln!("fleet: 200 hosts stopped in {:?}", t.elapsed());
-}

@@ -67,6 +67,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Runs as PID 1 inside the host's namespaces: `$1` name, `$2` host root,
 /// `$3` sshd_config. fd 0 is the lifeline pipe; on EOF the watchdog sends
 /// SIGTERM to sshd (PID 1), and the kernel then kills the rest of the host.
+/// It repeats the signal because PID 1 ignores it until sshd has installed its
+/// handler (before the `exec`, PID 1 is this shell).
 const HOST_INIT: &str = r#"set -eu
 hostname "$1"
 mount --bind "$2/srv" /srv
@@ -74,7 +76,7 @@ mount --bind "$2/opt" /opt
 mount --bind "$2/var-lib" /var/lib
 mount --bind "$2/root" /root
 exec 3<&0
-(read -r _ <&3 || :; kill -TERM 1) &
+(read -r _ <&3 || :; while :; do kill -TERM 1; sleep 0.1; done) &
 exec /usr/sbin/sshd -D -e -f "$3" 3<&-
 "#;
 
