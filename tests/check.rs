@@ -124,6 +124,8 @@ fixtures! {
     runtime_cycle => INVALID,
     self_cycle => INVALID,
     several_problems => INVALID,
+    empty_policy => INVALID,
+    local_ssh_setting => INVALID,
 }
 
 #[test]

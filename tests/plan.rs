@@ -131,8 +131,8 @@ fn only_api_skips_the_others_as_not_selected() {
 }
 
 #[test]
-fn only_takes_several_services_and_commas() {
-    let spaced = plan_json(WEBSHOP, &["--only", "api", "worker"]);
+fn only_is_repeatable_and_takes_commas() {
+    let spaced = plan_json(WEBSHOP, &["--only", "api", "--only", "worker"]);
     let commas = plan_json(WEBSHOP, &["--only", "api,worker"]);
     assert_eq!(spaced, commas);
     let planned: BTreeSet<&str> = spaced
@@ -145,9 +145,9 @@ fn only_takes_several_services_and_commas() {
 }
 
 #[test]
-fn only_an_unknown_service_is_invalid() {
+fn only_an_unknown_service_is_a_usage_error() {
     let run = deploy(&["plan", WEBSHOP, "--offline", "--only", "nosuch"]);
-    assert_eq!(run.code, 3, "stderr:\n{}", run.stderr);
+    assert_eq!(run.code, 2, "stderr:\n{}", run.stderr);
     assert!(run.stdout.is_empty(), "stdout:\n{}", run.stdout);
     insta::assert_snapshot!("only-nosuch", run.stderr);
 }

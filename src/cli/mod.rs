@@ -85,7 +85,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_connections: usize,
     /// Plan only these services (the others are listed as not selected).
-    #[arg(long, value_name = "SERVICE", num_args = 1..)]
+    #[arg(long, value_name = "SERVICE", value_delimiter = ',')]
     pub only: Vec<String>,
 }
 
@@ -98,7 +98,7 @@ pub struct ApplyArgs {
     #[arg(long, short = 'y')]
     pub yes: bool,
     /// Change only these services.
-    #[arg(long, value_name = "SERVICE", num_args = 1..)]
+    #[arg(long, value_name = "SERVICE", value_delimiter = ',')]
     pub only: Vec<String>,
     /// NDJSON events on stdout instead of progress (schema in the book).
     #[arg(long)]
@@ -180,7 +180,8 @@ impl Error {
     /// The documented exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Site(_) | Error::UnknownService { .. } | Error::BadPlan { .. } => code::INVALID,
+            Error::Site(_) | Error::BadPlan { .. } => code::INVALID,
+            Error::UnknownService { .. } => code::USAGE,
             Error::Refused { .. } | Error::Drift { .. } => code::REFUSED,
             Error::Read { .. } => code::ENVIRONMENT,
             Error::Inventory(_)

@@ -57,7 +57,7 @@ pub fn selection(site: &Site, only: &[String]) -> Result<Selection, Error> {
         return Ok(Selection::default());
     }
     let mut services = std::collections::BTreeSet::new();
-    for name in only.iter().flat_map(|o| o.split(',')) {
+    for name in only {
         match site.service(name) {
             Some(id) => {
                 services.insert(id);

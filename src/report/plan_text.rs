@@ -1,6 +1,7 @@
 //! `deploy plan` for people: per service, what it waits for, its waves, and who is skipped.
 
 use crate::plan::{Plan, ServicePlan, SkipReason, Wave};
+use crate::site::OnFailure;
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
@@ -55,14 +56,14 @@ fn service(out: &mut String, s: &ServicePlan) {
     if let Some(tag) = &p.spread {
         rules.push(format!("one {tag} at a time"));
     }
-    rules.push(format!("stop after {} failed", p.max_failed_hosts + 1));
-    rules.push(format!(
-        "on failure {}",
-        serde_json::to_value(p.on_failure)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default()
-    ));
+    rules.push(match p.on_failure {
+        OnFailure::Rollback => format!(
+            "roll back a failed host, no new wave after {} failed",
+            p.max_failed_hosts + 1
+        ),
+        OnFailure::Stop => "leave a failed host as it is, no new wave after a failure".into(),
+        OnFailure::Continue => "roll back a failed host, carry on whatever fails".into(),
+    });
     if p.pause != "0s" {
         rules.push(format!("pause {}", p.pause));
     }
@@ -84,13 +85,15 @@ fn service(out: &mut String, s: &ServicePlan) {
             c.service, c.count, c.of
         );
     }
-    let after: BTreeSet<&str> = s
-        .waves
-        .iter()
-        .flat_map(|w| &w.steps)
-        .flat_map(|st| &st.after)
-        .map(String::as_str)
-        .collect();
+    // Steps of a service mostly name the same services: look at each distinct list once.
+    let mut after: BTreeSet<&str> = BTreeSet::new();
+    let mut last: &[String] = &[];
+    for st in s.waves.iter().flat_map(|w| &w.steps) {
+        if st.after != last {
+            after.extend(st.after.iter().map(String::as_str));
+            last = &st.after;
+        }
+    }
     if !after.is_empty() {
         let _ = writeln!(
             out,
@@ -120,21 +123,18 @@ fn wave(out: &mut String, n: usize, w: &Wave) {
             froms.push(f);
         }
     }
+    let to = w.steps.first().map(|st| &*st.to).unwrap_or("");
     for (i, f) in froms.iter().enumerate() {
-        let hosts: Vec<&str> = w
-            .steps
-            .iter()
-            .filter(|st| st.from.as_deref() == *f)
-            .map(|st| &*st.host)
-            .collect();
-        let to = w.steps.first().map(|st| &*st.to).unwrap_or("");
         let lead = if i == 0 { label.as_str() } else { "" };
-        let _ = writeln!(
-            out,
-            "  {lead:<18} {} → {to}: {}",
-            f.unwrap_or("fresh"),
-            hosts.join(", ")
-        );
+        let _ = write!(out, "  {lead:<18} {} → {to}: ", f.unwrap_or("fresh"));
+        let hosts = w.steps.iter().filter(|st| st.from.as_deref() == *f);
+        for (j, st) in hosts.enumerate() {
+            if j > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&st.host);
+        }
+        out.push('\n');
     }
 }
 

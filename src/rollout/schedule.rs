@@ -38,6 +38,8 @@ struct HostState {
     busy: bool,
     done: HashSet<usize>,
     broken: HashSet<usize>,
+    /// Services whose step failed here (a subset of `broken`).
+    failed: HashSet<usize>,
     record: HostRecord,
     steps_left: usize,
 }
@@ -73,6 +75,7 @@ impl<T: Transport> Scheduler<T> {
                 busy: false,
                 done: HashSet::new(),
                 broken: HashSet::new(),
+                failed: HashSet::new(),
                 record: initial_record(&plan, i),
                 steps_left: 0,
             })
@@ -439,6 +442,7 @@ impl<T: Transport> Scheduler<T> {
         } else {
             svc.failed += 1;
             host.broken.insert(s);
+            host.failed.insert(s);
         }
         if self.host_step_over(h) {
             self.links.release(&plan.hosts[h].name).await;
@@ -557,12 +561,7 @@ impl<T: Transport> Scheduler<T> {
             .hosts
             .iter()
             .enumerate()
-            .flat_map(|(h, st)| st.broken.iter().map(move |s| (h, *s)))
-            .filter(|(h, s)| {
-                plan.hosts[*h].observed.known()
-                    && self.svcs[*s].failed > 0
-                    && !self.hosts[*h].done.contains(s)
-            })
+            .flat_map(|(h, st)| st.failed.iter().map(move |s| (h, *s)))
             .map(|(h, s)| {
                 (
                     plan.hosts[h].name.to_string(),

@@ -197,7 +197,8 @@ impl<L: Link> Running<'_, L> {
     /// After a failed hook: roll back where the policy and hooks allow, record the failure.
     async fn fail(mut self, hook: &'static str, reason: String) -> StepResult {
         let svc = self.job.service.clone();
-        let may_roll_back = self.job.from.is_some() && svc.on_failure != OnFailure::Stop;
+        let may_roll_back =
+            self.job.from.is_some() && hook != "stop" && svc.on_failure != OnFailure::Stop;
         let mut rolled_back = false;
         if let (true, Some(rollback)) = (may_roll_back, &svc.hooks.rollback) {
             rolled_back = self

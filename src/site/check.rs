@@ -411,7 +411,17 @@ fn hooks(raw: &[RawHook]) -> Hooks {
 
 fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
     let defaults = Policy::default();
-    let name = raw.name?.value;
+    let Some(name) = raw.name else {
+        if !raw.has_node {
+            r.missing(
+                (0..0).into(),
+                "a `policy` node".into(),
+                "write `policy \"name\" { batch \"30%\" }`".into(),
+            );
+        }
+        return None;
+    };
+    let name = name.value;
     if let Some(b) = &raw.batch {
         if b.value == Quota::Count(0) || b.value == Quota::Percent(0) {
             r.bad(
@@ -485,13 +495,18 @@ fn transport_model(
             }))
         }
         "local" => {
+            let port = t.port.as_ref().map(|p| p.span);
+            let timeout = t.connect_timeout.as_ref().map(|c| c.span);
             let ssh_only = [&t.user, &t.identity, &t.known_hosts, &t.config]
                 .into_iter()
                 .flatten()
+                .map(|s| s.span)
+                .chain(port)
+                .chain(timeout)
                 .next();
-            if let Some(s) = ssh_only {
+            if let Some(span) = ssh_only {
                 r.bad(
-                    s.span,
+                    span,
                     "the local transport".into(),
                     "this is an ssh setting".into(),
                     "remove it, or use `transport \"ssh\"`".into(),

@@ -125,11 +125,14 @@ pub enum Pause {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnFailure {
-    /// Roll the failed host back and stop starting waves.
+    /// Run `rollback` on the failed host; start no new wave once more hosts than
+    /// `max-failed` allows have failed.
     Rollback,
-    /// Leave the failed host as it is and stop starting waves.
+    /// Leave the failed host exactly as it failed (no `rollback`, for inspection) and start
+    /// no new wave after the first failure, whatever the budget.
     Stop,
-    /// Roll back the failed host and go on while the failure budget holds.
+    /// Run `rollback` on the failed host and keep starting waves whatever fails;
+    /// `max-failed` is only reported.
     Continue,
 }
 

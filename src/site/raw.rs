@@ -77,6 +77,8 @@ impl HookKind {
 /// A policy file.
 #[derive(Debug, Default)]
 pub struct RawPolicy {
+    /// Whether the file has a `policy` node at all.
+    pub has_node: bool,
     pub name: Option<Spanned<String>>,
     pub batch: Option<Spanned<Quota>>,
     pub max_failed: Option<Spanned<Quota>>,
@@ -305,6 +307,7 @@ pub fn policy(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPolicy {
         if !r.once(&mut seen_top, top) {
             continue;
         }
+        raw.has_node = true;
         r.shape(top, 1, &[], true);
         raw.name = r.string_arg(top, "the policy's name");
         for n in r.children(top, POLICY_NODES) {

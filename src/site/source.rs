@@ -45,8 +45,9 @@ impl Sources {
             }
         };
         self.files.push(shown.clone());
-        self.hasher.update(shown.as_bytes());
-        self.hasher.update([0]);
+        // Contents only, in reading order: the same files give the same digest from any
+        // directory, however their paths are spelt.
+        self.hasher.update((text.len() as u64).to_le_bytes());
         self.hasher.update(text.as_bytes());
         let src = NamedSource::new(&shown, Arc::new(text));
         match KdlDocument::parse_v2(src.inner()) {
