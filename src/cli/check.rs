@@ -6,14 +6,16 @@ use std::path::Path;
 
 pub fn run(path: &Path) -> Result<u8, Error> {
     let site = site::load(path)?;
-    let crate::site::InventorySpec::Static { hosts } = &site.platform.inventory;
+    let hosts = match &site.platform.inventory {
+        crate::site::InventorySpec::Static { hosts } => format!("{} hosts", hosts.len()),
+        _ => "hosts resolved when planning".to_string(),
+    };
     println!(
-        "{}: ok — site {}, {} classes, {} services, {} hosts",
+        "{}: ok — site {}, {} classes, {} services, {hosts}",
         path.display(),
         site.name,
         site.classes.len(),
         site.services.len(),
-        hosts.len()
     );
     Ok(code::OK)
 }

@@ -60,6 +60,20 @@ pub enum InventoryError {
     #[error("host `{host}` has class `{class}`, which the site does not declare")]
     #[diagnostic(code(drover::inventory::unknown_class))]
     UnknownClass { host: String, class: String },
+    #[error("the inventory failed: {reason}")]
+    #[diagnostic(code(drover::inventory::backend))]
+    Backend { reason: String },
+}
+
+/// Backends being built: they resolve to an error that says so.
+struct Pending;
+
+impl Inventory for Pending {
+    fn hosts(&self, _site: &Site) -> Result<Hosts, InventoryError> {
+        Err(InventoryError::Backend {
+            reason: "this inventory backend is not built yet".into(),
+        })
+    }
 }
 
 /// A source of hosts for the classes of a site.
@@ -71,6 +85,7 @@ pub trait Inventory {
 pub fn backend(site: &Site) -> Box<dyn Inventory> {
     match &site.platform.inventory {
         InventorySpec::Static { .. } => Box::new(Static),
+        InventorySpec::Ec2(_) | InventorySpec::Command(_) => Box::new(Pending),
     }
 }
 

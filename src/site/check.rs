@@ -333,7 +333,10 @@ impl Checker {
             .map(|s| s.value)
             .unwrap_or_else(|| "/var/lib/drover".into());
         let inventory = match raw.inventory {
-            Some(inv) => inventory_model(&mut r, inv, classes, site),
+            Some(inv) => {
+                drop(r);
+                super::check_inventory::inventory(self, inv, &src, &path, classes, site)
+            }
             None => {
                 r.missing(
                     name.span,
@@ -349,7 +352,8 @@ impl Checker {
             file: path,
             transport: transport?,
             state_dir,
-            inventory: inventory?,
+            inventory: inventory.as_ref()?.0.clone(),
+            on_empty: inventory?.1,
         })
     }
 
@@ -530,73 +534,4 @@ fn transport_model(
             None
         }
     }
-}
-
-fn inventory_model(
-    r: &mut Reader<'_>,
-    inv: raw::RawInventory,
-    classes: &BTreeMap<String, (ClassId, SourceSpan)>,
-    site: &Src,
-) -> Option<InventorySpec> {
-    if inv.kind.value != "static" {
-        let help = suggest::help(&inv.kind.value, "inventory backend", &["static"]);
-        r.bad(
-            inv.kind.span,
-            "the inventory".into(),
-            format!("`{}` is not an inventory backend", inv.kind.value),
-            help,
-        );
-        return None;
-    }
-    let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
-    let mut seen: HashMap<&str, SourceSpan> = HashMap::with_capacity(inv.hosts.len());
-    let mut counts = vec![0usize; classes.len()];
-    let mut hosts = Vec::with_capacity(inv.hosts.len());
-    let errors_before = r.errors.len();
-    for h in &inv.hosts {
-        if let Some(first) = seen.insert(&h.name.value, h.name.span) {
-            r.errors.push(SiteError::Duplicate {
-                kind: "host".into(),
-                name: h.name.value.clone(),
-                src: r.src.clone(),
-                first,
-                second: h.name.span,
-                help: "host names must be unique in an inventory".into(),
-            });
-        }
-        let (Some(address), Some(class)) = (&h.address, &h.class) else {
-            continue;
-        };
-        let Some((cid, _)) = classes.get(&class.value) else {
-            r.errors.push(SiteError::UnknownName {
-                kind: "class".into(),
-                name: class.value.clone(),
-                src: r.src.clone(),
-                span: class.span,
-                help: suggest::help(&class.value, "class", &class_names),
-            });
-            continue;
-        };
-        counts[*cid] += 1;
-        hosts.push(HostSpec {
-            name: h.name.value.clone(),
-            address: address.value.clone(),
-            class: *cid,
-            tags: h.tags.iter().cloned().collect(),
-        });
-    }
-    for (name, (cid, span)) in classes {
-        if counts[*cid] == 0 {
-            r.errors.push(SiteError::EmptyClass {
-                name: name.clone(),
-                src: site.clone(),
-                span: *span,
-                inventory: format!("the inventory of {}", r.src.name()),
-                help: format!(
-                    "add a host with class=\"{name}\" to the inventory, or remove the class"
-                ),
-            });
-        }
-    }
-    (r.errors.len() == errors_before).then_some(InventorySpec::Static { hosts })
 }

@@ -1,10 +1,12 @@
 //! Site files in, a checked model out: `site` → raw nodes with spans → [`Site`].
 
 mod check;
+mod check_inventory;
 mod cycle;
 pub mod error;
 pub mod model;
 mod raw;
+mod raw_inventory;
 mod read;
 mod source;
 mod suggest;

@@ -145,6 +145,15 @@ pub struct Platform {
     /// Where each host records what it runs.
     pub state_dir: String,
     pub inventory: InventorySpec,
+    /// What a class that resolves to no hosts is.
+    pub on_empty: OnEmpty,
+}
+
+/// A class that resolves to no hosts: an error (the default) or a warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnEmpty {
+    Error,
+    Warn,
 }
 
 /// How commands reach a host.
@@ -171,7 +180,55 @@ pub struct SshOptions {
 /// Where class → hosts comes from.
 #[derive(Debug, Clone)]
 pub enum InventorySpec {
+    /// Hosts written in the platform file or a hosts file beside it.
     Static { hosts: Vec<HostSpec> },
+    /// Running EC2 instances, per class by tags.
+    Ec2(Ec2Spec),
+    /// A program that prints the hosts as JSON.
+    Command(CommandSpec),
+}
+
+/// The `ec2` backend's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ec2Spec {
+    /// `None`: from the AWS configuration (AWS_REGION, the profile).
+    pub region: Option<String>,
+    /// `None`: AWS_ENDPOINT_URL, else AWS itself.
+    pub endpoint: Option<String>,
+    pub profile: Option<String>,
+    pub address: AddressField,
+    /// Per class, the tags (key, value) its instances all carry.
+    pub classes: Vec<(ClassId, Vec<(String, String)>)>,
+}
+
+/// Which field of an instance is its address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressField {
+    PrivateIp,
+    PublicIp,
+    Ipv6,
+    PrivateDns,
+    PublicDns,
+}
+
+impl AddressField {
+    pub const NAMES: [(&'static str, AddressField); 5] = [
+        ("private-ip", AddressField::PrivateIp),
+        ("public-ip", AddressField::PublicIp),
+        ("ipv6", AddressField::Ipv6),
+        ("private-dns", AddressField::PrivateDns),
+        ("public-dns", AddressField::PublicDns),
+    ];
+}
+
+/// The `command` backend's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// Where it runs: the platform file's directory.
+    pub dir: PathBuf,
+    pub timeout: Duration,
 }
 
 /// One host of a static inventory.

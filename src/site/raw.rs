@@ -95,7 +95,7 @@ pub struct RawPlatform {
     pub name: Option<Spanned<String>>,
     pub transport: Option<RawTransport>,
     pub state_dir: Option<Spanned<String>>,
-    pub inventory: Option<RawInventory>,
+    pub inventory: Option<super::raw_inventory::RawInventory>,
     pub span: Option<SourceSpan>,
 }
 
@@ -109,20 +109,6 @@ pub struct RawTransport {
     pub config: Option<Spanned<String>>,
     pub connect_timeout: Option<Spanned<Duration>>,
     pub root: Option<Spanned<String>>,
-}
-
-#[derive(Debug)]
-pub struct RawInventory {
-    pub kind: Spanned<String>,
-    pub hosts: Vec<RawHost>,
-}
-
-#[derive(Debug)]
-pub struct RawHost {
-    pub name: Spanned<String>,
-    pub address: Option<Spanned<String>>,
-    pub class: Option<Spanned<String>>,
-    pub tags: Vec<(String, String)>,
 }
 
 const SITE_TOP: &[&str] = &["site", "class", "service"];
@@ -375,7 +361,7 @@ pub fn platform(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPlatform {
                     r.shape(n, 1, &[], false);
                     raw.state_dir = r.string_arg(n, "the state directory");
                 }
-                _ => raw.inventory = inventory(r, n),
+                _ => raw.inventory = super::raw_inventory::inventory(r, n),
             }
         }
     }
@@ -394,58 +380,4 @@ fn transport(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawTransport> {
         root: r.string_prop(n, "root"),
         kind: r.string_arg(n, "the transport (\"ssh\" or \"local\")")?,
     })
-}
-
-fn inventory(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawInventory> {
-    r.shape(n, 1, &[], true);
-    let kind = r.string_arg(n, "the inventory backend")?;
-    let hosts_nodes = r.children(n, &["host"]);
-    let mut hosts = Vec::with_capacity(hosts_nodes.len());
-    for h in hosts_nodes {
-        if h.children().is_some() {
-            r.shape(h, 1, &[], false);
-        }
-        let Some(name) = r.string_arg(h, "the host's name") else {
-            continue;
-        };
-        let address = r.string_prop(h, "address");
-        let class = r.string_prop(h, "class");
-        if address.is_none() {
-            r.missing(
-                name.span,
-                "`address=`".into(),
-                format!(
-                    "write it as `host \"{}\" address=\"10.0.0.5\" class=\"app\"`",
-                    name.value
-                ),
-            );
-        }
-        if class.is_none() {
-            r.missing(
-                name.span,
-                "`class=`".into(),
-                format!(
-                    "write it as `host \"{}\" address=\"10.0.0.5\" class=\"app\"`",
-                    name.value
-                ),
-            );
-        }
-        let extra_args = h.entries().iter().filter(|e| e.name().is_none()).skip(1);
-        for e in extra_args {
-            r.bad(
-                e.span(),
-                "`host`".into(),
-                "one value too many".into(),
-                "give properties as key=\"value\"".into(),
-            );
-        }
-        let tags = r.other_props(h, &["address", "class"]);
-        hosts.push(RawHost {
-            name,
-            address,
-            class,
-            tags,
-        });
-    }
-    Some(RawInventory { kind, hosts })
 }
