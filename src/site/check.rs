@@ -333,10 +333,7 @@ impl Checker {
             .map(|s| s.value)
             .unwrap_or_else(|| "/var/lib/drover".into());
         let inventory = match raw.inventory {
-            Some(inv) => {
-                drop(r);
-                super::check_inventory::inventory(self, inv, &src, &path, classes, site)
-            }
+            Some(inv) => super::check_inventory::inventory(self, inv, &src, &path, classes, site),
             None => {
                 r.missing(
                     name.span,
