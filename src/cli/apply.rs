@@ -5,8 +5,8 @@ use crate::plan::{self, Plan, PlannedHost};
 use crate::report;
 use crate::rollout::{self, Gate, Rollout, Sink};
 use crate::site::{self, Site};
+use crate::state::Observed;
 use crate::transport::AnyTransport;
-use crate::{inventory, state::Observed};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -74,7 +74,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
 fn fresh(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
     let site = site::load(&args.target)?;
     let selection = super::plan::selection(&site, &args.only)?;
-    let hosts = inventory::resolve(&site)?;
+    let hosts = super::resolve(&site)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     Ok((site, plan))
@@ -83,6 +83,13 @@ fn fresh(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
 /// A saved plan is carried out as saved, once the site, inventory and host state are shown
 /// to be what they were when it was made.
 fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
+    if !args.only.is_empty() {
+        return Err(Error::Usage {
+            reason: "--only does not apply to a saved plan".into(),
+            help: "the plan already says what changes: make it with `deploy plan --only … --out`"
+                .into(),
+        });
+    }
     let text = std::fs::read(&args.target).map_err(|e| Error::Read {
         path: args.target.clone(),
         source: e,
@@ -105,7 +112,7 @@ fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
             plan.site_file
         ));
     }
-    let hosts = inventory::resolve(&site)?;
+    let hosts = super::resolve(&site)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let now: Vec<(&str, &str, &Observed)> = hosts
         .hosts

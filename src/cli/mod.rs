@@ -25,7 +25,7 @@ pub mod code {
     pub const USAGE: u8 = 2;
     /// The site, platform or policy files are invalid.
     pub const INVALID: u8 = 3;
-    /// Refused: no confirmation, a held lock, or a saved plan that drifted.
+    /// Refused: no confirmation, or a saved plan that drifted.
     pub const REFUSED: u8 = 4;
     /// The environment failed: inventory, transport, state or a file that cannot be written.
     pub const ENVIRONMENT: u8 = 5;
@@ -141,6 +141,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Plan(#[from] PlanError),
+    #[error("{reason}")]
+    #[diagnostic(code(drover::cli::usage), help("{help}"))]
+    Usage { reason: String, help: String },
     #[error("unknown service `{name}` in --only")]
     #[diagnostic(code(drover::cli::unknown_service), help("{help}"))]
     UnknownService { name: String, help: String },
@@ -181,7 +184,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Site(_) | Error::BadPlan { .. } => code::INVALID,
-            Error::UnknownService { .. } => code::USAGE,
+            Error::UnknownService { .. } | Error::Usage { .. } => code::USAGE,
             Error::Refused { .. } | Error::Drift { .. } => code::REFUSED,
             Error::Read { .. } => code::ENVIRONMENT,
             Error::Inventory(_)
@@ -199,6 +202,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .enable_all()
         .build()
         .map_err(Error::Runtime)
+}
+
+/// The site's hosts, resolved once for the run; warnings go to stderr.
+fn resolve(site: &crate::site::Site) -> Result<crate::inventory::Hosts, Error> {
+    let hosts = crate::inventory::resolve(site)?;
+    for w in &hosts.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(hosts)
 }
 
 /// Runs one command; returns the exit code on success, the error otherwise.

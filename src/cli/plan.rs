@@ -3,16 +3,16 @@
 use super::{code, Error, PlanArgs};
 use crate::inventory::Hosts;
 use crate::plan::{self, Plan, Selection};
+use crate::report;
 use crate::site::{self, Site};
 use crate::state::{Observe, Observed, Offline, Remote};
 use crate::transport::AnyTransport;
-use crate::{inventory, report};
 use std::io::Write;
 
 pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let site = site::load(&args.site)?;
     let selection = selection(&site, &args.only)?;
-    let hosts = inventory::resolve(&site)?;
+    let hosts = super::resolve(&site)?;
     let observed = observe(&site, &hosts, args.offline, args.max_connections)?;
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     if let Some(path) = &args.out {

@@ -4,12 +4,12 @@ use super::{code, plan::observe, Error, SiteArgs};
 use crate::plan::{self, Selection};
 use crate::rollout;
 use crate::transport::AnyTransport;
-use crate::{inventory, site, state};
+use crate::{site, state};
 use std::sync::Arc;
 
 pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     let site = site::load(&args.site)?;
-    let hosts = inventory::resolve(&site)?;
+    let hosts = super::resolve(&site)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let status = state::status(&site, &hosts, &observed);
     let plan = plan::plan(&site, &hosts, &observed, &Selection::default())?;
@@ -23,13 +23,14 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     let mut problems = Vec::new();
     for h in &status.hosts {
         for s in h.services.iter().filter(|s| !s.ok) {
-            problems.push(format!(
-                "{} {}: runs {}, desired {}",
-                h.host,
-                s.service,
-                s.running.as_deref().unwrap_or("nothing"),
-                s.desired
-            ));
+            let why = match s.running.as_deref() {
+                None => format!("runs nothing, desired {}", s.desired),
+                Some(v) if v == s.desired => {
+                    format!("runs {v}, but its last switch-over did not pass its check")
+                }
+                Some(v) => format!("runs {v}, desired {}", s.desired),
+            };
+            problems.push(format!("{} {}: {why}", h.host, s.service));
         }
     }
     for u in &status.unaccounted {

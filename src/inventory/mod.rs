@@ -6,7 +6,7 @@ mod static_hosts;
 pub use order::natural_cmp;
 pub use static_hosts::Static;
 
-use crate::site::{ClassId, InventorySpec, Site};
+use crate::site::{ClassId, InventorySpec, OnEmpty, Site};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use thiserror::Error;
@@ -14,12 +14,13 @@ use thiserror::Error;
 /// Index of a host in [`Hosts::hosts`].
 pub type HostId = usize;
 
-/// A real machine that plays one class.
+/// A real machine, and the classes it plays.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
     pub name: Arc<str>,
     pub address: Arc<str>,
-    pub class: ClassId,
+    /// The classes it plays (at least one).
+    pub classes: Vec<ClassId>,
     /// zone, rack, instance id, …: what `spread` and selectors look at.
     pub tags: BTreeMap<String, String>,
 }
@@ -31,6 +32,8 @@ pub struct Hosts {
     pub hosts: Vec<Host>,
     /// Per class, its hosts in natural name order.
     pub by_class: Vec<Vec<HostId>>,
+    /// Things the operator should know that do not stop the run.
+    pub warnings: Vec<String>,
 }
 
 impl Hosts {
@@ -39,11 +42,17 @@ impl Hosts {
         hosts.sort_by(|a, b| natural_cmp(&a.name, &b.name));
         let mut by_class = vec![Vec::new(); classes];
         for (id, h) in hosts.iter().enumerate() {
-            if let Some(list) = by_class.get_mut(h.class) {
-                list.push(id);
+            for &c in &h.classes {
+                if let Some(list) = by_class.get_mut(c) {
+                    list.push(id);
+                }
             }
         }
-        Hosts { hosts, by_class }
+        Hosts {
+            hosts,
+            by_class,
+            warnings: Vec::new(),
+        }
     }
 
     /// The host of this name.
@@ -54,12 +63,68 @@ impl Hosts {
     }
 }
 
-/// What went wrong resolving the inventory.
+/// What went wrong resolving the inventory; each says what the operator can do about it.
 #[derive(Debug, Error, miette::Diagnostic)]
 pub enum InventoryError {
     #[error("host `{host}` has class `{class}`, which the site does not declare")]
-    #[diagnostic(code(drover::inventory::unknown_class))]
+    #[diagnostic(
+        code(drover::inventory::unknown_class),
+        help("declare the class in the site, or fix the host's class in the inventory")
+    )]
     UnknownClass { host: String, class: String },
+    #[error("two hosts are named `{name}` in the inventory")]
+    #[diagnostic(
+        code(drover::inventory::duplicate_host),
+        help("host names must be unique: {detail}")
+    )]
+    DuplicateHost { name: String, detail: String },
+    #[error("{classes} resolved to no hosts in the inventory of {platform}")]
+    #[diagnostic(code(drover::inventory::empty_class), help("check the inventory (tags, command output), or set on-empty=\"warn\" on the inventory to go on without them"))]
+    EmptyClass { classes: String, platform: String },
+    #[error("no AWS credentials: {reason}")]
+    #[diagnostic(code(drover::inventory::no_credentials), help("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, choose a profile with AWS_PROFILE or profile=\"…\", or run where an instance role applies"))]
+    NoCredentials { reason: String },
+    #[error("AWS denied the request: {reason}")]
+    #[diagnostic(
+        code(drover::inventory::access_denied),
+        help("the credentials need permission for ec2:DescribeInstances in this region")
+    )]
+    AccessDenied { reason: String },
+    #[error("cannot reach {endpoint}: {reason}")]
+    #[diagnostic(
+        code(drover::inventory::unreachable),
+        help("check the region and endpoint (endpoint=\"…\" or AWS_ENDPOINT_URL) and the network")
+    )]
+    Unreachable { endpoint: String, reason: String },
+    #[error("the EC2 API failed: {reason}")]
+    #[diagnostic(code(drover::inventory::api))]
+    Api { reason: String },
+    #[error("the inventory command `{program}` failed ({status}){stderr}")]
+    #[diagnostic(
+        code(drover::inventory::command_failed),
+        help("run the command yourself from the platform file's directory to see why")
+    )]
+    CommandFailed {
+        program: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("the inventory command `{program}` did not finish within {after}")]
+    #[diagnostic(
+        code(drover::inventory::command_timeout),
+        help("make it faster, or give the inventory a longer timeout=\"…\"")
+    )]
+    CommandTimeout { program: String, after: String },
+    #[error("the inventory command `{program}` printed invalid output: {reason}")]
+    #[diagnostic(code(drover::inventory::bad_output), help("it must print JSON: {{\"hosts\": [{{\"name\": …, \"address\": …, \"class\": … or \"classes\": […], \"tags\": {{…}}}}]}}"))]
+    BadOutput {
+        program: String,
+        reason: String,
+        #[source_code]
+        output: String,
+        #[label("{reason}")]
+        span: Option<miette::SourceSpan>,
+    },
     #[error("the inventory failed: {reason}")]
     #[diagnostic(code(drover::inventory::backend))]
     Backend { reason: String },
@@ -69,16 +134,17 @@ pub enum InventoryError {
 struct Pending;
 
 impl Inventory for Pending {
-    fn hosts(&self, _site: &Site) -> Result<Hosts, InventoryError> {
+    fn hosts(&self, _site: &Site) -> Result<Vec<Host>, InventoryError> {
         Err(InventoryError::Backend {
             reason: "this inventory backend is not built yet".into(),
         })
     }
 }
 
-/// A source of hosts for the classes of a site.
+/// A source of hosts for the classes of a site. Backends only list hosts; [`resolve`]
+/// checks names and classes the same way for all of them.
 pub trait Inventory {
-    fn hosts(&self, site: &Site) -> Result<Hosts, InventoryError>;
+    fn hosts(&self, site: &Site) -> Result<Vec<Host>, InventoryError>;
 }
 
 /// The backend the site's platform names.
@@ -89,7 +155,37 @@ pub fn backend(site: &Site) -> Box<dyn Inventory> {
     }
 }
 
-/// Resolves the site's hosts through the platform's backend.
+/// Resolves the site's hosts through the platform's backend, once per run: unique names, and
+/// every class with a host (or a warning, with `on-empty="warn"`).
 pub fn resolve(site: &Site) -> Result<Hosts, InventoryError> {
-    backend(site).hosts(site)
+    let list = backend(site).hosts(site)?;
+    let mut hosts = Hosts::new(list, site.classes.len());
+    if let Some(w) = hosts.hosts.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(InventoryError::DuplicateHost {
+            name: w[0].name.to_string(),
+            detail: format!("addresses {} and {}", w[0].address, w[1].address),
+        });
+    }
+    let empty: Vec<&str> = site
+        .classes
+        .iter()
+        .enumerate()
+        .filter(|(c, _)| hosts.by_class[*c].is_empty())
+        .map(|(_, c)| c.name.as_str())
+        .collect();
+    if !empty.is_empty() {
+        let classes = format!(
+            "class{} {}",
+            if empty.len() == 1 { "" } else { "es" },
+            empty.join(", ")
+        );
+        let platform = site.platform.file.display().to_string();
+        match site.platform.on_empty {
+            OnEmpty::Error => return Err(InventoryError::EmptyClass { classes, platform }),
+            OnEmpty::Warn => hosts.warnings.push(format!(
+                "{classes} resolved to no hosts in the inventory of {platform}"
+            )),
+        }
+    }
+    Ok(hosts)
 }

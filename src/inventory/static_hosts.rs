@@ -1,25 +1,24 @@
-//! The `static` backend: hosts written in the platform file.
+//! The `static` backend: hosts written in the platform file or a hosts file beside it.
 
-use super::{Host, Hosts, Inventory, InventoryError};
+use super::{Host, Inventory, InventoryError};
 use crate::site::{InventorySpec, Site};
 
 /// Hosts listed in the platform file (already checked against the site's classes).
 pub struct Static;
 
 impl Inventory for Static {
-    fn hosts(&self, site: &Site) -> Result<Hosts, InventoryError> {
+    fn hosts(&self, site: &Site) -> Result<Vec<Host>, InventoryError> {
         let InventorySpec::Static { hosts } = &site.platform.inventory else {
-            return Ok(Hosts::new(Vec::new(), site.classes.len()));
+            return Ok(Vec::new());
         };
-        let hosts = hosts
+        Ok(hosts
             .iter()
             .map(|h| Host {
                 name: h.name.as_str().into(),
                 address: h.address.as_str().into(),
-                class: h.class,
+                classes: vec![h.class],
                 tags: h.tags.clone(),
             })
-            .collect();
-        Ok(Hosts::new(hosts, site.classes.len()))
+            .collect())
     }
 }

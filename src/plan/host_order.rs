@@ -7,6 +7,8 @@ use crate::site::{ClassId, ServiceId, Site};
 pub struct RuntimeClosure {
     /// `needs[s]` is a bitset over services.
     needs: Vec<Vec<u64>>,
+    /// `rank[s]`: where `s` stands in the site's dependency order.
+    rank: Vec<usize>,
 }
 
 impl RuntimeClosure {
@@ -28,16 +30,20 @@ impl RuntimeClosure {
                 mine[t / 64] |= 1 << (t % 64);
             }
         }
-        RuntimeClosure { needs }
+        let mut rank = vec![usize::MAX; site.services.len()];
+        for (i, &s) in site.order.iter().enumerate() {
+            rank[s] = i;
+        }
+        RuntimeClosure { needs, rank }
+    }
+
+    /// Where `service` stands in dependency order.
+    pub fn rank(&self, service: ServiceId) -> usize {
+        self.rank[service]
     }
 
     /// The services of `class` that `service` needs at runtime, in dependency order.
-    pub fn after<'a>(
-        &'a self,
-        site: &'a Site,
-        class: ClassId,
-        service: ServiceId,
-    ) -> impl Iterator<Item = ServiceId> + 'a {
+    pub fn after(&self, site: &Site, class: ClassId, service: ServiceId) -> Vec<ServiceId> {
         let bits = &self.needs[service];
         let mut mine: Vec<ServiceId> = site.classes[class]
             .services
@@ -45,8 +51,8 @@ impl RuntimeClosure {
             .copied()
             .filter(|t| bits[t / 64] & (1 << (t % 64)) != 0)
             .collect();
-        mine.sort_by_key(|t| site.order.iter().position(|o| o == t));
-        mine.into_iter()
+        mine.sort_by_key(|t| self.rank[*t]);
+        mine
     }
 }
 

@@ -4,10 +4,12 @@
 //! operator selected. The rollout only carries it out.
 
 mod host_order;
+#[cfg(test)]
+mod proptests;
 mod waves;
 
 use crate::inventory::{HostId, Hosts};
-use crate::site::{OnFailure, Pause, Quota, Round, ServiceId, Site};
+use crate::site::{ClassId, OnFailure, Pause, Quota, Round, ServiceId, Site};
 use crate::state::Observed;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,7 +39,7 @@ pub struct Plan {
 pub struct PlannedHost {
     pub name: Arc<str>,
     pub address: Arc<str>,
-    pub class: String,
+    pub classes: Vec<String>,
     pub tags: BTreeMap<String, String>,
     pub observed: Observed,
 }
@@ -120,6 +122,8 @@ pub enum SkipReason {
     AtVersion,
     /// Left out by `--only` or `--on`.
     NotSelected,
+    /// Did not answer, or its state file could not be read: nothing is known to change.
+    Unreachable,
 }
 
 /// What the operator chose to change; everything by default.
@@ -192,7 +196,11 @@ pub fn plan(
             .map(|(h, o)| PlannedHost {
                 name: h.name.clone(),
                 address: h.address.clone(),
-                class: site.classes[h.class].name.clone(),
+                classes: h
+                    .classes
+                    .iter()
+                    .map(|c| site.classes[*c].name.clone())
+                    .collect(),
                 tags: h.tags.clone(),
                 observed: o.clone(),
             })
@@ -218,10 +226,13 @@ fn service_plan(
     let mut skipped = Vec::new();
     let mut from_versions = Vec::new();
     for &h in &members {
-        let running = observed[h].version(&service.name);
+        let record = observed[h].service(&service.name);
+        let running = record.map(|r| r.version.as_str());
         let reason = if !selection.has(sid, h) {
             Some(SkipReason::NotSelected)
-        } else if running == Some(&**version) {
+        } else if !observed[h].known() {
+            Some(SkipReason::Unreachable)
+        } else if record.is_some_and(|r| *r.version == **version && r.healthy()) {
             Some(SkipReason::AtVersion)
         } else {
             None
@@ -248,8 +259,22 @@ fn service_plan(
     let policy = &service.policy;
     let batch_hosts = policy.batch.of(members.len(), Round::Down).max(1);
     let groups = waves::waves(hosts, &todo, policy, batch_hosts);
-    let from_of: BTreeMap<HostId, Option<Arc<str>>> =
-        todo.iter().copied().zip(from_versions).collect();
+    // `todo` is in host id order, as `members`: a step finds where it starts by search.
+    debug_assert!(todo.windows(2).all(|w| w[0] < w[1]));
+    // Per class of these hosts, the services on the same host this one follows, found once.
+    let mut classes_here: Vec<ClassId> = service.classes.clone();
+    for &h in members
+        .iter()
+        .filter(|h| hosts.hosts[**h].classes.len() > 1)
+    {
+        classes_here.extend(&hosts.hosts[h].classes);
+    }
+    classes_here.sort_unstable();
+    classes_here.dedup();
+    let afters: Vec<(ClassId, Vec<ServiceId>)> = classes_here
+        .iter()
+        .map(|&c| (c, closure.after(site, c, sid)))
+        .collect();
     let waves = groups
         .into_iter()
         .map(|g| Wave {
@@ -260,14 +285,40 @@ fn service_plan(
                 .into_iter()
                 .map(|h| {
                     let host = &hosts.hosts[h];
-                    let after = closure
-                        .after(site, host.class, sid)
-                        .filter(|t| changing.has(h, *t))
-                        .map(|t| site.services[t].name.clone())
-                        .collect();
+                    let of_class = |c: ClassId| {
+                        afters
+                            .iter()
+                            .find(|(k, _)| *k == c)
+                            .map_or(&[][..], |(_, a)| a.as_slice())
+                    };
+                    let union;
+                    let mine: &[ServiceId] = match host.classes.as_slice() {
+                        [one] => of_class(*one),
+                        many => {
+                            let mut all: Vec<ServiceId> = many
+                                .iter()
+                                .flat_map(|c| of_class(*c).iter().copied())
+                                .collect();
+                            all.sort_by_key(|t| closure.rank(*t));
+                            all.dedup();
+                            union = all;
+                            &union
+                        }
+                    };
+                    let mut after = Vec::new();
+                    for &t in mine.iter().filter(|t| changing.has(h, **t)) {
+                        if after.is_empty() {
+                            // One allocation for the list, not one per doubling.
+                            after.reserve_exact(mine.len());
+                        }
+                        after.push(site.services[t].name.clone());
+                    }
                     Step {
                         host: host.name.clone(),
-                        from: from_of.get(&h).cloned().flatten(),
+                        from: todo
+                            .binary_search(&h)
+                            .ok()
+                            .and_then(|i| from_versions[i].clone()),
                         to: version.clone(),
                         after,
                     }
@@ -320,6 +371,7 @@ fn service_hosts(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
         .flat_map(|c| hosts.by_class[*c].iter().copied())
         .collect();
     all.sort_unstable();
+    all.dedup();
     all
 }
 

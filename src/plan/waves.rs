@@ -17,7 +17,8 @@ pub fn waves(hosts: &Hosts, todo: &[HostId], policy: &Policy, batch: usize) -> V
     let mut out = Vec::new();
     for (value, members) in spread_groups(hosts, todo, policy.spread.as_deref()) {
         let mut rest: &[HostId] = &members;
-        if out.is_empty() && policy.canary > 0 {
+        // No canary wave when there is nothing to change: a wave is never empty.
+        if out.is_empty() && policy.canary > 0 && !rest.is_empty() {
             let n = usize::try_from(policy.canary)
                 .unwrap_or(usize::MAX)
                 .min(rest.len());

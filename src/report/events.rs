@@ -53,7 +53,11 @@ pub fn line(kind: &EventKind) -> Option<String> {
             service,
             waves,
             steps,
-        } => format!("{service}: started, {steps} steps in {waves} waves"),
+        } => format!(
+            "{service}: started, {} in {}",
+            count(*steps, "step"),
+            count(*waves, "wave")
+        ),
         EventKind::WaveStarted {
             service,
             wave,
@@ -199,7 +203,7 @@ impl Sink for Bars {
                 ..
             } => self
                 .bar(service, 0)
-                .set_message(format!("wave {wave}: {} hosts", hosts.len())),
+                .set_message(format!("wave {wave}: {}", count(hosts.len(), "host"))),
             EventKind::StepFinished { service, ok, .. } => {
                 self.bar(service, 0).inc(1);
                 if !ok {
@@ -224,5 +228,14 @@ impl Sink for Bars {
             }
             _ => {}
         }
+    }
+}
+
+/// "1 host", "2 hosts".
+fn count(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::plan::{Plan, ServicePlan, SkipReason, Wave};
 use crate::site::OnFailure;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 
 /// The whole plan as text, deterministic for the same plan.
@@ -115,24 +115,34 @@ fn wave(out: &mut String, n: usize, w: &Wave) {
     if let Some(v) = &w.spread {
         label.push_str(&format!(" [{v}]"));
     }
-    // One line per distinct starting version, hosts in plan order.
-    let mut froms: Vec<Option<&str>> = Vec::new();
+    // One line per distinct starting version (in order of first appearance), hosts in plan
+    // order. A wave of thousands of hosts may start from as many versions: look them up in
+    // a map once there are more than a few.
+    let mut froms: Vec<(Option<&str>, Vec<&str>)> = Vec::new();
+    let mut index: HashMap<Option<&str>, usize> = HashMap::new();
     for st in &w.steps {
         let f = st.from.as_deref();
-        if !froms.contains(&f) {
-            froms.push(f);
-        }
+        let found = if froms.len() <= 8 {
+            froms.iter().position(|(g, _)| *g == f)
+        } else {
+            index.get(&f).copied()
+        };
+        let i = found.unwrap_or_else(|| {
+            froms.push((f, Vec::new()));
+            index.insert(f, froms.len() - 1);
+            froms.len() - 1
+        });
+        froms[i].1.push(&st.host);
     }
     let to = w.steps.first().map(|st| &*st.to).unwrap_or("");
-    for (i, f) in froms.iter().enumerate() {
+    for (i, (f, hosts)) in froms.iter().enumerate() {
         let lead = if i == 0 { label.as_str() } else { "" };
         let _ = write!(out, "  {lead:<18} {} → {to}: ", f.unwrap_or("fresh"));
-        let hosts = w.steps.iter().filter(|st| st.from.as_deref() == *f);
-        for (j, st) in hosts.enumerate() {
+        for (j, host) in hosts.iter().enumerate() {
             if j > 0 {
                 out.push_str(", ");
             }
-            out.push_str(&st.host);
+            out.push_str(host);
         }
         out.push('\n');
     }
@@ -166,4 +176,43 @@ fn plural(n: usize, word: &str) -> String {
 
 fn count(n: usize, word: &str) -> String {
     format!("{n} {}", plural(n, word))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Step;
+
+    #[test]
+    fn a_wave_groups_hosts_by_starting_version_in_order_of_appearance() {
+        // More distinct versions than the short linear search handles.
+        let steps = (0..40)
+            .map(|i| Step {
+                host: format!("h{i}").into(),
+                from: (i % 13 != 0).then(|| format!("0.{}", i % 12).into()),
+                to: "1.0".into(),
+                after: Vec::new(),
+            })
+            .collect();
+        let w = Wave {
+            canary: false,
+            spread: None,
+            steps,
+        };
+        let mut out = String::new();
+        wave(&mut out, 1, &w);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 13);
+        assert_eq!(
+            lines[0],
+            "  wave 1             fresh → 1.0: h0, h13, h26, h39"
+        );
+        assert_eq!(lines[1], "                     0.1 → 1.0: h1, h25, h37");
+        assert_eq!(lines[12], "                     0.0 → 1.0: h12, h24, h36");
+        let hosts: usize = lines
+            .iter()
+            .map(|l| l.split(": ").nth(1).unwrap().split(", ").count())
+            .sum();
+        assert_eq!(hosts, 40);
+    }
 }

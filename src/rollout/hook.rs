@@ -44,7 +44,7 @@ pub fn service_env(site: &Site, plan: &Plan, service: &ServicePlan) -> Vec<(Stri
         let addresses: Vec<String> = plan
             .hosts
             .iter()
-            .filter(|h| classes.contains(&h.class.as_str()))
+            .filter(|h| h.classes.iter().any(|c| classes.contains(&c.as_str())))
             .map(|h| match needed.port {
                 Some(p) => format!("{}:{p}", h.address),
                 None => h.address.to_string(),
@@ -66,7 +66,7 @@ pub fn step_env(
     let mut env = common.to_vec();
     env.push(("DEPLOY_HOST".into(), host.name.to_string()));
     env.push(("DEPLOY_ADDRESS".into(), host.address.to_string()));
-    env.push(("DEPLOY_CLASS".into(), host.class.clone()));
+    env.push(("DEPLOY_CLASS".into(), host.classes.join(" ")));
     env.push(("DEPLOY_OLD_VERSION".into(), old.unwrap_or("").to_string()));
     env.push(("DEPLOY_NEW_VERSION".into(), new.to_string()));
     env

@@ -28,16 +28,20 @@ impl<T: Transport> Links<T> {
 
     /// The link to `target`, connecting (once, however many ask) if needed.
     pub async fn get(&self, target: &Target) -> Result<Arc<T::Link>, TransportError> {
-        let cell = loop {
-            if let Some(cell) = self.slot(&target.name, true) {
-                break cell;
+        let (cell, evicted) = loop {
+            if let Some(found) = self.slot(&target.name, true) {
+                break found;
             }
             let notified = self.freed.notified();
-            if let Some(cell) = self.slot(&target.name, true) {
-                break cell;
+            if let Some(found) = self.slot(&target.name, true) {
+                break found;
             }
             notified.await;
         };
+        // The evicted link is closed before its slot is used: never more than `max` open.
+        if let Some(evicted) = evicted {
+            close(evicted).await;
+        }
         let result = cell
             .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
             .await
@@ -55,6 +59,8 @@ impl<T: Transport> Links<T> {
             let links = self.clone();
             tokio::spawn(async move {
                 let _ = links.get(&target).await;
+                // The link is idle now: a step waiting for a slot may evict it.
+                links.freed.notify_waiters();
             });
         }
     }
@@ -75,12 +81,15 @@ impl<T: Transport> Links<T> {
         self.freed.notify_waiters();
     }
 
-    /// The cell for `host`: existing, or new if under the cap (evicting an idle link if `evict`).
-    fn slot(&self, host: &str, evict: bool) -> Option<Cell<T::Link>> {
+    /// The cell for `host`: existing, or new if under the cap (evicting an idle link if `evict`;
+    /// the evicted link comes back with it, for the caller to close).
+    #[allow(clippy::type_complexity)]
+    fn slot(&self, host: &str, evict: bool) -> Option<(Cell<T::Link>, Option<Cell<T::Link>>)> {
         let mut open = self.lock();
         if let Some(cell) = open.get(host) {
-            return Some(cell.clone());
+            return Some((cell.clone(), None));
         }
+        let mut evicted = None;
         if open.len() >= self.max {
             if !evict {
                 return None;
@@ -93,12 +102,11 @@ impl<T: Transport> Links<T> {
                         && matches!(c.get(), Some(Ok(l)) if Arc::strong_count(l) == 1)
                 })
                 .map(|(k, _)| k.clone());
-            let cell = open.remove(&idle?)?;
-            tokio::spawn(close(cell));
+            evicted = Some(open.remove(&idle?)?);
         }
         let cell: Cell<T::Link> = Arc::new(OnceCell::new());
         open.insert(host.to_string(), cell.clone());
-        Some(cell)
+        Some((cell, evicted))
     }
 
     fn drop_entry(&self, host: &str) -> Option<Cell<T::Link>> {

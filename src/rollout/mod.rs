@@ -8,6 +8,9 @@ mod schedule;
 mod step;
 mod verify;
 
+#[cfg(test)]
+mod tests;
+
 pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use verify::{verify, CheckResult};

@@ -94,7 +94,7 @@ impl<T: Transport> Scheduler<T> {
                 let healthy = plan
                     .hosts
                     .iter()
-                    .filter(|h| s.classes.contains(&h.class))
+                    .filter(|h| h.classes.iter().any(|c| s.classes.contains(c)))
                     .filter(|h| {
                         h.observed
                             .service(&s.name)
@@ -203,7 +203,7 @@ impl<T: Transport> Scheduler<T> {
                 }
                 if !self.svcs[s].started {
                     changed |= self.try_start(s);
-                    if !self.svcs[s].started {
+                    if !self.svcs[s].started || self.svcs[s].finished.is_some() {
                         continue;
                     }
                 }
@@ -395,12 +395,15 @@ impl<T: Transport> Scheduler<T> {
         self.tasks.spawn(async move {
             let result = match links.get(&target).await {
                 Ok(link) => step::run(job, &*link, &*sink).await,
-                Err(e) => StepResult {
-                    record: job.record,
-                    failed_hook: Some("connect".into()),
-                    reason: Some(e.to_string()),
-                    rolled_back: false,
-                },
+                Err(e) => {
+                    step::log_line(&job.log, &format!("== connect: {e}"));
+                    StepResult {
+                        record: job.record,
+                        failed_hook: Some("connect".into()),
+                        reason: Some(e.to_string()),
+                        rolled_back: false,
+                    }
+                }
             };
             links.step_done();
             (s, w, i, result)
@@ -471,7 +474,9 @@ impl<T: Transport> Scheduler<T> {
             Ok(d) => Pause::Wait(d),
             Err(_) => Pause::Confirm,
         };
-        if let Pause::Wait(d) = pause {
+        // The pause is between waves: none after the last one.
+        let another = w + 1 < sp.waves.len();
+        if let (Pause::Wait(d), true) = (pause, another) {
             self.svcs[s].not_before = Some(TokioInstant::now() + d);
         }
     }

@@ -96,7 +96,9 @@ impl<L: Link> Running<'_, L> {
                     .await
                 {
                     Ok(()) => break,
-                    Err(e) if Instant::now() + check.interval >= deadline => return Err(e),
+                    // Another attempt must have at least an interval's time, or the last
+                    // failure would be a meaningless timeout instead of the check's own error.
+                    Err(e) if Instant::now() + check.interval * 2 >= deadline => return Err(e),
                     Err(_) => tokio::time::sleep(check.interval).await,
                 }
             }
@@ -269,4 +271,19 @@ fn exit_reason(hook: &str, out: &Output) -> String {
     } else {
         format!("{hook} {code}: {tail}")
     }
+}
+
+/// Appends one line to a step's log, creating it and its directory.
+pub fn log_line(log: &std::path::Path, text: &str) {
+    let write = || -> std::io::Result<()> {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        writeln!(f, "{text}")
+    };
+    let _ = write();
 }

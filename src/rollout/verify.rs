@@ -56,7 +56,7 @@ async fn check_host<T: Transport>(
     let services: Vec<_> = plan
         .services
         .iter()
-        .filter(|s| s.classes.contains(&host.class))
+        .filter(|s| host.classes.iter().any(|c| s.classes.contains(c)))
         .collect();
     let link = match transport.connect(target).await {
         Ok(l) => l,

@@ -9,7 +9,7 @@ use super::source::{beside, Referrer, Sources};
 use super::suggest;
 use super::value::Quota;
 use miette::SourceSpan;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,6 +94,7 @@ impl Checker {
         let mut ids: BTreeMap<String, (ClassId, SourceSpan)> = BTreeMap::new();
         let mut classes = Vec::new();
         let service_names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
+        let service_ids = first_index(&service_names);
         for c in &raw.classes {
             if let Some((_, first)) = ids.get(&c.name.value) {
                 self.duplicate(src, "class", &c.name, *first);
@@ -101,7 +102,7 @@ impl Checker {
             }
             let mut members: Vec<(ServiceId, SourceSpan)> = Vec::new();
             for s in &c.services {
-                let Some(sid) = service_names.iter().position(|n| *n == s.value) else {
+                let Some(&sid) = service_ids.get(s.value.as_str()) else {
                     self.unknown(src, "service", s, &service_names);
                     continue;
                 };
@@ -129,6 +130,14 @@ impl Checker {
     ) -> Option<Vec<Service>> {
         let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
         let names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
+        let ids = first_index(&names);
+        // The services some declared class runs, found once rather than once per service.
+        let in_classes: HashSet<&str> = raw
+            .classes
+            .iter()
+            .filter(|c| classes.contains_key(&c.name.value))
+            .flat_map(|c| c.services.iter().map(|m| m.value.as_str()))
+            .collect();
         let mut out = Vec::with_capacity(raw.services.len());
         let mut ok = true;
         for s in &raw.services {
@@ -138,10 +147,7 @@ impl Checker {
                 continue;
             }
             seen.insert(&s.name.value, s.name.span);
-            let in_a_class = raw.classes.iter().any(|c| {
-                classes.contains_key(&c.name.value)
-                    && c.services.iter().any(|m| m.value == s.name.value)
-            });
+            let in_a_class = in_classes.contains(s.name.value.as_str());
             if !in_a_class {
                 let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
                 let name = &s.name.value;
@@ -173,7 +179,7 @@ impl Checker {
                     help: "give the site a default `version \"…\"` or the service its own".into(),
                 });
             }
-            let needs = self.needs(src, s, &names);
+            let needs = self.needs(src, s, &names, &ids);
             let policy = match &s.policy {
                 Some(p) => self.policy(site_path, src, p),
                 None => default_policy.clone(),
@@ -197,11 +203,17 @@ impl Checker {
         ok.then_some(out)
     }
 
-    fn needs(&mut self, src: &Src, s: &RawService, names: &[&str]) -> Option<Vec<Need>> {
+    fn needs(
+        &mut self,
+        src: &Src,
+        s: &RawService,
+        names: &[&str],
+        ids: &HashMap<&str, ServiceId>,
+    ) -> Option<Vec<Need>> {
         let mut out = Vec::new();
         let mut ok = true;
         for n in &s.needs {
-            let Some(service) = names.iter().position(|x| *x == n.service.value) else {
+            let Some(&service) = ids.get(n.service.value.as_str()) else {
                 self.unknown(src, "service", &n.service, names);
                 ok = false;
                 continue;
@@ -377,6 +389,15 @@ impl Checker {
             help: suggest::help(&name.value, kind, known),
         });
     }
+}
+
+/// Each name → the index of its first occurrence (later duplicates are reported elsewhere).
+fn first_index<'a>(names: &[&'a str]) -> HashMap<&'a str, usize> {
+    let mut ids = HashMap::with_capacity(names.len());
+    for (i, n) in names.iter().enumerate() {
+        ids.entry(*n).or_insert(i);
+    }
+    ids
 }
 
 impl Default for Checker {

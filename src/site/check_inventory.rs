@@ -175,7 +175,9 @@ fn static_hosts(
     site: &Src,
     on_empty: OnEmpty,
 ) -> Option<InventorySpec> {
-    let mut all: Vec<(RawHost, Src)> = inv.hosts.into_iter().map(|h| (h, src.clone())).collect();
+    // Each host with the index of its file in `srcs` (not a copy of the file's name per host).
+    let mut srcs: Vec<Src> = vec![src.clone()];
+    let mut all: Vec<(RawHost, usize)> = inv.hosts.into_iter().map(|h| (h, 0)).collect();
     if let Some(file) = &inv.file {
         let hosts_path = beside(path, &file.value);
         let (fsrc, doc) = ck.sources.load(
@@ -193,7 +195,8 @@ fn static_hosts(
             },
             &doc,
         );
-        all.extend(hosts.into_iter().map(|h| (h, fsrc.clone())));
+        all.extend(hosts.into_iter().map(|h| (h, srcs.len())));
+        srcs.push(fsrc);
     }
     let errors = &mut ck.errors;
     let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
@@ -201,7 +204,8 @@ fn static_hosts(
     let mut counts = vec![0usize; classes.len()];
     let mut hosts = Vec::with_capacity(all.len());
     let before = errors.len();
-    for (h, hsrc) in &all {
+    for (h, file) in &all {
+        let hsrc = &srcs[*file];
         if let Some((first, first_src)) = seen.insert(&h.name.value, (h.name.span, hsrc)) {
             let same_file = first_src.name() == hsrc.name();
             errors.push(SiteError::Duplicate {

@@ -109,15 +109,18 @@ fn hosts(r: &mut Reader<'_>, nodes: &[&KdlNode]) -> Vec<RawHost> {
         };
         let address = r.string_prop(h, "address");
         let class = r.string_prop(h, "class");
-        let example = format!(
-            "write it as `host \"{}\" address=\"10.0.0.5\" class=\"app\"`",
-            name.value
-        );
+        // Written only when needed: a big inventory has a hundred thousand hosts.
+        let example = || {
+            format!(
+                "write it as `host \"{}\" address=\"10.0.0.5\" class=\"app\"`",
+                name.value
+            )
+        };
         if address.is_none() {
-            r.missing(name.span, "`address=`".into(), example.clone());
+            r.missing(name.span, "`address=`".into(), example());
         }
         if class.is_none() {
-            r.missing(name.span, "`class=`".into(), example);
+            r.missing(name.span, "`class=`".into(), example());
         }
         for e in h.entries().iter().filter(|e| e.name().is_none()).skip(1) {
             r.bad(

@@ -29,9 +29,17 @@ pub struct ServiceRecord {
 
 impl ServiceRecord {
     /// A service that has a version and no recorded failure.
+    /// After a switch-over (`configured` recorded) that means a passed check too: a run
+    /// interrupted between `start` and `check` leaves the host unhealthy until checked.
     pub fn healthy(&self) -> bool {
-        let ok = |m: &Option<Mark>| m.as_ref().is_none_or(|m| m.outcome == Outcome::Success);
-        ok(&self.configured) && ok(&self.validated)
+        let success = |m: &Option<Mark>| m.as_ref().is_some_and(|m| m.outcome == Outcome::Success);
+        match &self.configured {
+            None => self
+                .validated
+                .as_ref()
+                .is_none_or(|m| m.outcome == Outcome::Success),
+            Some(_) => success(&self.configured) && success(&self.validated),
+        }
     }
 }
 
@@ -74,7 +82,10 @@ pub fn write_script(state_dir: &str, record: &HostRecord) -> String {
     let dir = quote(state_dir);
     let tmp = quote(&format!("{state_dir}/.{STATE_FILE}.tmp"));
     let file = quote(&format!("{state_dir}/{STATE_FILE}"));
-    format!("umask 077 && mkdir -p {dir} && printf '%s\\n' {} > {tmp} && sync {tmp} 2>/dev/null; mv -f {tmp} {file}", quote(&json))
+    format!(
+        "umask 077 && mkdir -p {dir} && printf '%s\\n' {} > {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {file}",
+        quote(&json)
+    )
 }
 
 impl HostRecord {

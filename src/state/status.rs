@@ -23,7 +23,7 @@ pub struct Status {
 #[derive(Debug, Clone, Serialize)]
 pub struct HostStatus {
     pub host: String,
-    pub class: String,
+    pub classes: Vec<String>,
     pub services: Vec<ServiceStatus>,
 }
 
@@ -71,9 +71,14 @@ pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
                 reason,
             });
         }
-        let class = &site.classes[h.class];
-        let services: Vec<ServiceStatus> = class
-            .services
+        let mut ids: Vec<usize> = h
+            .classes
+            .iter()
+            .flat_map(|c| site.classes[*c].services.iter().copied())
+            .collect();
+        ids.sort_by_key(|s| site.order.iter().position(|o| o == s));
+        ids.dedup();
+        let services: Vec<ServiceStatus> = ids
             .iter()
             .map(|&sid| {
                 let s = &site.services[sid];
@@ -108,7 +113,11 @@ pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
         out.converged += services.iter().filter(|s| s.ok).count();
         out.hosts.push(HostStatus {
             host: h.name.to_string(),
-            class: class.name.clone(),
+            classes: h
+                .classes
+                .iter()
+                .map(|c| site.classes[*c].name.clone())
+                .collect(),
             services,
         });
     }

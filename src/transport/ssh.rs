@@ -18,7 +18,8 @@ impl Ssh {
         let o = &self.options;
         let mut b = SessionBuilder::default();
         b.known_hosts_check(KnownHosts::Strict)
-            .connect_timeout(o.connect_timeout);
+            // OpenSSH counts whole seconds; less than one would mean no timeout at all.
+            .connect_timeout(o.connect_timeout.max(std::time::Duration::from_secs(1)));
         if let Some(user) = &o.user {
             b.user(user.clone());
         }

@@ -1,0 +1,763 @@
+//! Property tests of the planner: random sites, inventories, observed states and selections,
+//! built directly as model values, against the rules the plan must keep.
+
+use super::{plan, Plan, Selection, SkipReason};
+use crate::inventory::{Host, HostId, Hosts};
+use crate::site::{
+    Class, HostSpec, InventorySpec, Need, OnFailure, Pause, Platform, Policy, Quota, Round,
+    Service, ServiceId, Site, Transport,
+};
+use crate::state::{Mark, Observed, Outcome, ServiceRecord};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+const ZONE: &str = "zone";
+
+/// A choice among however many things there turn out to be.
+#[derive(Debug, Clone, Copy)]
+struct Pick(u32);
+
+impl Pick {
+    fn of(self, n: usize) -> usize {
+        self.0 as usize % n
+    }
+}
+
+fn pick() -> impl Strategy<Value = Pick> {
+    any::<u32>().prop_map(Pick)
+}
+
+/// How one service depends on an earlier one.
+#[derive(Debug, Clone, Copy)]
+enum NeedKind {
+    /// `needs "x"`: runtime, all hosts.
+    Runtime,
+    /// `needs "x" healthy=…`: runtime, some hosts.
+    Healthy(Quota),
+    /// `needs "x" addressable=…`: data only.
+    Data(Quota),
+    /// Both at once.
+    Both(Quota, Quota),
+}
+
+#[derive(Debug, Clone)]
+struct PolicySpec {
+    batch: Quota,
+    max_failed: Quota,
+    canary: u64,
+    spread: bool,
+}
+
+#[derive(Debug, Clone)]
+struct ServiceSpec {
+    /// Needs on services of lower rank (an index into `0..rank`; none for rank 0).
+    needs: Vec<(Pick, NeedKind)>,
+    /// The classes that run it (at least one).
+    classes: Vec<Pick>,
+    policy: PolicySpec,
+    /// Where this rank is declared: services are sorted by this key.
+    declared: u32,
+    /// Where it stands inside each of its classes.
+    in_class: u32,
+}
+
+#[derive(Debug, Clone)]
+struct HostSpecGen {
+    class: Pick,
+    /// A second class the host plays as well (the same one is ignored).
+    also: Option<Pick>,
+    /// `None`: the host has no zone tag.
+    zone: Option<Pick>,
+    /// `None`: fresh. Otherwise per service: 0 = at the desired version, 1/2 = older ones,
+    /// 3 = at the desired version but its last check failed.
+    observed: Option<Vec<(Pick, u8)>>,
+    /// The host did not answer (or its state could not be read): nothing is known.
+    unreachable: bool,
+    /// Unused unless `--on` is given.
+    selected: bool,
+    /// Sort key for the shuffled input order.
+    shuffle: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Spec {
+    classes: usize,
+    zones: usize,
+    services: Vec<ServiceSpec>,
+    hosts: Vec<HostSpecGen>,
+    only: Option<Vec<bool>>,
+    on: bool,
+}
+
+fn quota() -> impl Strategy<Value = Quota> {
+    prop_oneof![
+        Just(Quota::All),
+        (1u64..12).prop_map(Quota::Count),
+        (1u32..=10_000).prop_map(Quota::Percent),
+    ]
+}
+
+fn need_kind() -> impl Strategy<Value = NeedKind> {
+    prop_oneof![
+        3 => Just(NeedKind::Runtime),
+        1 => quota().prop_map(NeedKind::Healthy),
+        2 => quota().prop_map(NeedKind::Data),
+        1 => (quota(), quota()).prop_map(|(h, a)| NeedKind::Both(h, a)),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = PolicySpec> {
+    (
+        quota(),
+        prop_oneof![Just(Quota::Count(0)), quota()],
+        0u64..=3,
+        any::<bool>(),
+    )
+        .prop_map(|(batch, max_failed, canary, spread)| PolicySpec {
+            batch,
+            max_failed,
+            canary,
+            spread,
+        })
+}
+
+fn service() -> impl Strategy<Value = ServiceSpec> {
+    (
+        prop::collection::vec((pick(), need_kind()), 0..4),
+        prop::collection::vec(pick(), 1..3),
+        policy(),
+        any::<u32>(),
+        any::<u32>(),
+    )
+        .prop_map(|(needs, classes, policy, declared, in_class)| ServiceSpec {
+            needs,
+            classes,
+            policy,
+            declared,
+            in_class,
+        })
+}
+
+fn host() -> impl Strategy<Value = HostSpecGen> {
+    (
+        pick(),
+        prop::option::weighted(0.15, pick()),
+        prop::option::weighted(0.9, pick()),
+        prop::option::of(prop::collection::vec((pick(), 0u8..4), 0..6)),
+        prop::bool::weighted(0.05),
+        any::<bool>(),
+        any::<u32>(),
+    )
+        .prop_map(
+            |(class, also, zone, observed, unreachable, selected, shuffle)| HostSpecGen {
+                class,
+                also,
+                zone,
+                observed,
+                unreachable,
+                selected,
+                shuffle,
+            },
+        )
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        1usize..=4,
+        1usize..=4,
+        prop::collection::vec(service(), 1..=8),
+        prop::collection::vec(host(), 1..=60),
+        prop::option::of(prop::collection::vec(any::<bool>(), 8)),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(classes, zones, services, hosts, only, on)| Spec {
+            classes,
+            zones,
+            services,
+            hosts,
+            only,
+            on,
+        })
+}
+
+/// Everything a plan is made from.
+struct Built {
+    site: Site,
+    /// The hosts in the order they were generated (not yet sorted).
+    hosts: Vec<Host>,
+    /// Per host name, what it runs.
+    observed: BTreeMap<Arc<str>, Observed>,
+    only: Option<BTreeSet<ServiceId>>,
+    /// `--on`: these host names.
+    on: Option<BTreeSet<Arc<str>>>,
+    /// Sort keys to shuffle `hosts` with.
+    shuffle: Vec<u32>,
+}
+
+fn version(sid: ServiceId) -> String {
+    format!("{}.0", sid + 1)
+}
+
+fn build(spec: &Spec) -> Built {
+    let n = spec.services.len();
+    // Rank r is declared at position `perm[r]`: runtime edges only go from a higher rank
+    // to a lower one, but declaration order is shuffled.
+    let mut by_key: Vec<usize> = (0..n).collect();
+    by_key.sort_by_key(|r| (spec.services[*r].declared, *r));
+    let mut perm = vec![0; n];
+    for (pos, r) in by_key.iter().enumerate() {
+        perm[*r] = pos;
+    }
+    let class_count = spec.classes.min(spec.hosts.len());
+    let mut services: Vec<Option<Service>> = vec![None; n];
+    for (r, s) in spec.services.iter().enumerate() {
+        let mut needs = Vec::new();
+        if r > 0 {
+            for (i, kind) in &s.needs {
+                let service = perm[i.of(r)];
+                let (healthy, addressable) = match *kind {
+                    NeedKind::Runtime => (Some(Quota::All), None),
+                    NeedKind::Healthy(q) => (Some(q), None),
+                    NeedKind::Data(q) => (None, Some(q)),
+                    NeedKind::Both(h, a) => (Some(h), Some(a)),
+                };
+                needs.push(Need {
+                    service,
+                    healthy,
+                    addressable,
+                });
+            }
+        }
+        let p = &s.policy;
+        services[perm[r]] = Some(Service {
+            name: format!("svc-{}", perm[r]),
+            version: version(perm[r]),
+            port: None,
+            classes: Vec::new(),
+            needs,
+            policy: Arc::new(Policy {
+                name: format!("policy-{}", perm[r]),
+                batch: p.batch,
+                max_failed: p.max_failed,
+                canary: p.canary,
+                pause: Pause::Wait(Duration::ZERO),
+                spread: p.spread.then(|| ZONE.to_string()),
+                on_failure: OnFailure::Rollback,
+            }),
+            hooks: Default::default(),
+        });
+    }
+    let mut services: Vec<Service> = services.into_iter().map(Option::unwrap).collect();
+    let rank_of: Vec<usize> = {
+        let mut v = vec![0; n];
+        for (r, p) in perm.iter().enumerate() {
+            v[*p] = r;
+        }
+        v
+    };
+    let mut classes: Vec<Class> = (0..class_count)
+        .map(|c| Class {
+            name: format!("class{c}"),
+            services: Vec::new(),
+        })
+        .collect();
+    for (sid, svc) in services.iter().enumerate() {
+        let s = &spec.services[rank_of[sid]];
+        let _ = svc;
+        let mut cs: Vec<usize> = s.classes.iter().map(|i| i.of(class_count)).collect();
+        cs.sort_unstable();
+        cs.dedup();
+        for c in cs {
+            classes[c].services.push(sid);
+        }
+    }
+    for c in &mut classes {
+        c.services
+            .sort_by_key(|sid| (spec.services[rank_of[*sid]].in_class, *sid));
+    }
+    for (cid, class) in classes.iter().enumerate() {
+        for &sid in &class.services {
+            services[sid].classes.push(cid);
+        }
+    }
+    // A topological order (by rank), which is not the declaration order.
+    let order: Vec<ServiceId> = perm.clone();
+
+    let mut hosts = Vec::new();
+    let mut specs = Vec::new();
+    let mut observed = BTreeMap::new();
+    let mut on = BTreeSet::new();
+    for (i, h) in spec.hosts.iter().enumerate() {
+        // The first hosts cover every class, so that no class is empty.
+        let class = if i < class_count {
+            i
+        } else {
+            h.class.of(class_count)
+        };
+        let mut tags = BTreeMap::new();
+        if let Some(z) = h.zone {
+            tags.insert(ZONE.to_string(), format!("z{}", z.of(spec.zones) * 5));
+        }
+        tags.insert("rack".to_string(), format!("r{}", i % 3));
+        let name: Arc<str> = format!("{}-{}", classes[class].name, i * 7 % 61).into();
+        let mut classes_of_host = vec![class];
+        if let Some(also) = h.also {
+            let also = also.of(class_count);
+            if also != class {
+                classes_of_host.push(also);
+            }
+        }
+        let obs = match &h.observed {
+            _ if h.unreachable => {
+                if i % 2 == 0 {
+                    Observed::Unreachable {
+                        reason: "connection refused".into(),
+                    }
+                } else {
+                    Observed::Unreadable {
+                        reason: "not JSON".into(),
+                    }
+                }
+            }
+            None => Observed::Fresh,
+            Some(list) => Observed::Running {
+                services: list
+                    .iter()
+                    .map(|(s, v)| {
+                        let sid = s.of(n);
+                        let version = match v {
+                            0 | 3 => version(sid),
+                            1 => "0.9".to_string(),
+                            _ => "0.10".to_string(),
+                        };
+                        let failed = (*v == 3).then(|| Mark {
+                            outcome: Outcome::Failure,
+                            at: "2026-11-22T00:00:00Z".into(),
+                            run: "r1".into(),
+                            log: "logs/r1".into(),
+                            hook: Some("check".into()),
+                        });
+                        (
+                            services[sid].name.clone(),
+                            ServiceRecord {
+                                version,
+                                configured: None,
+                                validated: failed,
+                            },
+                        )
+                    })
+                    .collect(),
+            },
+        };
+        observed.insert(name.clone(), obs);
+        if h.selected {
+            on.insert(name.clone());
+        }
+        specs.push(HostSpec {
+            name: name.to_string(),
+            address: format!("127.0.0.{}", i + 1),
+            class,
+            tags: tags.clone(),
+        });
+        hosts.push(Host {
+            name: name.clone(),
+            address: format!("127.0.0.{}", i + 1).into(),
+            classes: classes_of_host,
+            tags,
+        });
+    }
+    let only = spec.only.as_ref().map(|flags| {
+        (0..n)
+            .filter(|s| flags[*s % flags.len()])
+            .collect::<BTreeSet<_>>()
+    });
+    let site = Site {
+        name: "prop".into(),
+        file: PathBuf::from("sites/prop.kdl"),
+        digest: "0".repeat(64),
+        platform: Platform {
+            name: "prop".into(),
+            file: PathBuf::from("platforms/prop.kdl"),
+            transport: Transport::Local {
+                root: PathBuf::from("hosts"),
+            },
+            state_dir: "/var/lib/drover".into(),
+            on_empty: crate::site::OnEmpty::Error,
+            inventory: InventorySpec::Static { hosts: specs },
+        },
+        classes,
+        services,
+        order,
+    };
+    Built {
+        site,
+        hosts,
+        observed,
+        only,
+        on: spec.on.then_some(on),
+        shuffle: spec.hosts.iter().map(|h| h.shuffle).collect(),
+    }
+}
+
+/// Resolves hosts from `list` and plans; the observed state and `--on` follow host names.
+fn plan_with(b: &Built, list: Vec<Host>) -> (Hosts, Vec<Observed>, Selection, Plan) {
+    let hosts = Hosts::new(list, b.site.classes.len());
+    let observed: Vec<Observed> = hosts
+        .hosts
+        .iter()
+        .map(|h| b.observed[&h.name].clone())
+        .collect();
+    let selection = Selection {
+        services: b.only.clone(),
+        hosts: b.on.as_ref().map(|names| {
+            (0..hosts.hosts.len())
+                .filter(|h| names.contains(&hosts.hosts[*h].name))
+                .collect()
+        }),
+    };
+    let p = plan(&b.site, &hosts, &observed, &selection).expect("observed matches hosts");
+    (hosts, observed, selection, p)
+}
+
+/// Per service, every service it needs at runtime, directly or through others.
+fn runtime_closure(site: &Site) -> Vec<BTreeSet<ServiceId>> {
+    fn visit(site: &Site, s: ServiceId, out: &mut BTreeSet<ServiceId>) {
+        for n in site.services[s]
+            .needs
+            .iter()
+            .filter(|n| n.healthy.is_some())
+        {
+            if out.insert(n.service) {
+                visit(site, n.service, out);
+            }
+        }
+    }
+    (0..site.services.len())
+        .map(|s| {
+            let mut out = BTreeSet::new();
+            visit(site, s, &mut out);
+            out
+        })
+        .collect()
+}
+
+/// Per service id, its part of the plan.
+fn by_service<'p>(site: &Site, p: &'p Plan) -> Vec<&'p super::ServicePlan> {
+    site.services
+        .iter()
+        .map(|s| {
+            let found: Vec<_> = p.services.iter().filter(|sp| sp.name == s.name).collect();
+            assert_eq!(found.len(), 1, "service {} planned once", s.name);
+            found[0]
+        })
+        .collect()
+}
+
+fn hosts_of(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
+    (0..hosts.hosts.len())
+        .filter(|h| {
+            hosts.hosts[*h]
+                .classes
+                .iter()
+                .any(|c| site.services[sid].classes.contains(c))
+        })
+        .collect()
+}
+
+fn check_plan(b: &Built) -> Result<(), TestCaseError> {
+    let site = &b.site;
+    let (hosts, observed, selection, p) = plan_with(b, b.hosts.clone());
+    let services = by_service(site, &p);
+    let closure = runtime_closure(site);
+    let id_of: BTreeMap<&str, HostId> = hosts
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (&*h.name, i))
+        .collect();
+    // Which services have a step on which host.
+    let mut steps_on: BTreeSet<(ServiceId, HostId)> = BTreeSet::new();
+    for (sid, sp) in services.iter().enumerate() {
+        for st in sp.waves.iter().flat_map(|w| &w.steps) {
+            steps_on.insert((sid, id_of[&*st.host]));
+        }
+    }
+    let position: BTreeMap<&str, usize> = p
+        .services
+        .iter()
+        .enumerate()
+        .map(|(i, sp)| (sp.name.as_str(), i))
+        .collect();
+    prop_assert_eq!(p.services.len(), site.services.len());
+    prop_assert_eq!(p.hosts.len(), hosts.hosts.len());
+
+    for (sid, sp) in services.iter().enumerate() {
+        let service = &site.services[sid];
+        let members = hosts_of(site, &hosts, sid);
+        prop_assert_eq!(sp.hosts, members.len());
+        prop_assert_eq!(&*sp.version, service.version.as_str());
+
+        // Services in runtime dependency order.
+        for t in &closure[sid] {
+            prop_assert!(
+                position[site.services[*t].name.as_str()] < position[service.name.as_str()],
+                "{} planned before {}, which it needs at runtime",
+                sp.name,
+                site.services[*t].name
+            );
+        }
+
+        // Each host of the service exactly once in waves ∪ skipped, and nothing else.
+        let mut seen: BTreeMap<HostId, usize> = BTreeMap::new();
+        let mut in_waves: BTreeSet<HostId> = BTreeSet::new();
+        for st in sp.waves.iter().flat_map(|w| &w.steps) {
+            let h = id_of[&*st.host];
+            *seen.entry(h).or_default() += 1;
+            in_waves.insert(h);
+        }
+        let mut in_skipped: BTreeMap<HostId, SkipReason> = BTreeMap::new();
+        for k in &sp.skipped {
+            let h = id_of[&*k.host];
+            *seen.entry(h).or_default() += 1;
+            in_skipped.insert(h, k.reason);
+            prop_assert_eq!(
+                k.version.as_deref(),
+                observed[h].version(&service.name),
+                "skipped host {} records what it runs",
+                k.host
+            );
+        }
+        let expected: BTreeMap<HostId, usize> = members.iter().map(|h| (*h, 1)).collect();
+        prop_assert_eq!(&seen, &expected, "hosts of {} once each", sp.name);
+        for &h in &members {
+            // At the version only when it runs it and nothing recorded failed since.
+            let at_version = observed[h]
+                .service(&service.name)
+                .is_some_and(|r| r.version == service.version && r.healthy());
+            let reason = if !selection.has(sid, h) {
+                Some(SkipReason::NotSelected)
+            } else if !observed[h].known() {
+                Some(SkipReason::Unreachable)
+            } else if at_version {
+                Some(SkipReason::AtVersion)
+            } else {
+                None
+            };
+            match reason {
+                None => {
+                    prop_assert!(in_waves.contains(&h), "{} must change", hosts.hosts[h].name);
+                    prop_assert!(!in_skipped.contains_key(&h));
+                }
+                Some(reason) => prop_assert_eq!(in_skipped.get(&h), Some(&reason)),
+            }
+        }
+
+        // Wave sizes, canary, spread.
+        let policy = &service.policy;
+        let batch = policy.batch.of(members.len(), Round::Down).max(1);
+        prop_assert_eq!(sp.policy.batch_hosts, batch);
+        for (i, w) in sp.waves.iter().enumerate() {
+            prop_assert!(!w.steps.is_empty(), "wave {} of {} is empty", i, sp.name);
+            if w.canary {
+                prop_assert_eq!(i, 0, "the canary wave comes first");
+                prop_assert!(w.steps.len() as u64 <= policy.canary);
+            } else {
+                prop_assert!(w.steps.len() <= batch, "wave {} of {}", i, sp.name);
+            }
+            match &policy.spread {
+                Some(tag) => {
+                    for st in &w.steps {
+                        let h = &hosts.hosts[id_of[&*st.host]];
+                        prop_assert_eq!(h.tags.get(tag), w.spread.as_ref());
+                    }
+                }
+                None => prop_assert_eq!(&w.spread, &None),
+            }
+            for st in &w.steps {
+                let h = id_of[&*st.host];
+                prop_assert_eq!(st.from.as_deref(), observed[h].version(&service.name));
+                prop_assert_eq!(&*st.to, service.version.as_str());
+            }
+        }
+        if policy.canary > 0 && !in_waves.is_empty() {
+            let first = &sp.waves[0];
+            prop_assert!(first.canary, "{} starts with a canary wave", sp.name);
+            // Canary hosts come from the first spread group.
+            let first_group = match &policy.spread {
+                None => in_waves.len(),
+                Some(tag) => {
+                    let mut values: Vec<Option<&String>> = in_waves
+                        .iter()
+                        .map(|h| hosts.hosts[*h].tags.get(tag))
+                        .collect();
+                    values.sort_by(|a, b| match (a, b) {
+                        (Some(a), Some(b)) => crate::inventory::natural_cmp(a, b),
+                        (a, b) => b.is_some().cmp(&a.is_some()),
+                    });
+                    let v = values[0];
+                    prop_assert_eq!(first.spread.as_ref(), v);
+                    values.iter().filter(|x| **x == v).count()
+                }
+            };
+            let want = usize::try_from(policy.canary).unwrap().min(first_group);
+            prop_assert_eq!(first.steps.len(), want);
+        }
+        if policy.canary == 0 {
+            prop_assert!(sp.waves.iter().all(|w| !w.canary));
+        }
+
+        // Same-host ordering: `after` is exactly the runtime needs changing on this host.
+        for st in sp.waves.iter().flat_map(|w| &w.steps) {
+            let h = id_of[&*st.host];
+            let want: BTreeSet<&str> = hosts.hosts[h]
+                .classes
+                .iter()
+                .flat_map(|c| site.classes[*c].services.iter())
+                .filter(|t| closure[sid].contains(t) && steps_on.contains(&(**t, h)))
+                .map(|t| site.services[*t].name.as_str())
+                .collect();
+            let got: BTreeSet<&str> = st.after.iter().map(|s| &**s).collect();
+            prop_assert_eq!(got.len(), st.after.len(), "no service twice in after");
+            prop_assert_eq!(&got, &want, "after of {} on {}", sp.name, st.host);
+            for a in &st.after {
+                prop_assert!(position[&**a] < position[sp.name.as_str()]);
+            }
+            prop_assert!(
+                st.after
+                    .windows(2)
+                    .all(|w| position[&*w[0]] < position[&*w[1]]),
+                "after in dependency order"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_deterministic(b: &Built) -> Result<(), TestCaseError> {
+    let (.., first) = plan_with(b, b.hosts.clone());
+    let (.., again) = plan_with(b, b.hosts.clone());
+    let first = serde_json::to_vec(&first).unwrap();
+    prop_assert_eq!(&first, &serde_json::to_vec(&again).unwrap());
+    let mut shuffled: Vec<(u32, Host)> = b.shuffle.iter().copied().zip(b.hosts.clone()).collect();
+    shuffled.sort_by_key(|(k, _)| *k);
+    let shuffled = shuffled.into_iter().map(|(_, h)| h).collect();
+    let (.., other) = plan_with(b, shuffled);
+    prop_assert_eq!(&first, &serde_json::to_vec(&other).unwrap());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn plans_keep_the_rules(spec in spec()) {
+        check_plan(&build(&spec))?;
+    }
+
+    #[test]
+    fn plans_are_deterministic(spec in spec()) {
+        check_deterministic(&build(&spec))?;
+    }
+}
+
+/// A hand-made case the properties are known to cover: two services on one class, one
+/// needing the other at runtime, both changing everywhere.
+#[test]
+fn same_host_after_names_the_need() {
+    let spec = Spec {
+        classes: 1,
+        zones: 2,
+        services: vec![
+            ServiceSpec {
+                needs: vec![],
+                classes: vec![Pick(0)],
+                policy: PolicySpec {
+                    batch: Quota::Count(2),
+                    max_failed: Quota::Count(0),
+                    canary: 1,
+                    spread: true,
+                },
+                declared: 1,
+                in_class: 1,
+            },
+            ServiceSpec {
+                needs: vec![(Pick(0), NeedKind::Runtime)],
+                classes: vec![Pick(0)],
+                policy: PolicySpec {
+                    batch: Quota::Percent(5000),
+                    max_failed: Quota::Count(0),
+                    canary: 0,
+                    spread: false,
+                },
+                declared: 0,
+                in_class: 0,
+            },
+        ],
+        hosts: (0..5)
+            .map(|i| HostSpecGen {
+                class: Pick(0),
+                also: None,
+                zone: Some(Pick(i)),
+                observed: None,
+                unreachable: false,
+                selected: true,
+                shuffle: 5 - i,
+            })
+            .collect(),
+        only: None,
+        on: false,
+    };
+    let b = build(&spec);
+    check_plan(&b).unwrap();
+    check_deterministic(&b).unwrap();
+    let (.., p) = plan_with(&b, b.hosts.clone());
+    // Rank 1 is declared first, but planned second, each step after rank 0's.
+    let second = &p.services[1];
+    assert_eq!(second.name, b.site.services[b.site.order[1]].name);
+    assert!(second
+        .waves
+        .iter()
+        .flat_map(|w| &w.steps)
+        .all(|st| st.after.len() == 1 && *st.after[0] == *p.services[0].name));
+}
+
+/// Found by the properties: a canary policy with nothing to change made an empty canary wave.
+#[test]
+fn no_canary_wave_when_nothing_changes() {
+    let spec = Spec {
+        classes: 1,
+        zones: 1,
+        services: vec![ServiceSpec {
+            needs: vec![],
+            classes: vec![Pick(0)],
+            policy: PolicySpec {
+                batch: Quota::All,
+                max_failed: Quota::Count(0),
+                canary: 1,
+                spread: false,
+            },
+            declared: 0,
+            in_class: 0,
+        }],
+        hosts: vec![HostSpecGen {
+            class: Pick(0),
+            also: None,
+            zone: None,
+            observed: None,
+            unreachable: false,
+            selected: false,
+            shuffle: 0,
+        }],
+        only: Some(vec![false; 8]),
+        on: false,
+    };
+    let b = build(&spec);
+    check_plan(&b).unwrap();
+    let (.., p) = plan_with(&b, b.hosts.clone());
+    assert!(p.services[0].waves.is_empty());
+    assert_eq!(p.services[0].skipped.len(), 1);
+}

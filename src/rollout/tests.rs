@@ -1,0 +1,1264 @@
+//! Fast unit tests of the scheduler, over a fake transport that records every command: one
+//! command per host, same-host order, runtime conditions, waves, failure budgets, blocking,
+//! pauses, the connection pool and the hooks' environment.
+
+use super::{run, Event, EventKind, Gate, Rollout, ServiceOutcome, Sink, Summary};
+use crate::plan::{self, Plan, Selection};
+use crate::site::{self, Site};
+use crate::state::{Observed, ServiceRecord};
+use crate::transport::{quote, Link, Output, Target, Transport, TransportError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+// ---------------------------------------------------------------------------------------------
+// The fake transport
+
+/// One sequence shared by commands and events, so that both can be ordered on one line.
+#[derive(Default)]
+struct Clock(AtomicU64);
+
+impl Clock {
+    fn tick(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+/// A command a link ran.
+#[derive(Debug, Clone)]
+struct Cmd {
+    host: String,
+    script: String,
+    start: u64,
+    end: u64,
+    started: Instant,
+}
+
+impl Cmd {
+    /// `(hook, service)` of a hook command (`hook <hook> <service>`); `None` for state writes.
+    fn hook(&self) -> Option<(&str, &str)> {
+        let (_, command) = self.script.split_once("/bin/sh -c 'hook ")?;
+        command.strip_suffix('\'')?.split_once(' ')
+    }
+
+    fn is(&self, hook: &str, service: &str) -> bool {
+        self.hook() == Some((hook, service))
+    }
+
+    fn of(&self, service: &str) -> bool {
+        self.hook().is_some_and(|(_, s)| s == service)
+    }
+}
+
+/// How the fake answers a command: every rule whose host (if any) and text match applies.
+#[derive(Clone)]
+struct Rule {
+    host: Option<String>,
+    contains: String,
+    sleep: Duration,
+    code: Option<i32>,
+}
+
+#[derive(Default)]
+struct Counters {
+    cmds: Vec<Cmd>,
+    running: HashMap<String, usize>,
+    max_per_host: HashMap<String, usize>,
+    running_all: usize,
+    max_all: usize,
+    connects: BTreeMap<String, usize>,
+    open: usize,
+    max_open: usize,
+    closed: usize,
+    dropped_unclosed: usize,
+}
+
+struct Inner {
+    clock: Arc<Clock>,
+    rules: Vec<Rule>,
+    counters: Mutex<Counters>,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Fake(Arc<Inner>);
+
+struct FakeLink {
+    host: String,
+    inner: Arc<Inner>,
+    closed: bool,
+}
+
+/// A command in flight; recorded when it ends, however it ends (a hook timeout drops it).
+struct InFlight<'a> {
+    link: &'a FakeLink,
+    script: String,
+    start: u64,
+    started: Instant,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let end = self.link.inner.clock.tick();
+        let mut c = self.link.inner.lock();
+        if let Some(n) = c.running.get_mut(&self.link.host) {
+            *n -= 1;
+        }
+        c.running_all -= 1;
+        c.cmds.push(Cmd {
+            host: self.link.host.clone(),
+            script: std::mem::take(&mut self.script),
+            start: self.start,
+            end,
+            started: self.started,
+        });
+    }
+}
+
+impl Transport for Fake {
+    type Link = FakeLink;
+    async fn connect(&self, target: &Target) -> Result<FakeLink, TransportError> {
+        {
+            let mut c = self.0.lock();
+            *c.connects.entry(target.name.clone()).or_default() += 1;
+            c.open += 1;
+            c.max_open = c.max_open.max(c.open);
+        }
+        // Connecting takes a moment.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Ok(FakeLink {
+            host: target.name.clone(),
+            inner: self.0.clone(),
+            closed: false,
+        })
+    }
+}
+
+impl Link for FakeLink {
+    async fn run(&self, script: &str) -> Result<Output, TransportError> {
+        let matching: Vec<&Rule> = self
+            .inner
+            .rules
+            .iter()
+            .filter(|r| r.host.as_ref().is_none_or(|h| *h == self.host))
+            .filter(|r| script.contains(&r.contains))
+            .collect();
+        let sleep = matching.iter().map(|r| r.sleep).max().unwrap_or_default();
+        let code = matching.iter().find_map(|r| r.code).unwrap_or(0);
+        let _in_flight = {
+            let start = self.inner.clock.tick();
+            let mut c = self.inner.lock();
+            let n = c.running.entry(self.host.clone()).or_default();
+            *n += 1;
+            let n = *n;
+            let max = c.max_per_host.entry(self.host.clone()).or_default();
+            *max = (*max).max(n);
+            c.running_all += 1;
+            c.max_all = c.max_all.max(c.running_all);
+            InFlight {
+                link: self,
+                script: script.to_string(),
+                start,
+                started: Instant::now(),
+            }
+        };
+        tokio::time::sleep(sleep).await;
+        tokio::task::yield_now().await;
+        Ok(Output {
+            code: Some(code),
+            stdout: Vec::new(),
+            stderr: if code == 0 {
+                Vec::new()
+            } else {
+                b"told to fail\n".to_vec()
+            },
+        })
+    }
+
+    async fn close(mut self) {
+        self.closed = true;
+        let mut c = self.inner.lock();
+        c.open -= 1;
+        c.closed += 1;
+    }
+}
+
+impl Drop for FakeLink {
+    fn drop(&mut self) {
+        if !self.closed {
+            let mut c = self.inner.lock();
+            c.open -= 1;
+            c.dropped_unclosed += 1;
+        }
+    }
+}
+
+/// The rules a fake transport is built with.
+#[derive(Default)]
+struct Rules(Vec<Rule>);
+
+impl Rules {
+    /// Commands containing `text` (on `host`, or on every host) exit 1.
+    fn fail(mut self, host: Option<&str>, text: &str) -> Self {
+        self.0.push(Rule {
+            host: host.map(str::to_string),
+            contains: text.into(),
+            sleep: Duration::ZERO,
+            code: Some(1),
+        });
+        self
+    }
+
+    /// Commands containing `text` (on `host`, or on every host) take `ms` milliseconds.
+    fn sleep(mut self, host: Option<&str>, text: &str, ms: u64) -> Self {
+        self.0.push(Rule {
+            host: host.map(str::to_string),
+            contains: text.into(),
+            sleep: Duration::from_millis(ms),
+            code: None,
+        });
+        self
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sink and gate
+
+struct Collect {
+    clock: Arc<Clock>,
+    events: Mutex<Vec<(u64, Instant, EventKind)>>,
+}
+
+impl Sink for Collect {
+    fn emit(&self, event: Event) {
+        let seq = self.clock.tick();
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push((
+            seq,
+            Instant::now(),
+            event.kind,
+        ));
+    }
+}
+
+struct Answer {
+    yes: bool,
+    asked: Mutex<Vec<(String, usize)>>,
+}
+
+impl Gate for Answer {
+    fn confirm(&self, service: &str, wave: usize) -> bool {
+        self.asked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((service.to_string(), wave));
+        self.yes
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sites and plans
+
+/// A service whose every hook is `hook <hook> <name>`, with a quick check.
+fn svc(name: &str, extra: &str) -> String {
+    format!(
+        r#"service "{name}" {{
+    {extra}
+    install "hook install {name}"
+    stop "hook stop {name}"
+    migrate "hook migrate {name}"
+    start "hook start {name}"
+    check "hook check {name}" timeout="60ms" interval="20ms"
+    rollback "hook rollback {name}"
+}}
+"#
+    )
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    site: Arc<Site>,
+    plan: Arc<Plan>,
+}
+
+/// The address of the `i`th host given to [`fixture`].
+fn address(i: usize) -> String {
+    format!("10.0.0.{}", i + 1)
+}
+
+/// Writes a site (`body`: classes and services; every service uses `default.kdl` unless it
+/// names another of `policies`), a local platform with `hosts` (name, class), and plans it with
+/// `running` (host, service, version) observed and every other host fresh.
+fn fixture(
+    body: &str,
+    hosts: &[(&str, &str)],
+    policies: &[(&str, &str)],
+    running: &[(&str, &str, &str)],
+) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: String| {
+        std::fs::write(dir.path().join(name), text).expect("write fixture");
+    };
+    write(
+        "site.kdl",
+        format!(
+            "site \"t\" {{\n    version \"1.0\"\n    platform \"platform.kdl\"\n    policy \"default.kdl\"\n}}\n{body}"
+        ),
+    );
+    let inventory: String = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, (name, class))| {
+            format!(
+                "        host \"{name}\" address=\"{}\" class=\"{class}\" zone=\"z{}\"\n",
+                address(i),
+                i % 2
+            )
+        })
+        .collect();
+    write(
+        "platform.kdl",
+        format!(
+            "platform \"fake\" {{\n    transport \"local\"\n    state-dir \"/var/lib/drover\"\n    inventory \"static\" {{\n{inventory}    }}\n}}\n"
+        ),
+    );
+    write(
+        "default.kdl",
+        "policy \"default\" { batch \"100%\" }\n".into(),
+    );
+    for (file, policy) in policies {
+        write(file, format!("policy \"{file}\" {{ {policy} }}\n"));
+    }
+    let site = match site::load(&dir.path().join("site.kdl")) {
+        Ok(site) => site,
+        Err(e) => panic!("fixture site does not load: {:?}", e.errors),
+    };
+    let resolved = crate::inventory::resolve(&site).expect("inventory");
+    let observed: Vec<Observed> = resolved
+        .hosts
+        .iter()
+        .map(|h| {
+            let services: BTreeMap<String, ServiceRecord> = running
+                .iter()
+                .filter(|(host, _, _)| **host == *h.name)
+                .map(|(_, service, version)| {
+                    (
+                        service.to_string(),
+                        ServiceRecord {
+                            version: version.to_string(),
+                            configured: None,
+                            validated: None,
+                        },
+                    )
+                })
+                .collect();
+            if services.is_empty() {
+                Observed::Fresh
+            } else {
+                Observed::Running { services }
+            }
+        })
+        .collect();
+    let plan = plan::plan(&site, &resolved, &observed, &Selection::default()).expect("plan");
+    Fixture {
+        dir,
+        site: Arc::new(site),
+        plan: Arc::new(plan),
+    }
+}
+
+impl Fixture {
+    fn service(&self, name: &str) -> &plan::ServicePlan {
+        self.plan
+            .services
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no service {name} in the plan"))
+    }
+
+    /// Hosts of each wave of `service`.
+    fn waves(&self, name: &str) -> Vec<Vec<String>> {
+        self.service(name)
+            .waves
+            .iter()
+            .map(|w| w.steps.iter().map(|s| s.host.to_string()).collect())
+            .collect()
+    }
+
+    async fn run(&self, rules: Rules, max_connections: usize, confirm: bool) -> Ran {
+        let clock = Arc::new(Clock::default());
+        let inner = Arc::new(Inner {
+            clock: clock.clone(),
+            rules: rules.0,
+            counters: Mutex::default(),
+        });
+        let sink = Arc::new(Collect {
+            clock,
+            events: Mutex::default(),
+        });
+        let gate = Arc::new(Answer {
+            yes: confirm,
+            asked: Mutex::default(),
+        });
+        let rollout = Rollout {
+            plan: self.plan.clone(),
+            site: self.site.clone(),
+            transport: Arc::new(Fake(inner.clone())),
+            sink: sink.clone(),
+            gate: gate.clone(),
+            run_id: "test-run".into(),
+            log_dir: self.dir.path().join("logs"),
+            max_connections,
+        };
+        let summary = tokio::time::timeout(Duration::from_secs(5), run(rollout))
+            .await
+            .expect("the rollout finishes (no deadlock)");
+        let ended = Instant::now();
+        // Let tasks the pool spawned (closing evicted links) run.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        {
+            let c = inner.lock();
+            assert_eq!(
+                (c.open, c.dropped_unclosed),
+                (0, 0),
+                "every link is closed at the end"
+            );
+        }
+        let events = std::mem::take(&mut *sink.events.lock().unwrap());
+        let asked = std::mem::take(&mut *gate.asked.lock().unwrap());
+        Ran {
+            summary,
+            events,
+            fake: inner,
+            asked,
+            ended,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a run left behind
+
+struct Ran {
+    summary: Summary,
+    events: Vec<(u64, Instant, EventKind)>,
+    fake: Arc<Inner>,
+    asked: Vec<(String, usize)>,
+    ended: Instant,
+}
+
+impl Ran {
+    fn cmds(&self) -> Vec<Cmd> {
+        let mut cmds = self.fake.lock().cmds.clone();
+        cmds.sort_by_key(|c| c.start);
+        cmds
+    }
+
+    /// Hook commands of `service` on `host`, in order.
+    fn hooks_on(&self, service: &str, host: &str) -> Vec<Cmd> {
+        self.cmds()
+            .into_iter()
+            .filter(|c| c.host == host && c.of(service))
+            .collect()
+    }
+
+    /// Hosts on which `service` ran any hook.
+    fn touched(&self, service: &str) -> Vec<String> {
+        let mut hosts: Vec<String> = self
+            .cmds()
+            .into_iter()
+            .filter(|c| c.of(service))
+            .map(|c| c.host)
+            .collect();
+        hosts.sort();
+        hosts.dedup();
+        hosts
+    }
+
+    fn hosts_with(&self, hook: &str, service: &str) -> Vec<String> {
+        let mut hosts: Vec<String> = self
+            .cmds()
+            .into_iter()
+            .filter(|c| c.is(hook, service))
+            .map(|c| c.host)
+            .collect();
+        hosts.sort();
+        hosts.dedup();
+        hosts
+    }
+
+    fn first_hook(&self, service: &str, host: &str) -> Option<Cmd> {
+        self.hooks_on(service, host).into_iter().next()
+    }
+
+    /// `(seq, time, host, ok)` of every finished step of `service`, in order.
+    fn steps_finished(&self, service: &str) -> Vec<(u64, Instant, String, bool)> {
+        self.events
+            .iter()
+            .filter_map(|(seq, at, e)| match e {
+                EventKind::StepFinished {
+                    service: s,
+                    host,
+                    ok,
+                    ..
+                } if s == service => Some((*seq, *at, host.clone(), *ok)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn step_finished(&self, service: &str, host: &str) -> (u64, Instant, bool) {
+        self.steps_finished(service)
+            .into_iter()
+            .find(|(_, _, h, _)| h == host)
+            .map(|(seq, at, _, ok)| (seq, at, ok))
+            .unwrap_or_else(|| panic!("{service} never finished on {host}"))
+    }
+
+    /// `(outcome, succeeded, failed, not_started)` of the service's end.
+    fn outcome(&self, service: &str) -> (ServiceOutcome, usize, usize, usize) {
+        self.events
+            .iter()
+            .find_map(|(_, _, e)| match e {
+                EventKind::ServiceFinished {
+                    service: s,
+                    outcome,
+                    succeeded,
+                    failed,
+                    not_started,
+                    ..
+                } if s == service => Some((*outcome, *succeeded, *failed, *not_started)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{service} never finished"))
+    }
+
+    fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.summary.succeeded,
+            self.summary.failed,
+            self.summary.not_started,
+        )
+    }
+
+    fn failed_hosts(&self) -> Vec<(String, String)> {
+        self.summary
+            .failures
+            .iter()
+            .map(|(h, s, _)| (h.clone(), s.clone()))
+            .collect()
+    }
+
+    /// The most hosts of `service` at once between their first hook and their step's end.
+    fn max_hosts_in_flight(&self, service: &str) -> usize {
+        let mut points: Vec<(u64, i32)> = Vec::new();
+        for (end, _, host, _) in self.steps_finished(service) {
+            if let Some(first) = self.first_hook(service, &host) {
+                points.push((first.start, 1));
+                points.push((end, -1));
+            }
+        }
+        points.sort();
+        let (mut now, mut max) = (0, 0);
+        for (_, d) in points {
+            now += d;
+            max = max.max(now);
+        }
+        usize::try_from(max).unwrap_or(0)
+    }
+}
+
+fn hosts(prefix: &str, class: &'static str, n: usize) -> Vec<(String, &'static str)> {
+    (1..=n).map(|i| (format!("{prefix}{i}"), class)).collect()
+}
+
+fn host_refs<'a>(list: &'a [(String, &'static str)]) -> Vec<(&'a str, &'static str)> {
+    list.iter().map(|(h, c)| (h.as_str(), *c)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. One command per host
+
+#[tokio::test]
+async fn a_host_runs_one_command_at_a_time_even_with_two_services() {
+    let body = format!(
+        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
+        svc("api", ""),
+        svc("worker", "")
+    );
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(&body, &host_refs(&hs), &[], &[]);
+    assert!(
+        fx.service("worker").waves[0]
+            .steps
+            .iter()
+            .all(|s| s.after.is_empty()),
+        "api and worker are independent: only the host's one-at-a-time rule orders them"
+    );
+    let rules = Rules::default().sleep(None, "/bin/sh -c 'hook", 3).sleep(
+        Some("app3"),
+        "hook start api",
+        40,
+    );
+    let ran = fx.run(rules, 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(ran.counts(), (6, 0, 0));
+    let c = ran.fake.lock();
+    for (host, _) in &hs {
+        assert_eq!(
+            c.max_per_host.get(host),
+            Some(&1),
+            "{host} ran two commands at once"
+        );
+    }
+    assert!(c.max_all >= 2, "hosts work in parallel");
+    drop(c);
+    // Not vacuous: worker runs on one host while api still runs on another.
+    let cmds = ran.cmds();
+    let overlap = cmds.iter().filter(|a| a.of("worker")).any(|w| {
+        cmds.iter()
+            .filter(|a| a.of("api") && a.host != w.host)
+            .any(|a| a.start < w.end && w.start < a.end)
+    });
+    assert!(overlap, "worker and api overlap across hosts");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Same-host `after`
+
+#[tokio::test]
+async fn a_step_waits_for_the_services_it_needs_on_the_same_host() {
+    let body = format!(
+        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
+        svc("api", "policy \"one.kdl\""),
+        svc("worker", "needs \"api\" healthy=1")
+    );
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("one.kdl", "batch 1; pause \"60ms\"")],
+        &[],
+    );
+    for st in &fx.service("worker").waves[0].steps {
+        assert_eq!(st.after, ["api"], "{}", st.host);
+    }
+    let ran = fx
+        .run(
+            Rules::default().sleep(None, "/bin/sh -c 'hook", 2),
+            64,
+            true,
+        )
+        .await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    for (host, _) in &hs {
+        let check = ran
+            .hooks_on("api", host)
+            .into_iter()
+            .rfind(|c| c.is("check", "api"))
+            .expect("api checked");
+        let first = ran.first_hook("worker", host).expect("worker ran");
+        assert!(
+            first.start > check.end,
+            "worker's first hook on {host} came before api's check passed there"
+        );
+    }
+    // The graph is not lock-step: worker started on app1 before api reached app3.
+    let worker_app1 = ran.first_hook("worker", "app1").unwrap();
+    let api_app3 = ran.first_hook("api", "app3").unwrap();
+    assert!(worker_app1.start < api_app3.start);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Runtime conditions
+
+#[tokio::test]
+async fn dependents_wait_for_the_needed_count_of_healthy_hosts() {
+    let body = format!(
+        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}{}",
+        svc("db", "policy \"one.kdl\""),
+        svc("api", "needs \"db\"; policy \"one.kdl\""),
+        svc("lb", "needs \"api\" healthy=\"50%\"")
+    );
+    let mut hs = hosts("db", "db", 2);
+    hs.extend(hosts("app", "app", 4));
+    hs.extend(hosts("lb", "lb", 1));
+    let fx = fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[]);
+    let waits = |s: &str| {
+        fx.service(s)
+            .waits_for
+            .iter()
+            .map(|c| (c.service.clone(), c.count, c.of))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(waits("api"), [("db".to_string(), 2, 2)]);
+    assert_eq!(waits("lb"), [("api".to_string(), 2, 4)]);
+    let rules =
+        Rules::default()
+            .sleep(None, "/bin/sh -c 'hook", 1)
+            .sleep(None, "hook start api", 25);
+    let ran = fx.run(rules, 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+
+    let db_done: Vec<u64> = ran.steps_finished("db").iter().map(|s| s.0).collect();
+    assert_eq!(db_done.len(), 2);
+    let first = |service: &str| {
+        ran.cmds()
+            .into_iter()
+            .find(|c| c.of(service))
+            .unwrap_or_else(|| panic!("{service} ran nothing"))
+    };
+    assert!(
+        first("api").start > db_done[1],
+        "api started before both db hosts were healthy"
+    );
+
+    let api_done: Vec<u64> = ran
+        .steps_finished("api")
+        .iter()
+        .filter(|s| s.3)
+        .map(|s| s.0)
+        .collect();
+    assert_eq!(api_done.len(), 4);
+    let lb_first = first("lb").start;
+    assert!(
+        lb_first > api_done[1],
+        "lb started before 2 of the 4 api hosts were healthy"
+    );
+    assert!(
+        lb_first < api_done[2],
+        "lb waited for more api hosts than healthy=\"50%\" asks"
+    );
+    let (lb_end, _, _) = ran.step_finished("lb", "lb1");
+    assert!(
+        lb_end < api_done[3],
+        "lb finished while api was still rolling: a graph, not lock-step"
+    );
+    let waiting: Vec<String> = ran
+        .events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::ServiceWaiting { service, .. } => Some(service.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waiting, ["api", "lb"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Waves
+
+#[tokio::test]
+async fn waves_hold_the_batch_and_the_canary_goes_alone() {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"canary.kdl\"")
+    );
+    let hs = hosts("app", "app", 5);
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("canary.kdl", "batch 2; canary 1")],
+        &[],
+    );
+    assert_eq!(
+        fx.waves("api"),
+        [vec!["app1"], vec!["app2", "app3"], vec!["app4", "app5"]]
+    );
+    assert_eq!(fx.service("api").policy.batch_hosts, 2);
+    let rules = Rules::default()
+        .sleep(None, "/bin/sh -c 'hook", 3)
+        .sleep(Some("app2"), "hook start api", 20)
+        .sleep(Some("app5"), "hook install api", 20);
+    let ran = fx.run(rules, 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(
+        ran.max_hosts_in_flight("api"),
+        2,
+        "never more than batch hosts switching, and the batch is used"
+    );
+    let (canary_end, _, _) = ran.step_finished("api", "app1");
+    for host in ["app2", "app3", "app4", "app5"] {
+        let first = ran.first_hook("api", host).unwrap();
+        assert!(
+            first.start > canary_end,
+            "{host} started before the canary finished"
+        );
+    }
+    // Wave 3 waits for all of wave 2, including its slow host.
+    let (slow_end, _, _) = ran.step_finished("api", "app2");
+    for host in ["app4", "app5"] {
+        assert!(ran.first_hook("api", host).unwrap().start > slow_end);
+    }
+    let canary: Vec<(usize, bool, Vec<String>)> = ran
+        .events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::WaveStarted {
+                wave,
+                canary,
+                hosts,
+                ..
+            } => Some((*wave, *canary, hosts.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(canary[0], (1, true, vec!["app1".to_string()]));
+    assert!(canary[1..].iter().all(|(_, c, _)| !c));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Failure budgets and on-failure
+
+/// api on app1..app4, one host per wave, upgrading from 0.9; `fail` hosts fail their check.
+async fn upgrade_with(on_failure: &str, max_failed: u32, fail: &[&str]) -> Ran {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"p.kdl\"")
+    );
+    let hs = hosts("app", "app", 4);
+    let running: Vec<(&str, &str, &str)> =
+        hs.iter().map(|(h, _)| (h.as_str(), "api", "0.9")).collect();
+    let policy = format!("batch 1; max-failed {max_failed}; on-failure \"{on_failure}\"");
+    let fx = fixture(&body, &host_refs(&hs), &[("p.kdl", &policy)], &running);
+    assert_eq!(fx.waves("api").len(), 4);
+    let mut rules = Rules::default();
+    for h in fail {
+        rules = rules.fail(Some(h), "hook check api");
+    }
+    fx.run(rules, 64, true).await
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn rollback_rolls_back_and_halts_once_the_budget_is_exceeded() {
+    let ran = upgrade_with("rollback", 1, &["app2", "app3"]).await;
+    assert_eq!(ran.counts(), (1, 2, 1));
+    assert!(!ran.summary.converged());
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Halted, 1, 2, 1));
+    assert_eq!(ran.hosts_with("rollback", "api"), names(&["app2", "app3"]));
+    assert!(
+        ran.touched("api").iter().all(|h| h != "app4"),
+        "app4 was started"
+    );
+    assert_eq!(
+        ran.failed_hosts(),
+        [
+            ("app2".to_string(), "api".to_string()),
+            ("app3".to_string(), "api".to_string())
+        ],
+        "failures are the failed steps, not the hosts never started"
+    );
+    // The rolled-back host records the old version and the failed check.
+    let last_state = ran
+        .cmds()
+        .into_iter()
+        .rfind(|c| c.host == "app2" && c.hook().is_none())
+        .expect("app2's state written");
+    assert!(
+        last_state.script.contains(r#""version":"0.9""#),
+        "{}",
+        last_state.script
+    );
+    assert!(last_state.script.contains(r#""outcome":"failure""#));
+}
+
+#[tokio::test]
+async fn rollback_goes_on_while_the_budget_holds() {
+    let ran = upgrade_with("rollback", 1, &["app2"]).await;
+    assert_eq!(ran.counts(), (3, 1, 0));
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Failed, 3, 1, 0));
+    assert!(!ran.summary.converged());
+    assert_eq!(ran.hosts_with("rollback", "api"), names(&["app2"]));
+}
+
+#[tokio::test]
+async fn stop_halts_after_the_first_failure_without_rolling_back() {
+    let ran = upgrade_with("stop", 1, &["app2"]).await;
+    assert_eq!(ran.counts(), (1, 1, 2));
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Halted, 1, 1, 2));
+    assert!(ran.hosts_with("rollback", "api").is_empty());
+    assert_eq!(ran.touched("api"), names(&["app1", "app2"]));
+    assert_eq!(
+        ran.failed_hosts(),
+        [("app2".to_string(), "api".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn continue_rolls_back_and_ignores_the_budget() {
+    let ran = upgrade_with("continue", 0, &["app2", "app3"]).await;
+    assert_eq!(ran.counts(), (2, 2, 0));
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Failed, 2, 2, 0));
+    assert_eq!(ran.hosts_with("rollback", "api"), names(&["app2", "app3"]));
+    assert_eq!(ran.touched("api"), names(&["app1", "app2", "app3", "app4"]));
+    assert!(!ran.summary.converged());
+}
+
+#[tokio::test]
+async fn a_clean_upgrade_converges() {
+    let ran = upgrade_with("rollback", 0, &[]).await;
+    assert_eq!(ran.counts(), (4, 0, 0));
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Done, 4, 0, 0));
+    assert!(ran.summary.converged());
+    assert!(ran.summary.failures.is_empty());
+    // An upgrade runs every hook but rollback, in order.
+    let hooks: Vec<String> = ran
+        .hooks_on("api", "app1")
+        .iter()
+        .map(|c| c.hook().unwrap().0.to_string())
+        .collect();
+    assert_eq!(hooks, ["stop", "install", "migrate", "start", "check"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Blocking
+
+#[tokio::test]
+async fn dependents_of_a_halted_service_are_blocked() {
+    let body = format!(
+        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}{}",
+        svc("db", "policy \"stop.kdl\""),
+        svc("api", "needs \"db\" healthy=1"),
+        svc("worker", "needs \"api\"")
+    );
+    let mut hs = hosts("db", "db", 2);
+    hs.extend(hosts("app", "app", 2));
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("stop.kdl", "batch 1; on-failure \"stop\"")],
+        &[],
+    );
+    let ran = fx
+        .run(
+            Rules::default().fail(Some("db1"), "hook check db"),
+            64,
+            true,
+        )
+        .await;
+    assert_eq!(ran.outcome("db"), (ServiceOutcome::Halted, 0, 1, 1));
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Blocked, 0, 0, 2));
+    assert_eq!(ran.outcome("worker"), (ServiceOutcome::Blocked, 0, 0, 2));
+    assert!(ran.touched("api").is_empty() && ran.touched("worker").is_empty());
+    assert!(ran.touched("db") == names(&["db1"]));
+    assert_eq!(ran.counts(), (0, 1, 5));
+    assert!(!ran.summary.converged());
+    assert_eq!(ran.failed_hosts(), [("db1".to_string(), "db".to_string())]);
+}
+
+#[tokio::test]
+async fn a_partly_healthy_need_that_holds_does_not_block() {
+    let body = format!(
+        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\n{}{}",
+        svc("db", "policy \"cont.kdl\""),
+        svc("api", "needs \"db\" healthy=1")
+    );
+    let mut hs = hosts("db", "db", 2);
+    hs.extend(hosts("app", "app", 2));
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("cont.kdl", "batch 1; on-failure \"continue\"")],
+        &[],
+    );
+    let ran = fx
+        .run(
+            Rules::default().fail(Some("db1"), "hook check db"),
+            64,
+            true,
+        )
+        .await;
+    assert_eq!(ran.outcome("db"), (ServiceOutcome::Failed, 1, 1, 0));
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Done, 2, 0, 0));
+    assert_eq!(ran.counts(), (3, 1, 0));
+    let (db2_end, _, _) = ran.step_finished("db", "db2");
+    let api_first = ran.cmds().into_iter().find(|c| c.of("api")).unwrap();
+    assert!(api_first.start > db2_end);
+}
+
+#[tokio::test]
+async fn a_step_is_blocked_on_a_host_where_a_service_it_follows_failed() {
+    let body = format!(
+        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
+        svc("api", "policy \"cont.kdl\""),
+        svc("worker", "needs \"api\" healthy=1")
+    );
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("cont.kdl", "batch 1; on-failure \"continue\"")],
+        &[],
+    );
+    let ran = fx
+        .run(
+            Rules::default().fail(Some("app2"), "hook check api"),
+            64,
+            true,
+        )
+        .await;
+    assert_eq!(ran.outcome("api"), (ServiceOutcome::Failed, 2, 1, 0));
+    let worker = ran.outcome("worker");
+    assert_eq!((worker.1, worker.2, worker.3), (2, 0, 1));
+    assert_eq!(ran.touched("worker"), names(&["app1", "app3"]));
+    let blocked: Vec<(String, String)> = ran
+        .events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::StepBlocked { service, host, .. } => Some((service.clone(), host.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(blocked, [("worker".to_string(), "app2".to_string())]);
+    assert_eq!(ran.counts(), (4, 1, 1));
+    assert_eq!(
+        ran.failed_hosts(),
+        [("app2".to_string(), "api".to_string())]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Pauses
+
+#[tokio::test]
+async fn a_pause_delays_the_next_wave_and_not_the_end() {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"slow.kdl\"")
+    );
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("slow.kdl", "batch 1; pause \"150ms\"")],
+        &[],
+    );
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    let pause = Duration::from_millis(150);
+    for (before, after) in [("app1", "app2"), ("app2", "app3")] {
+        let (_, done, _) = ran.step_finished("api", before);
+        let next = ran.first_hook("api", after).unwrap();
+        assert!(
+            next.started.duration_since(done) >= pause,
+            "{after} started {:?} after {before} finished",
+            next.started.duration_since(done)
+        );
+    }
+    let (_, last, _) = ran.step_finished("api", "app3");
+    assert!(
+        ran.ended.duration_since(last) < pause,
+        "no pause after the last wave: the run ended {:?} after it",
+        ran.ended.duration_since(last)
+    );
+    assert!(ran.asked.is_empty());
+}
+
+#[tokio::test]
+async fn confirm_asks_before_each_later_wave_and_no_halts() {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"ask.kdl\"")
+    );
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("ask.kdl", "batch 1; pause \"confirm\"")],
+        &[],
+    );
+    let no = fx.run(Rules::default(), 64, false).await;
+    assert_eq!(no.asked, [("api".to_string(), 2)]);
+    assert_eq!(no.outcome("api"), (ServiceOutcome::Halted, 1, 0, 2));
+    assert_eq!(no.touched("api"), names(&["app1"]));
+    assert_eq!(no.counts(), (1, 0, 2));
+    assert!(!no.summary.converged());
+
+    let yes = fx.run(Rules::default(), 64, true).await;
+    assert_eq!(yes.asked, [("api".to_string(), 2), ("api".to_string(), 3)]);
+    assert!(yes.summary.converged());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. The connection pool
+
+fn pool_fixture() -> Fixture {
+    let body = format!(
+        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\"; service \"worker\"; service \"cache\" }}\n{}{}{}{}",
+        svc("db", "policy \"one.kdl\""),
+        svc("api", "needs \"db\" healthy=1"),
+        svc("worker", "needs \"api\" healthy=1; policy \"one.kdl\""),
+        svc("cache", "")
+    );
+    let mut hs = hosts("db", "db", 2);
+    hs.extend(hosts("app", "app", 3));
+    fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[])
+}
+
+#[tokio::test]
+async fn one_connection_is_enough_and_never_exceeded() {
+    let fx = pool_fixture();
+    let ran = fx
+        .run(Rules::default().sleep(None, "/bin/sh -c 'hook", 1), 1, true)
+        .await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(ran.counts(), (11, 0, 0));
+    let c = ran.fake.lock();
+    assert_eq!(c.max_open, 1, "more than one link open at once");
+    assert_eq!(c.open, 0, "links left open at the end");
+    assert_eq!(c.dropped_unclosed, 0, "links dropped without close");
+}
+
+#[tokio::test]
+async fn one_connection_with_waves_of_one_host() {
+    // The next wave's host is connected ahead of need: that must not starve the current one.
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"one.kdl\"")
+    );
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[]);
+    let ran = fx.run(Rules::default(), 1, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(ran.fake.lock().max_open, 1);
+}
+
+#[tokio::test]
+async fn each_host_is_connected_once_and_closed_at_the_end() {
+    let fx = pool_fixture();
+    let ran = fx
+        .run(
+            Rules::default().sleep(None, "/bin/sh -c 'hook", 1),
+            64,
+            true,
+        )
+        .await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    let c = ran.fake.lock();
+    let expected: BTreeMap<String, usize> = ["db1", "db2", "app1", "app2", "app3"]
+        .iter()
+        .map(|h| (h.to_string(), 1))
+        .collect();
+    assert_eq!(c.connects, expected, "one link per host for all its steps");
+    assert_eq!(c.open, 0);
+    assert_eq!(c.closed, 5);
+    assert_eq!(c.dropped_unclosed, 0);
+    drop(c);
+    for h in ["app1", "app2", "app3"] {
+        for s in ["api", "worker", "cache"] {
+            assert!(ran.first_hook(s, h).is_some(), "{s} on {h}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. The hooks' environment
+
+/// The words of `script` after `env`, as the shell sees them (run through `/bin/sh` in `dir`).
+fn env_words(script: &str, dir: &std::path::Path) -> Vec<String> {
+    let rest = script.strip_prefix("env ").expect("an env prefix");
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("printf '%s\\0' {rest}"))
+        .current_dir(dir)
+        .output()
+        .expect("sh runs");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .split('\0')
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn hooks_get_needed_addresses_and_versions_quoted() {
+    let evil_new = "2.0'$(touch pwned)`touch pwned2`";
+    let evil_old = "1.0'; touch pwned3; '$HOME";
+    let body = format!(
+        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n\
+         service \"db\" {{\n    port 5432\n    start \"hook start db\"\n}}\n\
+         service \"lb\" {{\n    start \"hook start lb\"\n}}\n{}",
+        svc(
+            "api",
+            &format!(
+                "version \"{}\"; port 8080; needs \"db\"; needs \"lb\" addressable=\"all\"",
+                evil_new.replace('\\', "\\\\").replace('"', "\\\"")
+            )
+        )
+    );
+    let hs = [
+        ("app1", "app"),
+        ("app2", "app"),
+        ("db1", "db"),
+        ("db2", "db"),
+        ("lb1", "lb"),
+    ];
+    let fx = fixture(&body, &hs, &[], &[("app1", "api", evil_old)]);
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    // Hosts are planned in name order: app1, app2, db1, db2, lb1.
+    let db = format!("{}:5432 {}:5432", address(2), address(3));
+    let lb = address(4);
+    let scratch = tempfile::tempdir().expect("tempdir");
+    for (host, old) in [("app1", evil_old), ("app2", "")] {
+        let hooks = ran.hooks_on("api", host);
+        assert!(!hooks.is_empty());
+        for cmd in &hooks {
+            let want = [
+                format!("DEPLOY_NEEDS_DB={db}"),
+                format!("DEPLOY_NEEDS_LB={lb}"),
+                format!("DEPLOY_OLD_VERSION={old}"),
+                format!("DEPLOY_NEW_VERSION={evil_new}"),
+                format!("DEPLOY_HOST={host}"),
+                "DEPLOY_SERVICE=api".to_string(),
+                "DEPLOY_PORT=8080".to_string(),
+                "DEPLOY_SITE=t".to_string(),
+            ];
+            for w in &want {
+                assert!(
+                    cmd.script.contains(&quote(w)),
+                    "{host}: {w} is not one quoted word in {}",
+                    cmd.script
+                );
+            }
+            let words = env_words(&cmd.script, scratch.path());
+            for w in &want {
+                assert!(
+                    words.contains(w),
+                    "{host}: the shell does not see {w}: {words:?}"
+                );
+            }
+            let vars: Vec<&String> = words.iter().take_while(|w| *w != "/bin/sh").collect();
+            assert!(vars.iter().all(|w| w.starts_with("DEPLOY_")), "{words:?}");
+        }
+    }
+    let stages: Vec<String> = ran
+        .hooks_on("api", "app2")
+        .iter()
+        .map(|c| c.hook().unwrap().0.to_string())
+        .collect();
+    assert_eq!(
+        stages,
+        ["install", "start", "check"],
+        "a fresh host skips stop and migrate"
+    );
+    for f in ["pwned", "pwned2", "pwned3"] {
+        assert!(!scratch.path().join(f).exists(), "{f}: a value ran as code");
+    }
+    // A service that needs nothing gets no DEPLOY_NEEDS_ variables.
+    let db_start = ran.first_hook("db", "db1").unwrap();
+    assert!(!db_start.script.contains("DEPLOY_NEEDS_"));
+}
