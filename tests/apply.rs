@@ -230,3 +230,46 @@ fn ndjson_events_follow_the_schema() {
         .iter()
         .all(|e| e["time"].as_str().is_some_and(|t| t.ends_with('Z'))));
 }
+
+#[test]
+fn a_saved_plan_runs_as_saved_and_is_refused_once_the_fleet_drifted() {
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let site = site.to_str().unwrap();
+    let out = shop.deploy(&["plan", site, "--out", "old.plan"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = shop.deploy(&["apply", site, "--yes", "--only", "db"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let refused = shop.deploy(&["apply", "old.plan", "--yes"]);
+    assert_eq!(refused.status.code(), Some(4), "{}", stderr(&refused));
+    for h in ["db1", "db2", "db3"] {
+        assert!(
+            stderr(&refused).contains(&format!(
+                "host {h} had no state when planned, and now has state"
+            )),
+            "{}",
+            stderr(&refused)
+        );
+    }
+    assert!(
+        !stderr(&refused).contains("app1"),
+        "hosts that did not change are not listed"
+    );
+    let events = shop.all_events().len();
+
+    let out = shop.deploy(&["plan", site, "--out", "new.plan"]);
+    assert_eq!(out.status.code(), Some(0));
+    let applied = shop.deploy(&["apply", "new.plan", "--yes"]);
+    assert_eq!(applied.status.code(), Some(0), "{}", stderr(&applied));
+    assert!(shop.all_events().len() > events);
+    for h in shop.hosts_of("app") {
+        assert_eq!(shop.version(&h, "api"), "1.0");
+    }
+    let again = shop.deploy(&["apply", "new.plan", "--yes"]);
+    assert_eq!(
+        again.status.code(),
+        Some(4),
+        "a plan is carried out once: the fleet has moved on since"
+    );
+}

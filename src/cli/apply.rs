@@ -1,11 +1,10 @@
 //! `deploy apply`: site (or saved plan) → plan → confirmation → rollout → summary.
 
 use super::{code, plan::observe, ApplyArgs, Error};
-use crate::plan::{self, Plan, PlannedHost};
+use crate::plan::{self, Plan};
 use crate::report;
 use crate::rollout::{self, Gate, Rollout, Sink};
 use crate::site::{self, Site};
-use crate::state::Observed;
 use crate::transport::AnyTransport;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
@@ -114,13 +113,8 @@ fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
     }
     let hosts = super::resolve(&site)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
-    let now: Vec<(&str, &str, &Observed)> = hosts
-        .hosts
-        .iter()
-        .zip(&observed)
-        .map(|(h, o)| (&*h.name, &*h.address, o))
-        .collect();
-    drift.extend(drifted(&plan.hosts, &now));
+    let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
+    drift.extend(plan::drift(&plan.hosts, &hosts, &observed, &class_names));
     if !drift.is_empty() {
         return Err(Error::Drift {
             plan: args.target.clone(),
@@ -128,31 +122,6 @@ fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
         });
     }
     Ok((site, plan))
-}
-
-/// What differs between the hosts a plan saw and the hosts now.
-fn drifted(then: &[PlannedHost], now: &[(&str, &str, &Observed)]) -> Vec<String> {
-    let mut out = Vec::new();
-    for h in then {
-        match now.iter().find(|(n, _, _)| *n == &*h.name) {
-            None => out.push(format!("host {} is gone from the inventory", h.name)),
-            Some((_, addr, _)) if *addr != &*h.address => out.push(format!(
-                "host {} moved from {} to {addr}",
-                h.name, h.address
-            )),
-            Some((_, _, o)) if **o != h.observed => out.push(format!(
-                "host {} changed state since the plan was made",
-                h.name
-            )),
-            Some(_) => {}
-        }
-    }
-    for (n, _, _) in now {
-        if !then.iter().any(|h| &*h.name == *n) {
-            out.push(format!("host {n} was added to the inventory"));
-        }
-    }
-    out
 }
 
 fn is_saved_plan(path: &Path) -> bool {

@@ -3,10 +3,13 @@
 //! A pure function of the checked site, the resolved hosts, what each host runs and what the
 //! operator selected. The rollout only carries it out.
 
+mod drift;
 mod host_order;
 #[cfg(test)]
 mod proptests;
 mod waves;
+
+pub use drift::drift;
 
 use crate::inventory::{HostId, Hosts};
 use crate::site::{ClassId, OnFailure, Pause, Quota, Round, ServiceId, Site};
