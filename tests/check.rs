@@ -5,30 +5,16 @@
 //! Valid fixtures exit 0 with nothing on stderr.
 
 use std::path::Path;
-use std::process::Command;
+mod support;
+
+use support::cli::{deploy, Run};
 
 const FIXTURES: &str = "tests/fixtures/check";
 const INVALID: i32 = 3;
 const OK: i32 = 0;
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 fn check(site: &str) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_deploy"))
-        .args(["check", site])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run deploy");
-    Run {
-        code: out.status.code().expect("deploy exited by a signal"),
-        stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(out.stderr).expect("stderr is UTF-8"),
-    }
+    deploy(&["check", site])
 }
 
 /// The diagnostics of a report, split at each `  × ` headline.

@@ -2,30 +2,12 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
+mod support;
+
+use support::cli::deploy;
 
 const WEBSHOP: &str = "sites/webshop.kdl";
 const DATA_CYCLE: &str = "tests/fixtures/check/data-cycle.kdl";
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn deploy(args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_deploy"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run deploy");
-    Run {
-        code: out.status.code().expect("deploy exited by a signal"),
-        stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(out.stderr).expect("stderr is UTF-8"),
-    }
-}
 
 /// `deploy graph SITE ARGS…`, which must succeed.
 fn graph(site: &str, args: &[&str]) -> String {

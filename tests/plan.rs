@@ -4,30 +4,12 @@
 use drover::plan::{Plan, ServicePlan, SkipReason};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
+mod support;
+
+use support::cli::deploy;
 
 const WEBSHOP: &str = "sites/webshop.kdl";
 const DEMO: &str = "sites/demo.kdl";
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn deploy(args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_deploy"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run deploy");
-    Run {
-        code: out.status.code().expect("deploy exited by a signal"),
-        stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(out.stderr).expect("stderr is UTF-8"),
-    }
-}
 
 /// `deploy plan SITE --offline ARGS…`, which must succeed.
 fn plan(site: &str, args: &[&str]) -> String {

@@ -16,12 +16,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     } else {
         fresh(args)?
     };
-    let steps: usize = plan
-        .services
-        .iter()
-        .flat_map(|s| &s.waves)
-        .map(|w| w.steps.len())
-        .sum();
+    let steps = plan.steps();
     if !args.json {
         print!("{}", report::plan_text(&plan));
     }

@@ -37,6 +37,17 @@ pub struct Plan {
     pub services: Vec<ServicePlan>,
 }
 
+impl Plan {
+    /// How many host transitions the plan holds.
+    pub fn steps(&self) -> usize {
+        self.services
+            .iter()
+            .flat_map(|s| &s.waves)
+            .map(|w| w.steps.len())
+            .sum()
+    }
+}
+
 /// A host as the inventory gave it and as it was observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedHost {

@@ -8,12 +8,7 @@ use std::fmt::Write;
 /// The whole plan as text, deterministic for the same plan.
 pub fn plan_text(plan: &Plan) -> String {
     let mut out = String::new();
-    let steps: usize = plan
-        .services
-        .iter()
-        .flat_map(|s| &s.waves)
-        .map(|w| w.steps.len())
-        .sum();
+    let steps = plan.steps();
     let skipped: usize = plan.services.iter().map(|s| s.skipped.len()).sum();
     let _ = writeln!(
         out,

@@ -142,12 +142,7 @@ impl<T: Transport> Scheduler<T> {
 
     pub async fn run(mut self) -> Summary {
         let plan = self.r.plan.clone();
-        let steps = plan
-            .services
-            .iter()
-            .flat_map(|s| &s.waves)
-            .map(|w| w.steps.len())
-            .sum();
+        let steps = plan.steps();
         self.emit(EventKind::RunStarted {
             schema: super::EVENT_SCHEMA,
             run: self.r.run_id.clone(),

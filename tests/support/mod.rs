@@ -1,5 +1,6 @@
 //! Shared helpers for integration tests. Include with `mod support;`.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod fleet;
 pub mod shop;

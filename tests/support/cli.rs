@@ -1,0 +1,26 @@
+//! Running the `deploy` binary from the repository root, without colour.
+
+use std::process::Command;
+
+/// What a `deploy` run left behind.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// `deploy ARGS…` with the repository root as working directory, so relative paths and the
+/// file names in diagnostics are stable.
+pub fn deploy(args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_deploy"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run deploy");
+    Run {
+        code: out.status.code().expect("deploy exited by a signal"),
+        stdout: String::from_utf8(out.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(out.stderr).expect("stderr is UTF-8"),
+    }
+}
