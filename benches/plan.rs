@@ -6,7 +6,8 @@
 //! `plan::plan`, and the whole `deploy plan --offline SITE > /dev/null` as a child process
 //! (with its peak RSS when `/usr/bin/time` is there).
 //!
-//! `DROVER_BENCH_HOSTS=2000` scales the inventory down (a smoke test for CI);
+//! `DROVER_BENCH_HOSTS=2000` scales the inventory down (a smoke test for CI; also the default
+//! under `cargo test --benches`);
 //! `DROVER_BENCH_DIR=DIR` writes the files to DIR and keeps them, and with
 //! `DROVER_BENCH_GENERATE_ONLY=1` nothing is measured (for profiling `deploy` by hand).
 
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 const CLASSES: usize = 100;
 const SERVICES_PER_CLASS: usize = 10;
 const DEFAULT_HOSTS: usize = 100_000;
+/// The default when run as a test (`cargo test --benches`) rather than by `cargo bench`.
+const SMOKE_HOSTS: usize = 2_000;
 const ZONES: usize = 4;
 const RUNS: usize = 3;
 
@@ -269,11 +272,12 @@ fn secs(d: Duration) -> String {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing of interest.
+    // `cargo bench` passes `--bench`; under `cargo test --benches` this is a smoke test.
+    let benching = std::env::args().any(|a| a == "--bench");
     let hosts: usize = std::env::var("DROVER_BENCH_HOSTS")
         .ok()
         .and_then(|v| v.replace('_', "").parse().ok())
-        .unwrap_or(DEFAULT_HOSTS)
+        .unwrap_or(if benching { DEFAULT_HOSTS } else { SMOKE_HOSTS })
         .max(1);
     // `DROVER_BENCH_DIR`: generate there and keep the files (for profiling `deploy` by hand).
     let (_temp, dir) = match std::env::var_os("DROVER_BENCH_DIR") {

@@ -5,10 +5,13 @@
 //! → [`state`] → [`report`]. [`cli`] only connects the stages.
 
 pub mod cli;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inventory;
 pub mod plan;
 pub mod report;
 pub mod rollout;
+pub mod secrets;
 pub mod site;
 pub mod state;
 pub mod transport;

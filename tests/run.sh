@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of Drover: formatting, lints, unit and property tests, and the integration
 # tests on a real fleet of sshd hosts on loopback addresses.
-# Installs what the tests need when it is missing (Debian's openssh-server; needs root).
+# Installs what the tests need when it is missing (Debian's openssh-server, needs root; moto).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,9 @@ missing=()
 command -v ssh >/dev/null || missing+=(openssh-client)
 command -v python3 >/dev/null || missing+=(python3)
 command -v unshare >/dev/null || missing+=(util-linux)
+# pip, for moto below (only when moto is missing too)
+python3 -c 'import moto.server' 2>/dev/null || python3 -m pip --version >/dev/null 2>&1 \
+    || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "tests/run.sh: needs ${missing[*]}; run as root to install them" >&2
@@ -18,6 +21,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "tests/run.sh: installing ${missing[*]}" >&2
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# moto's EC2 server, for tests/ec2.rs (from PyPI; Debian's own python3 wants
+# --break-system-packages for that)
+if ! python3 -c 'import moto.server' 2>/dev/null; then
+    echo "tests/run.sh: installing moto[server]" >&2
+    python3 -m pip install --quiet 'moto[server]' 2>/dev/null \
+        || python3 -m pip install --quiet --break-system-packages 'moto[server]'
 fi
 
 cargo fmt --check

@@ -6,22 +6,30 @@ use crate::report;
 use crate::rollout::{self, Gate, Rollout, Sink};
 use crate::site::{self, Site};
 use crate::transport::AnyTransport;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::sync::Arc;
 
 pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
+    // Signals, the site's locks (released when `session` drops), the journal (`recovery.rs`).
+    let session = super::recovery::Session::begin(args)?;
     let (site, plan) = if is_saved_plan(&args.target) {
-        saved(args)?
+        saved(args, &session)?
     } else {
-        fresh(args)?
+        fresh(args, &session)?
     };
+    if let Some(code) = session.interrupted() {
+        return Ok(code);
+    }
+    // Secrets are read now, before anything runs: a missing one stops the run here.
+    let secrets = Arc::new(crate::secrets::Secrets::load(&site)?);
     let steps = plan.steps();
     if !args.json {
         print!("{}", report::plan_text(&plan));
     }
     let unreachable = plan.hosts.iter().filter(|h| !h.observed.known()).count();
     if steps == 0 {
+        session.nothing_to_do(unreachable == 0);
         if !args.json {
             println!("Nothing to change.");
         }
@@ -31,9 +39,11 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
             code::OK
         });
     }
-    confirm(args, &plan)?;
+    if let Err(e) = confirm(args, &plan) {
+        return session.stopped_or(e);
+    }
     let (site, plan) = (Arc::new(site), Arc::new(plan));
-    let run_id = run_id();
+    let run_id = session.run_id.clone();
     let log_dir = Path::new(".drover").join("runs").join(&run_id);
     let sink: Arc<dyn Sink> = if args.json {
         Arc::new(report::Ndjson)
@@ -42,6 +52,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     } else {
         Arc::new(report::Lines)
     };
+    let sink = session.journaled(sink, &site, &plan, &log_dir)?;
     let rollout = Rollout {
         transport: Arc::new(AnyTransport::for_platform(&site.platform)),
         plan: plan.clone(),
@@ -51,12 +62,17 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         run_id,
         log_dir,
         max_connections: args.max_connections,
+        secrets,
+        cancel: session.cancel.clone(),
     };
     let summary = super::runtime()?.block_on(rollout::run(rollout));
     if !args.json {
         for (host, service, log) in &summary.failures {
             eprintln!("failed: {service} on {host}, log: {log}");
         }
+    }
+    if let Some(code) = session.finish(&summary) {
+        return Ok(code);
     }
     Ok(if summary.converged() {
         code::OK
@@ -65,10 +81,14 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     })
 }
 
-fn fresh(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
-    let site = site::load(&args.target)?;
-    let selection = super::plan::selection(&site, &args.only)?;
+fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<(Site, Plan), Error> {
+    let mut site = site::load(&args.target)?;
+    super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
+    let mut selection = super::plan::selection(&site, &args.only)?;
+    let on = super::plan::selector(&args.on)?;
     let hosts = super::resolve(&site)?;
+    session.lock(&site, &hosts)?;
+    selection.hosts = super::plan::on_hosts(on.as_ref(), &site, &hosts)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     Ok((site, plan))
@@ -76,12 +96,20 @@ fn fresh(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
 
 /// A saved plan is carried out as saved, once the site, inventory and host state are shown
 /// to be what they were when it was made.
-fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
+fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<(Site, Plan), Error> {
     if !args.only.is_empty() {
         return Err(Error::Usage {
             reason: "--only does not apply to a saved plan".into(),
             help: "the plan already says what changes: make it with `deploy plan --only … --out`"
                 .into(),
+        });
+    }
+    if !args.on.is_empty() {
+        return Err(Error::Usage {
+            reason: "--on does not apply to a saved plan".into(),
+            help:
+                "the plan already says which hosts change: make it with `deploy plan --on … --out`"
+                    .into(),
         });
     }
     let text = std::fs::read(&args.target).map_err(|e| Error::Read {
@@ -98,7 +126,8 @@ fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
             reason: format!("plan schema {} is not {}", plan.schema, plan::SCHEMA),
         });
     }
-    let site = site::load(Path::new(&plan.site_file))?;
+    let mut site = site::load(Path::new(&plan.site_file))?;
+    super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
     let mut drift = Vec::new();
     if site.digest != plan.site_digest {
         drift.push(format!(
@@ -107,10 +136,12 @@ fn saved(args: &ApplyArgs) -> Result<(Site, Plan), Error> {
         ));
     }
     let hosts = super::resolve(&site)?;
+    session.lock(&site, &hosts)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
     drift.extend(plan::drift(&plan.hosts, &hosts, &observed, &class_names));
     if !drift.is_empty() {
+        drift.extend(session.own_drift(&plan));
         return Err(Error::Drift {
             plan: args.target.clone(),
             changes: drift.join("\n  "),
@@ -161,8 +192,7 @@ fn confirm(args: &ApplyArgs, plan: &Plan) -> Result<(), Error> {
 fn ask(question: &str) -> bool {
     eprint!("{question} [y/N] ");
     let _ = std::io::stderr().flush();
-    let mut answer = String::new();
-    let _ = std::io::stdin().lock().read_line(&mut answer);
+    let answer = super::recovery::read_answer();
     matches!(answer.trim(), "y" | "Y" | "yes")
 }
 
@@ -173,11 +203,4 @@ impl Gate for TerminalGate {
     fn confirm(&self, service: &str, wave: usize) -> bool {
         ask(&format!("Start wave {wave} of {service}?"))
     }
-}
-
-fn run_id() -> String {
-    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-        .to_string()
-        .replace(':', "");
-    format!("{stamp}-{}", std::process::id())
 }

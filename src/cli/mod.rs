@@ -4,10 +4,12 @@ mod apply;
 mod check;
 mod graph;
 mod plan;
+mod recovery;
+mod safety;
 mod status;
 mod verify;
 
-use crate::inventory::InventoryError;
+use crate::inventory::{InventoryError, SelectError};
 use crate::plan::PlanError;
 use crate::site::SiteErrors;
 use crate::state::StateError;
@@ -55,7 +57,7 @@ pub enum Command {
     /// Carry out a plan: show it, confirm, and roll it out.
     Apply(ApplyArgs),
     /// Which version runs where, failures with their logs, and hosts unaccounted for.
-    Status(SiteArgs),
+    Status(StatusArgs),
     /// Exit 0 only if every host runs its desired versions and its checks pass now.
     Verify(SiteArgs),
     /// Show classes, services and every dependency between them.
@@ -87,6 +89,10 @@ pub struct PlanArgs {
     /// Plan only these services (the others are listed as not selected).
     #[arg(long, value_name = "SERVICE", value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Plan only the hosts selected: `class:app,!host:app3`, `tag:zone=eu-1a`, … (the others are
+    /// listed as not selected)
+    #[arg(long, value_name = "SELECTOR")]
+    pub on: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -100,12 +106,32 @@ pub struct ApplyArgs {
     /// Change only these services.
     #[arg(long, value_name = "SERVICE", value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Change only the hosts selected: `class:app,!host:app3`, `tag:zone=eu-1a`, …
+    #[arg(long, value_name = "SELECTOR")]
+    pub on: Vec<String>,
     /// NDJSON events on stdout instead of progress (schema in the book).
     #[arg(long)]
     pub json: bool,
     /// Open at most this many connections at once.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_connections: usize,
+    /// First contact only: accept and record the key of a host not yet in known_hosts
+    /// (OpenSSH's accept-new). A changed key is still refused.
+    #[arg(long)]
+    pub accept_new_host_keys: bool,
+    /// Break the site's lock whoever holds it, saying whose it was: only when its holder is
+    /// known to be dead (a lock left by a dead process of this machine is taken over anyway).
+    #[arg(long)]
+    pub break_lock: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub site: SiteArgs,
+    /// Show only the hosts selected: `class:app,!host:app3`, `tag:zone=eu-1a`, …
+    #[arg(long, value_name = "SELECTOR")]
+    pub on: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -141,6 +167,12 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Secret(#[from] crate::secrets::SecretError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Select(#[from] SelectError),
     #[error("{reason}")]
     #[diagnostic(code(drover::cli::usage), help("{help}"))]
     Usage { reason: String, help: String },
@@ -184,10 +216,11 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Site(_) | Error::BadPlan { .. } => code::INVALID,
-            Error::UnknownService { .. } | Error::Usage { .. } => code::USAGE,
+            Error::UnknownService { .. } | Error::Usage { .. } | Error::Select(_) => code::USAGE,
             Error::Refused { .. } | Error::Drift { .. } => code::REFUSED,
             Error::Read { .. } => code::ENVIRONMENT,
             Error::Inventory(_)
+            | Error::Secret(_)
             | Error::State(_)
             | Error::Plan(_)
             | Error::Write { .. }

@@ -1,18 +1,21 @@
 //! `deploy plan`: site → inventory → observed state → plan → text, JSON or a saved file.
 
 use super::{code, Error, PlanArgs};
-use crate::inventory::Hosts;
+use crate::inventory::{HostId, Hosts, Selector};
 use crate::plan::{self, Plan, Selection};
 use crate::report;
 use crate::site::{self, Site};
 use crate::state::{Observe, Observed, Offline, Remote};
 use crate::transport::AnyTransport;
+use std::collections::BTreeSet;
 use std::io::Write;
 
 pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let site = site::load(&args.site)?;
-    let selection = selection(&site, &args.only)?;
+    let mut selection = selection(&site, &args.only)?;
+    let on = selector(&args.on)?;
     let hosts = super::resolve(&site)?;
+    selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
     let observed = observe(&site, &hosts, args.offline, args.max_connections)?;
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     if let Some(path) = &args.out {
@@ -75,6 +78,26 @@ pub fn selection(site: &Site, only: &[String]) -> Result<Selection, Error> {
         services: Some(services),
         hosts: None,
     })
+}
+
+/// `--on` values → a selector, checked before the inventory is resolved; `None` without any.
+pub fn selector(on: &[String]) -> Result<Option<Selector>, Error> {
+    if on.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Selector::parse_all(on)?))
+}
+
+/// The hosts a selector picks (`None`: all); a term matching no host is an error.
+pub fn on_hosts(
+    on: Option<&Selector>,
+    site: &Site,
+    hosts: &Hosts,
+) -> Result<Option<BTreeSet<HostId>>, Error> {
+    let Some(on) = on else {
+        return Ok(None);
+    };
+    Ok(Some(on.select_in(site, hosts)?))
 }
 
 /// Writes the plan as compact JSON, atomically.

@@ -1,14 +1,19 @@
-//! `deploy status`: site → inventory → observed state → status table or JSON.
+//! `deploy status`: site → inventory (`--on`: some hosts) → observed state → table or JSON.
 
-use super::{code, plan::observe, Error, SiteArgs};
+use super::{code, plan::observe, Error, StatusArgs};
 use crate::{report, site, state};
 
-pub fn run(args: &SiteArgs) -> Result<u8, Error> {
-    let site = site::load(&args.site)?;
-    let hosts = super::resolve(&site)?;
-    let observed = observe(&site, &hosts, false, args.max_connections)?;
-    let status = state::status(&site, &hosts, &observed);
-    if args.json {
+pub fn run(args: &StatusArgs) -> Result<u8, Error> {
+    let site = site::load(&args.site.site)?;
+    let on = super::plan::selector(&args.on)?;
+    let mut hosts = super::resolve(&site)?;
+    if let Some(ids) = super::plan::on_hosts(on.as_ref(), &site, &hosts)? {
+        hosts = hosts.subset(&ids, site.classes.len());
+    }
+    let observed = observe(&site, &hosts, false, args.site.max_connections)?;
+    let mut status = state::status(&site, &hosts, &observed);
+    status.unfinished_run = super::recovery::unfinished(&site.name);
+    if args.site.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&status).unwrap_or_default()

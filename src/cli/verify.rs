@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     let site = site::load(&args.site)?;
+    // The checks get the site's secrets, as during apply.
+    let secrets = Arc::new(crate::secrets::Secrets::load(&site)?);
     let hosts = super::resolve(&site)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let status = state::status(&site, &hosts, &observed);
@@ -19,6 +21,7 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
         Arc::new(plan),
         transport,
         args.max_connections,
+        secrets,
     ));
     let mut problems = Vec::new();
     for h in &status.hosts {

@@ -1,9 +1,14 @@
 //! Class → hosts: the [`Inventory`] trait and its backends.
 
+mod command;
+pub mod ec2;
 mod order;
+pub mod select;
 mod static_hosts;
 
+pub use command::Command;
 pub use order::natural_cmp;
+pub use select::{SelectError, Selector};
 pub use static_hosts::Static;
 
 use crate::site::{ClassId, InventorySpec, OnEmpty, Site};
@@ -67,11 +72,18 @@ impl Hosts {
 #[derive(Debug, Error, miette::Diagnostic)]
 pub enum InventoryError {
     #[error("host `{host}` has class `{class}`, which the site does not declare")]
-    #[diagnostic(
-        code(drover::inventory::unknown_class),
-        help("declare the class in the site, or fix the host's class in the inventory")
-    )]
-    UnknownClass { host: String, class: String },
+    #[diagnostic(code(drover::inventory::unknown_class), help("{help}"))]
+    UnknownClass {
+        host: String,
+        class: String,
+        /// "did you mean …?", or the site's classes.
+        help: String,
+        /// What the backend read the class from.
+        #[source_code]
+        output: std::sync::Arc<miette::NamedSource<String>>,
+        #[label("not a class of the site")]
+        span: Option<miette::SourceSpan>,
+    },
     #[error("two hosts are named `{name}` in the inventory")]
     #[diagnostic(
         code(drover::inventory::duplicate_host),
@@ -121,24 +133,13 @@ pub enum InventoryError {
         program: String,
         reason: String,
         #[source_code]
-        output: String,
+        output: std::sync::Arc<miette::NamedSource<String>>,
         #[label("{reason}")]
         span: Option<miette::SourceSpan>,
     },
     #[error("the inventory failed: {reason}")]
     #[diagnostic(code(drover::inventory::backend))]
     Backend { reason: String },
-}
-
-/// Backends being built: they resolve to an error that says so.
-struct Pending;
-
-impl Inventory for Pending {
-    fn hosts(&self, _site: &Site) -> Result<Vec<Host>, InventoryError> {
-        Err(InventoryError::Backend {
-            reason: "this inventory backend is not built yet".into(),
-        })
-    }
 }
 
 /// A source of hosts for the classes of a site. Backends only list hosts; [`resolve`]
@@ -151,7 +152,8 @@ pub trait Inventory {
 pub fn backend(site: &Site) -> Box<dyn Inventory> {
     match &site.platform.inventory {
         InventorySpec::Static { .. } => Box::new(Static),
-        InventorySpec::Ec2(_) | InventorySpec::Command(_) => Box::new(Pending),
+        InventorySpec::Command(_) => Box::new(Command),
+        InventorySpec::Ec2(_) => Box::new(ec2::Ec2::default()),
     }
 }
 

@@ -58,6 +58,8 @@ impl RuntimeClosure {
 
 /// Which services have a step on which host, filled in dependency order.
 pub struct Changing {
+    /// Per host, its changing services sorted by id: a host running many services answers
+    /// `has` by binary search, not by scanning them all for each of its steps.
     per_host: Vec<Vec<ServiceId>>,
 }
 
@@ -69,10 +71,13 @@ impl Changing {
     }
 
     pub fn add(&mut self, host: HostId, service: ServiceId) {
-        self.per_host[host].push(service);
+        let list = &mut self.per_host[host];
+        if let Err(at) = list.binary_search(&service) {
+            list.insert(at, service);
+        }
     }
 
     pub fn has(&self, host: HostId, service: ServiceId) -> bool {
-        self.per_host[host].contains(&service)
+        self.per_host[host].binary_search(&service).is_ok()
     }
 }

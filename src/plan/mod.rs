@@ -35,6 +35,13 @@ pub struct Plan {
     pub hosts: Vec<PlannedHost>,
     /// In dependency order: a service after every service it needs at runtime.
     pub services: Vec<ServicePlan>,
+    /// The run's failure budget (the site's `max-failed`), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failed: Option<Quota>,
+    /// No new wave of any service starts once more hosts than this have failed in the run:
+    /// `max_failed` of the plan's hosts, rounded down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failed_hosts: Option<usize>,
 }
 
 impl Plan {
@@ -86,6 +93,10 @@ pub struct PlannedPolicy {
     pub max_failed: Quota,
     /// New waves stop once more hosts than this have failed.
     pub max_failed_hosts: usize,
+    /// No new step of a wave starts once more of its hosts than this share have failed
+    /// (of the wave's hosts, rounded down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave_max_failed: Option<Quota>,
     pub canary: u64,
     /// A duration such as `"30s"`, or `"confirm"`.
     pub pause: String,
@@ -220,6 +231,10 @@ pub fn plan(
             })
             .collect(),
         services,
+        max_failed: site.max_failed,
+        max_failed_hosts: site
+            .max_failed
+            .map(|q| q.of(hosts.hosts.len(), Round::Down)),
     })
 }
 
@@ -359,6 +374,7 @@ fn service_plan(
             batch_hosts,
             max_failed: policy.max_failed,
             max_failed_hosts: policy.max_failed.of(members.len(), Round::Down),
+            wave_max_failed: policy.wave_max_failed,
             canary: policy.canary,
             pause: match policy.pause {
                 Pause::Wait(d) => crate::site::format_duration(d),

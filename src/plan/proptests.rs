@@ -243,12 +243,14 @@ fn build(spec: &Spec) -> Built {
                 name: format!("policy-{}", perm[r]),
                 batch: p.batch,
                 max_failed: p.max_failed,
+                wave_max_failed: None,
                 canary: p.canary,
                 pause: Pause::Wait(Duration::ZERO),
                 spread: p.spread.then(|| ZONE.to_string()),
                 on_failure: OnFailure::Rollback,
             }),
             hooks: Default::default(),
+            secrets: Vec::new(),
         });
     }
     let mut services: Vec<Service> = services.into_iter().map(Option::unwrap).collect();
@@ -392,6 +394,8 @@ fn build(spec: &Spec) -> Built {
         classes,
         services,
         order,
+        max_failed: None,
+        secrets: Vec::new(),
     };
     Built {
         site,

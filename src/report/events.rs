@@ -68,7 +68,9 @@ pub fn line(kind: &EventKind) -> Option<String> {
             if *canary { " (canary)" } else { "" },
             hosts.join(", ")
         ),
-        EventKind::StepStarted { .. } | EventKind::HookFinished { .. } => return None,
+        EventKind::StepStarted { .. }
+        | EventKind::HookStarted { .. }
+        | EventKind::HookFinished { .. } => return None,
         EventKind::StepFinished {
             service,
             host,
@@ -112,6 +114,7 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 ServiceOutcome::Failed => "finished with failures",
                 ServiceOutcome::Halted => "HALTED",
                 ServiceOutcome::Blocked => "BLOCKED",
+                ServiceOutcome::Interrupted => "INTERRUPTED",
             };
             let why = reason
                 .as_ref()
@@ -119,6 +122,23 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 .unwrap_or_default();
             format!("{service}: {word}{why} ({succeeded} ok, {failed} failed, {not_started} not started)")
         }
+        EventKind::Interrupted {
+            abort: false,
+            running,
+            reason,
+        } => format!(
+            "INTERRUPTED ({reason}): no new step starts; waiting for {} to finish (interrupt again to abort {})",
+            count(*running, "running step"),
+            if *running == 1 { "it" } else { "them" }
+        ),
+        EventKind::Interrupted {
+            abort: true,
+            running,
+            reason,
+        } => format!(
+            "ABORTING ({reason}): killing the hooks of {} on their hosts",
+            count(*running, "running step")
+        ),
         EventKind::RunFinished {
             converged,
             succeeded,
@@ -210,7 +230,9 @@ impl Sink for Bars {
                     let _ = self.multi.println(line(&event.kind).unwrap_or_default());
                 }
             }
-            EventKind::StepBlocked { .. } | EventKind::RunStarted { .. } => {
+            EventKind::StepBlocked { .. }
+            | EventKind::RunStarted { .. }
+            | EventKind::Interrupted { .. } => {
                 let _ = self.multi.println(line(&event.kind).unwrap_or_default());
             }
             EventKind::ServiceFinished { service, .. } => {

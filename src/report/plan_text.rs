@@ -19,6 +19,13 @@ pub fn plan_text(plan: &Plan) -> String {
         plan.services.len(),
         &plan.site_digest[..12.min(plan.site_digest.len())]
     );
+    if let (Some(q), Some(n)) = (plan.max_failed, plan.max_failed_hosts) {
+        let _ = writeln!(
+            out,
+            "Run budget: no new wave of any service once more than {} failed (site max-failed {q}).",
+            count(n, "host")
+        );
+    }
     for s in &plan.services {
         out.push('\n');
         service(&mut out, s);
@@ -30,7 +37,33 @@ pub fn plan_text(plan: &Plan) -> String {
         plural(steps, "step"),
         plural(waves, "wave")
     );
+    unknown_hosts(&mut out, plan);
     out
+}
+
+/// Hosts nothing is known of (no answer, or a state file that cannot be used), each with why:
+/// the reason says what to do about it.
+fn unknown_hosts(out: &mut String, plan: &Plan) {
+    let unknown: Vec<(&str, &str)> = plan
+        .hosts
+        .iter()
+        .filter_map(|h| match &h.observed {
+            crate::state::Observed::Unreachable { reason } => Some((&*h.name, reason.as_str())),
+            crate::state::Observed::Unreadable { reason } => Some((&*h.name, reason.as_str())),
+            _ => None,
+        })
+        .collect();
+    if unknown.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "
+Left alone, nothing known of what they run:"
+    );
+    for (host, reason) in unknown {
+        let _ = writeln!(out, "  {host}: {reason}");
+    }
 }
 
 fn service(out: &mut String, s: &ServicePlan) {
@@ -59,6 +92,11 @@ fn service(out: &mut String, s: &ServicePlan) {
         OnFailure::Stop => "leave a failed host as it is, no new wave after a failure".into(),
         OnFailure::Continue => "roll back a failed host, carry on whatever fails".into(),
     });
+    if let (Some(q), false) = (p.wave_max_failed, p.on_failure == OnFailure::Continue) {
+        rules.push(format!(
+            "no new step of a wave once more than {q} of its hosts failed"
+        ));
+    }
     if p.pause != "0s" {
         rules.push(format!("pause {}", p.pause));
     }

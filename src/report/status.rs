@@ -55,6 +55,15 @@ pub fn status_text(s: &Status) -> String {
             let _ = writeln!(out, "  {}: {}", u.host, u.reason);
         }
     }
+    if let Some(run) = &s.unfinished_run {
+        let _ = writeln!(out, "\nunfinished run:\n  {}", run.describe());
+        let hint = if run.state == "running" {
+            "it holds the site's lock until it ends"
+        } else {
+            "`deploy apply` carries it on"
+        };
+        let _ = writeln!(out, "  {hint}; journal: {}", run.journal);
+    }
     let _ = writeln!(
         out,
         "\n{} of {} host services at their desired version and healthy.",

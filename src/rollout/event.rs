@@ -58,6 +58,12 @@ pub enum EventKind {
         from: Option<String>,
         to: String,
     },
+    /// A hook is about to run on its host (written to the run journal before it runs).
+    HookStarted {
+        service: String,
+        host: String,
+        hook: String,
+    },
     HookFinished {
         service: String,
         host: String,
@@ -93,6 +99,15 @@ pub enum EventKind {
         failed: usize,
         not_started: usize,
     },
+    /// The run was told to stop (`abort: false`: no new step starts, running steps finish)
+    /// or to abort (`abort: true`: running steps are killed and recorded as interrupted).
+    Interrupted {
+        abort: bool,
+        /// Steps running when it happened.
+        running: usize,
+        /// Why: a signal, or the run journal that cannot be written.
+        reason: String,
+    },
     RunFinished {
         converged: bool,
         succeeded: usize,
@@ -114,6 +129,8 @@ pub enum ServiceOutcome {
     Halted,
     /// Never started: a runtime dependency can no longer be met.
     Blocked,
+    /// The run was interrupted: the service's steps not yet started never will be.
+    Interrupted,
 }
 
 /// Where events go. The engine never prints.

@@ -1,18 +1,26 @@
 //! Carrying out a plan: services start when their runtime needs hold, waves run under their
 //! policy, each host runs one step at a time. The engine never prints; it emits [`Event`]s.
 
+mod budget;
+mod cancel;
 mod event;
 mod hook;
+mod hook_run;
+mod interrupt;
 mod links;
 mod schedule;
 mod step;
 mod verify;
 
 #[cfg(test)]
+mod security_tests;
+#[cfg(test)]
 mod tests;
 
+pub use cancel::{Cancel, Level};
 pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
+pub use interrupt::kill_script;
 pub use verify::{verify, CheckResult};
 
 use crate::plan::Plan;
@@ -34,6 +42,10 @@ pub struct Rollout<T> {
     /// `.drover/runs/<run-id>`: one log per host and service.
     pub log_dir: PathBuf,
     pub max_connections: usize,
+    /// Read at apply time; handed to hooks, redacted from logs and events.
+    pub secrets: Arc<crate::secrets::Secrets>,
+    /// Set by whoever handles signals: stop starting steps, or abort the running ones.
+    pub cancel: Cancel,
 }
 
 /// How a run ended.

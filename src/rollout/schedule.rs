@@ -15,6 +15,8 @@ use std::time::Instant;
 use tokio::task::JoinSet;
 use tokio::time::Instant as TokioInstant;
 
+mod stopping;
+
 /// Per service: where its rollout stands.
 struct Svc {
     job: Arc<ServiceJob>,
@@ -25,6 +27,8 @@ struct Svc {
     pending: Vec<usize>,
     /// Steps of the open wave launched and not finished.
     running: usize,
+    /// Steps of the open wave that failed (its budget: `wave-max-failed`).
+    wave_failed: usize,
     not_before: Option<TokioInstant>,
     healthy: usize,
     succeeded: usize,
@@ -53,6 +57,8 @@ pub struct Scheduler<T: Transport> {
     service_index: HashMap<String, usize>,
     tasks: JoinSet<(usize, usize, usize, StepResult)>,
     started: Instant,
+    /// Hosts with a failed step in this run (the run's budget: the site's `max-failed`).
+    failed_hosts: usize,
 }
 
 impl<T: Transport> Scheduler<T> {
@@ -109,11 +115,14 @@ impl<T: Transport> Scheduler<T> {
                         env: service_env(&r.site, &plan, s),
                         state_dir: state_dir.clone(),
                         run: r.run_id.clone(),
+                        secrets: r.secrets.clone(),
+                        cancel: r.cancel.clone(),
                     }),
                     started: false,
                     next_wave: 0,
                     pending: Vec::new(),
                     running: 0,
+                    wave_failed: 0,
                     not_before: None,
                     healthy,
                     succeeded: 0,
@@ -133,6 +142,7 @@ impl<T: Transport> Scheduler<T> {
             service_index,
             tasks: JoinSet::new(),
             started: Instant::now(),
+            failed_hosts: 0,
         }
     }
 
@@ -143,6 +153,8 @@ impl<T: Transport> Scheduler<T> {
     pub async fn run(mut self) -> Summary {
         let plan = self.r.plan.clone();
         let steps = plan.steps();
+        // The run's logs are the operator's alone (0700); a failure shows when a log is written.
+        let _ = crate::state::private_dir(&self.r.log_dir);
         self.emit(EventKind::RunStarted {
             schema: super::EVENT_SCHEMA,
             run: self.r.run_id.clone(),
@@ -162,21 +174,31 @@ impl<T: Transport> Scheduler<T> {
                 waits_for: s.waits_for.clone(),
             });
         }
+        // Told to stop or abort (`stopping.rs`): said once per level, whenever it comes.
+        let mut interrupts = self.r.cancel.subscribe();
+        interrupts.mark_changed();
+        let mut seen = super::Level::Running;
         loop {
+            let level = *interrupts.borrow_and_update();
+            if level > seen {
+                seen = level;
+                self.interrupted(level);
+            }
             let wake = self.advance();
-            if self.tasks.is_empty() {
+            if self.tasks.is_empty() && wake.is_none() {
+                break;
+            }
+            let timer = async {
                 match wake {
                     Some(at) => tokio::time::sleep_until(at).await,
-                    None => break,
+                    None => std::future::pending().await,
                 }
-                continue;
-            }
-            let done = match wake {
-                Some(at) => tokio::select! {
-                    done = self.tasks.join_next() => done,
-                    _ = tokio::time::sleep_until(at) => None,
-                },
-                None => self.tasks.join_next().await,
+            };
+            let tasks = &mut self.tasks;
+            let done = tokio::select! {
+                done = tasks.join_next(), if !tasks.is_empty() => done,
+                _ = timer => None,
+                _ = interrupts.changed() => None,
             };
             if let Some(Ok((s, w, i, result))) = done {
                 self.finish_step(s, w, i, result).await;
@@ -188,6 +210,10 @@ impl<T: Transport> Scheduler<T> {
 
     /// Starts what may start; returns when to look again if something waits on a timer.
     fn advance(&mut self) -> Option<TokioInstant> {
+        if self.r.cancel.stopping() {
+            self.wind_down();
+            return None;
+        }
         let mut wake: Option<TokioInstant> = None;
         let mut changed = true;
         while changed {
@@ -268,6 +294,10 @@ impl<T: Transport> Scheduler<T> {
             self.end_service(s, outcome, None);
             return true;
         }
+        if let Some(reason) = super::budget::run_exceeded(&plan, self.failed_hosts) {
+            self.halt(s, reason);
+            return true;
+        }
         let halt = match sp.policy.on_failure {
             OnFailure::Stop if svc.failed > 0 => Some(format!(
                 "stopped after {} failed (on-failure \"stop\")",
@@ -300,6 +330,7 @@ impl<T: Transport> Scheduler<T> {
         let svc = &mut self.svcs[s];
         svc.pending = (0..wave.steps.len()).collect();
         svc.next_wave += 1;
+        svc.wave_failed = 0;
         if let Some(next) = sp.waves.get(w + 1) {
             for st in &next.steps {
                 if let Some(&h) = self.host_index.get(&st.host) {
@@ -318,6 +349,11 @@ impl<T: Transport> Scheduler<T> {
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
         let w = self.svcs[s].next_wave - 1;
+        let (size, failed) = (sp.waves[w].steps.len(), self.svcs[s].wave_failed);
+        if let Some(reason) = super::budget::wave_exceeded(&sp.policy, w + 1, size, failed) {
+            self.cut_wave(s, w, &reason);
+            return true;
+        }
         let mut launched = false;
         let mut still = Vec::new();
         for i in std::mem::take(&mut self.svcs[s].pending) {
@@ -387,9 +423,14 @@ impl<T: Transport> Scheduler<T> {
             to: job.to.clone(),
         });
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
+        let cancel = self.r.cancel.clone();
         self.tasks.spawn(async move {
             let result = match links.get(&target).await {
-                Ok(link) => step::run(job, &*link, &*sink).await,
+                Ok(link) => {
+                    let state_dir = job.service.state_dir.clone();
+                    let run = step::run(job, &*link, &*sink);
+                    stopping::abortable(run, &*link, &state_dir, &cancel).await
+                }
                 Err(e) => {
                     step::log_line(&job.log, &format!("== connect: {e}"));
                     StepResult {
@@ -439,6 +480,10 @@ impl<T: Transport> Scheduler<T> {
             host.done.insert(s);
         } else {
             svc.failed += 1;
+            svc.wave_failed += 1;
+            if host.failed.is_empty() {
+                self.failed_hosts += 1;
+            }
             host.broken.insert(s);
             host.failed.insert(s);
         }
@@ -473,6 +518,28 @@ impl<T: Transport> Scheduler<T> {
         let another = w + 1 < sp.waves.len();
         if let (Pause::Wait(d), true) = (pause, another) {
             self.svcs[s].not_before = Some(TokioInstant::now() + d);
+        }
+    }
+
+    /// The open wave `w` of `s` exceeded its budget: none of its pending steps starts.
+    fn cut_wave(&mut self, s: usize, w: usize, reason: &str) {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        for i in std::mem::take(&mut self.svcs[s].pending) {
+            let st = &sp.waves[w].steps[i];
+            self.emit(EventKind::StepBlocked {
+                service: sp.name.clone(),
+                host: st.host.to_string(),
+                reason: reason.to_string(),
+            });
+            self.svcs[s].not_started += 1;
+            if let Some(&h) = self.host_index.get(&st.host) {
+                self.hosts[h].broken.insert(s);
+                self.host_step_over(h);
+            }
+        }
+        if self.svcs[s].running == 0 {
+            self.wave_over(s, w);
         }
     }
 

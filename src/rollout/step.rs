@@ -2,9 +2,11 @@
 //! with rollback on failure and the host's record written after each stage.
 
 use super::event::{Event, EventKind, Sink};
+use super::hook_run::{self, Ran};
+use crate::secrets::Secrets;
 use crate::site::{Hook, Hooks, OnFailure};
 use crate::state::{write_script, HostRecord, Mark, Outcome, ServiceRecord};
-use crate::transport::{env_prefix, Link, Output, TransportError};
+use crate::transport::{Link, Output, TransportError};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,6 +20,10 @@ pub struct ServiceJob {
     pub env: Vec<(String, String)>,
     pub state_dir: String,
     pub run: String,
+    /// Handed to the hooks on their standard input, redacted from their output.
+    pub secrets: Arc<Secrets>,
+    /// Once it aborts, no hook starts and a hook that ends is an interruption.
+    pub cancel: super::Cancel,
 }
 
 /// One step to carry out.
@@ -113,24 +119,43 @@ impl<L: Link> Running<'_, L> {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<(), Failure> {
-        let script = env_prefix(&self.job.env, command);
-        let started = Instant::now();
-        let run = self.link.run(&script);
-        let result: Result<Output, TransportError> = match timeout {
-            Some(t) => tokio::time::timeout(t, run).await.unwrap_or_else(|_| {
-                Ok(Output {
-                    code: None,
-                    stdout: Vec::new(),
-                    stderr: format!("timed out after {}\n", crate::site::format_duration(t))
-                        .into_bytes(),
-                })
-            }),
-            None => run.await,
+        let svc = self.job.service.clone();
+        if let Some(aborted) = super::interrupt::interrupted(&svc, name, false) {
+            return Err(aborted);
+        }
+        self.sink.emit(Event::now(EventKind::HookStarted {
+            service: svc.name.clone(),
+            host: self.job.host.clone(),
+            hook: name.into(),
+        }));
+        let call = hook_run::Call {
+            env: &self.job.env,
+            command,
+            state_dir: &svc.state_dir,
+            service: &svc.name,
+            secrets: &svc.secrets,
+            timeout,
         };
+        let started = Instant::now();
+        // A hook that outlives its timeout is killed with its process group on the host.
+        let (result, timed_out): (Result<Output, TransportError>, Option<String>) =
+            match hook_run::run(self.link, &call).await {
+                Ran::Done(result) => (result, None),
+                Ran::TimedOut { after, killed } => {
+                    let reason = Ran::timeout_reason(name, after, &killed);
+                    let out = Output {
+                        code: None,
+                        stdout: Vec::new(),
+                        stderr: format!("{reason}\n").into_bytes(),
+                    };
+                    (Ok(out), Some(reason))
+                }
+            };
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let (code, ok, reason) = match &result {
-            Ok(out) => (out.code, out.success(), exit_reason(name, out)),
-            Err(e) => (None, false, e.to_string()),
+        let (code, ok, reason) = match (&result, timed_out) {
+            (_, Some(reason)) => (None, false, reason),
+            (Ok(out), None) => (out.code, out.success(), exit_reason(name, out)),
+            (Err(e), None) => (None, false, e.to_string()),
         };
         self.log(name, &result, ms);
         self.sink.emit(Event::now(EventKind::HookFinished {
@@ -141,6 +166,9 @@ impl<L: Link> Running<'_, L> {
             code,
             ms,
         }));
+        if let Some(aborted) = super::interrupt::interrupted(&svc, name, true) {
+            return Err(aborted);
+        }
         if ok {
             Ok(())
         } else {
@@ -199,8 +227,9 @@ impl<L: Link> Running<'_, L> {
     /// After a failed hook: roll back where the policy and hooks allow, record the failure.
     async fn fail(mut self, hook: &'static str, reason: String) -> StepResult {
         let svc = self.job.service.clone();
-        let may_roll_back =
-            self.job.from.is_some() && hook != "stop" && svc.on_failure != OnFailure::Stop;
+        let may_roll_back = self.job.from.is_some()
+            && !matches!(hook, "stop" | "interrupted")
+            && svc.on_failure != OnFailure::Stop;
         let mut rolled_back = false;
         if let (true, Some(rollback)) = (may_roll_back, &svc.hooks.rollback) {
             rolled_back = self
@@ -218,7 +247,13 @@ impl<L: Link> Running<'_, L> {
         } else {
             (Some(Outcome::Failure), None)
         };
-        if hook != "state" {
+        // Interrupted: recorded so that the next run redoes the step (`interrupt.rs`).
+        if hook == "interrupted" {
+            if let Some((v, c, k)) = super::interrupt::interrupted_record(&self.job) {
+                log_line(&self.job.log, &format!("== interrupted: {reason}"));
+                let _ = self.mark(c, k, Some((hook, v))).await;
+            }
+        } else if hook != "state" {
             let _ = self
                 .mark(configured, validated, Some((hook, version)))
                 .await;
@@ -233,13 +268,7 @@ impl<L: Link> Running<'_, L> {
 
     fn log(&self, hook: &str, result: &Result<Output, TransportError>, ms: u64) {
         let write = || -> std::io::Result<()> {
-            if let Some(dir) = self.job.log.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&self.job.log)?;
+            let mut f = crate::state::append_private(&self.job.log)?;
             match result {
                 Ok(out) => {
                     let code = out.code.map_or("signal".to_string(), |c| c.to_string());
@@ -276,13 +305,7 @@ fn exit_reason(hook: &str, out: &Output) -> String {
 /// Appends one line to a step's log, creating it and its directory.
 pub fn log_line(log: &std::path::Path, text: &str) {
     let write = || -> std::io::Result<()> {
-        if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)?;
+        let mut f = crate::state::append_private(log)?;
         writeln!(f, "{text}")
     };
     let _ = write();

@@ -13,6 +13,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
+mod stopping;
+
+// Failure budgets per wave and per run, on the same fake transport.
+#[path = "budget_tests.rs"]
+mod budget_tests;
+
 // ---------------------------------------------------------------------------------------------
 // The fake transport
 
@@ -391,6 +397,18 @@ impl Fixture {
     }
 
     async fn run(&self, rules: Rules, max_connections: usize, confirm: bool) -> Ran {
+        self.run_cancel(rules, max_connections, confirm, super::Cancel::new())
+            .await
+    }
+
+    /// [`Fixture::run`], with a handle to interrupt it (`tests/stopping.rs`).
+    async fn run_cancel(
+        &self,
+        rules: Rules,
+        max_connections: usize,
+        confirm: bool,
+        cancel: super::Cancel,
+    ) -> Ran {
         let clock = Arc::new(Clock::default());
         let inner = Arc::new(Inner {
             clock: clock.clone(),
@@ -414,6 +432,8 @@ impl Fixture {
             run_id: "test-run".into(),
             log_dir: self.dir.path().join("logs"),
             max_connections,
+            secrets: Default::default(),
+            cancel,
         };
         let summary = tokio::time::timeout(Duration::from_secs(5), run(rollout))
             .await
@@ -1166,8 +1186,11 @@ async fn each_host_is_connected_once_and_closed_at_the_end() {
 // 9. The hooks' environment
 
 /// The words of `script` after `env`, as the shell sees them (run through `/bin/sh` in `dir`).
+/// The hook's `env … /bin/sh -c '…'` ends the script, after the lines that record its
+/// process group.
 fn env_words(script: &str, dir: &std::path::Path) -> Vec<String> {
-    let rest = script.strip_prefix("env ").expect("an env prefix");
+    let at = script.find("; env '").expect("an env prefix");
+    let rest = &script[at + "; env ".len()..];
     let out = std::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(format!("printf '%s\\0' {rest}"))

@@ -1,9 +1,11 @@
 //! `deploy verify`: run every service's check on every host now, concurrently.
 
 use super::hook::{service_env, step_env};
+use super::hook_run::{self, Ran};
 use crate::plan::Plan;
+use crate::secrets::Secrets;
 use crate::site::Site;
-use crate::transport::{env_prefix, Link, Target, Transport};
+use crate::transport::{Link, Target, Transport};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -16,25 +18,32 @@ pub struct CheckResult {
     pub detail: String,
 }
 
-/// Runs the `check` hook of every service with one on every reachable host of the plan.
+/// Runs the `check` hook of every service with one on every reachable host of the plan,
+/// with the site's secrets; a check that outlives its timeout is killed on its host.
 pub async fn verify<T: Transport>(
     site: Arc<Site>,
     plan: Arc<Plan>,
     transport: Arc<T>,
     max_connections: usize,
+    secrets: Arc<Secrets>,
 ) -> Vec<CheckResult> {
     let gate = Arc::new(Semaphore::new(max_connections.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     for (h, host) in plan.hosts.iter().enumerate() {
-        let (site, plan, transport, gate) =
-            (site.clone(), plan.clone(), transport.clone(), gate.clone());
+        let (site, plan, transport, gate, secrets) = (
+            site.clone(),
+            plan.clone(),
+            transport.clone(),
+            gate.clone(),
+            secrets.clone(),
+        );
         let target = Target {
             name: host.name.to_string(),
             address: host.address.to_string(),
         };
         tasks.spawn(async move {
             let _permit = gate.acquire_owned().await;
-            check_host(&site, &plan, h, &*transport, &target).await
+            check_host(&site, &plan, h, &*transport, &target, &secrets).await
         });
     }
     let mut out = Vec::new();
@@ -51,6 +60,7 @@ async fn check_host<T: Transport>(
     h: usize,
     transport: &T,
     target: &Target,
+    secrets: &Secrets,
 ) -> Vec<CheckResult> {
     let host = &plan.hosts[h];
     let services: Vec<_> = plan
@@ -73,6 +83,7 @@ async fn check_host<T: Transport>(
         }
     };
     let mut out = Vec::new();
+    let state_dir = site.platform.host_state_dir();
     for s in services {
         let Some(check) = site
             .service(&s.name)
@@ -87,11 +98,17 @@ async fn check_host<T: Transport>(
             running,
             running.unwrap_or(&s.version),
         );
-        let script = env_prefix(&env, &check.command);
-        let run = link.run(&script);
-        let (ok, detail) = match tokio::time::timeout(check.timeout, run).await {
-            Ok(Ok(o)) if o.success() => (true, "check passed".into()),
-            Ok(Ok(o)) => (
+        let call = hook_run::Call {
+            env: &env,
+            command: &check.command,
+            state_dir: &state_dir,
+            service: &s.name,
+            secrets,
+            timeout: Some(check.timeout),
+        };
+        let (ok, detail) = match hook_run::run(&link, &call).await {
+            Ran::Done(Ok(o)) if o.success() => (true, "check passed".into()),
+            Ran::Done(Ok(o)) => (
                 false,
                 format!(
                     "check exited {}: {}",
@@ -99,14 +116,10 @@ async fn check_host<T: Transport>(
                     String::from_utf8_lossy(&o.stderr).trim()
                 ),
             ),
-            Ok(Err(e)) => (false, e.to_string()),
-            Err(_) => (
-                false,
-                format!(
-                    "check timed out after {}",
-                    crate::site::format_duration(check.timeout)
-                ),
-            ),
+            Ran::Done(Err(e)) => (false, e.to_string()),
+            Ran::TimedOut { after, killed } => {
+                (false, Ran::timeout_reason("check", after, &killed))
+            }
         };
         out.push(CheckResult {
             host: target.name.clone(),

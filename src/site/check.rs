@@ -3,7 +3,7 @@
 use super::cycle;
 use super::error::{SiteError, Src};
 use super::model::*;
-use super::raw::{self, HookKind, RawHook, RawPlatform, RawPolicy, RawService, RawSite};
+use super::raw::{self, HookKind, RawHook, RawPlatform, RawPolicy, RawSecret, RawService, RawSite};
 use super::read::{Reader, Spanned};
 use super::source::{beside, Referrer, Sources};
 use super::suggest;
@@ -65,6 +65,14 @@ impl Checker {
         let (classes, class_ids) = self.classes(&src, &raw);
         let services = self.services(path, &src, &raw, &class_ids, default_policy);
         let platform = platform.and_then(|p| self.platform_model(p, &class_ids, &src));
+        let secrets = secrets(
+            &mut Reader {
+                src: &src,
+                errors: &mut self.errors,
+            },
+            path,
+            &raw.secrets,
+        );
         if !self.errors.is_empty() {
             return None;
         }
@@ -83,6 +91,8 @@ impl Checker {
             classes,
             services,
             order,
+            max_failed: raw.max_failed.as_ref().map(|m| m.value),
+            secrets,
         })
     }
 
@@ -180,6 +190,14 @@ impl Checker {
                 });
             }
             let needs = self.needs(src, s, &names, &ids);
+            let own_secrets = secrets(
+                &mut Reader {
+                    src,
+                    errors: &mut self.errors,
+                },
+                site_path,
+                &s.secrets,
+            );
             let policy = match &s.policy {
                 Some(p) => self.policy(site_path, src, p),
                 None => default_policy.clone(),
@@ -192,7 +210,8 @@ impl Checker {
                     classes: Vec::new(),
                     needs,
                     policy,
-                    hooks: hooks(&s.hooks),
+                    hooks: hooks(&s.hooks, raw.hook_timeout.as_ref().map(|t| t.value)),
+                    secrets: own_secrets,
                 }),
                 _ => ok = false,
             }
@@ -406,12 +425,14 @@ impl Default for Checker {
     }
 }
 
-fn hooks(raw: &[RawHook]) -> Hooks {
+/// The hooks of a service; `default_timeout` (the site's `hook-timeout`) applies to every hook
+/// but `check` that gives no `timeout=` of its own.
+fn hooks(raw: &[RawHook], default_timeout: Option<Duration>) -> Hooks {
     let mut h = Hooks::default();
     for hook in raw {
         let plain = Some(Hook {
             command: hook.command.clone(),
-            timeout: hook.timeout,
+            timeout: hook.timeout.or(default_timeout),
         });
         match hook.kind {
             HookKind::Stop => h.stop = plain,
@@ -429,6 +450,91 @@ fn hooks(raw: &[RawHook]) -> Hooks {
         }
     }
     h
+}
+
+/// Checks `secret` nodes of one scope (the site, or one service): a name fit for an
+/// environment variable and not one of drover's own, given once, with exactly one source.
+fn secrets(r: &mut Reader<'_>, site_path: &Path, raw: &[RawSecret]) -> Vec<Secret> {
+    let mut out: Vec<Secret> = Vec::new();
+    let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
+    for s in raw {
+        let name = &s.name.value;
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            r.bad(
+                s.name.span,
+                "the secret's name".into(),
+                format!("`{name}` is not an environment variable name"),
+                "use letters, digits and `_`, not starting with a digit, as in \"DB_PASSWORD\""
+                    .into(),
+            );
+            continue;
+        }
+        if name.starts_with("DEPLOY_") {
+            r.bad(
+                s.name.span,
+                "the secret's name".into(),
+                "names starting with DEPLOY_ are drover's own variables".into(),
+                "choose another name, as in \"DB_PASSWORD\"".into(),
+            );
+            continue;
+        }
+        if let Some(first) = seen.get(name.as_str()) {
+            r.errors.push(SiteError::Duplicate {
+                kind: "secret".into(),
+                name: name.clone(),
+                src: r.src.clone(),
+                first: *first,
+                second: s.name.span,
+                help: "give each secret once".into(),
+            });
+            continue;
+        }
+        seen.insert(name, s.name.span);
+        let source = match (&s.env, &s.file) {
+            (Some(env), None) if !env.value.is_empty() => SecretSource::Env(env.value.clone()),
+            (None, Some(file)) if !file.value.is_empty() => {
+                SecretSource::File(beside(site_path, &file.value))
+            }
+            (Some(_), Some(file)) => {
+                r.bad(
+                    file.span,
+                    "the secret's source".into(),
+                    "a secret has one source".into(),
+                    "give either `env=\"VAR\"` or `file=\"path\"`".into(),
+                );
+                continue;
+            }
+            (Some(e), None) | (None, Some(e)) => {
+                r.bad(
+                    e.span,
+                    "the secret's source".into(),
+                    "empty".into(),
+                    "name an environment variable or a file".into(),
+                );
+                continue;
+            }
+            (None, None) => {
+                r.missing(
+                    s.span,
+                    format!("the source of secret `{name}`"),
+                    format!(
+                        "write `secret \"{name}\" env=\"VAR\"` or `secret \"{name}\" file=\"path\"`"
+                    ),
+                );
+                continue;
+            }
+        };
+        out.push(Secret {
+            name: name.clone(),
+            source,
+        });
+    }
+    out
 }
 
 fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
@@ -477,6 +583,7 @@ fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
         name,
         batch: raw.batch.map_or(defaults.batch, |b| b.value),
         max_failed: raw.max_failed.map_or(defaults.max_failed, |m| m.value),
+        wave_max_failed: raw.wave_max_failed.map(|m| m.value),
         canary: raw.canary.map_or(0, |c| c.value),
         pause: match raw.pause {
             None => defaults.pause,
@@ -514,6 +621,7 @@ fn transport_model(
                 connect_timeout: t
                     .connect_timeout
                     .map_or(DEFAULT_CONNECT_TIMEOUT, |c| c.value),
+                accept_new_host_keys: false,
             }))
         }
         "local" => {

@@ -202,9 +202,11 @@ fn static_hosts(
     let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
     let mut seen: HashMap<&str, (SourceSpan, &Src)> = HashMap::with_capacity(all.len());
     let mut counts = vec![0usize; classes.len()];
-    let mut hosts = Vec::with_capacity(all.len());
+    // Per host, its class when it is complete: the hosts are moved, not copied, afterwards.
+    let mut valid: Vec<Option<ClassId>> = Vec::with_capacity(all.len());
     let before = errors.len();
     for (h, file) in &all {
+        valid.push(None);
         let hsrc = &srcs[*file];
         if let Some((first, first_src)) = seen.insert(&h.name.value, (h.name.span, hsrc)) {
             let same_file = first_src.name() == hsrc.name();
@@ -224,7 +226,7 @@ fn static_hosts(
                 },
             });
         }
-        let (Some(address), Some(class)) = (&h.address, &h.class) else {
+        let (Some(_), Some(class)) = (&h.address, &h.class) else {
             continue;
         };
         let Some((cid, _)) = classes.get(&class.value) else {
@@ -238,13 +240,22 @@ fn static_hosts(
             continue;
         };
         counts[*cid] += 1;
-        hosts.push(HostSpec {
-            name: h.name.value.clone(),
-            address: address.value.clone(),
-            class: *cid,
-            tags: h.tags.iter().cloned().collect(),
-        });
+        if let Some(last) = valid.last_mut() {
+            *last = Some(*cid);
+        }
     }
+    let hosts: Vec<HostSpec> = all
+        .into_iter()
+        .zip(valid)
+        .filter_map(|((h, _), class)| {
+            Some(HostSpec {
+                class: class?,
+                address: h.address?.value,
+                name: h.name.value,
+                tags: h.tags.into_iter().collect(),
+            })
+        })
+        .collect();
     if on_empty == OnEmpty::Error {
         for (name, (cid, span)) in classes {
             if counts[*cid] == 0 {

@@ -9,7 +9,7 @@ mod raw;
 mod raw_inventory;
 mod read;
 mod source;
-mod suggest;
+pub(crate) mod suggest;
 pub mod value;
 
 pub use error::{SiteError, SiteErrors};

@@ -25,6 +25,29 @@ pub struct Site {
     /// Services in dependency order: a service comes after every service it needs at runtime;
     /// ties keep declaration order.
     pub order: Vec<ServiceId>,
+    /// The run's failure budget (`max-failed` in the `site` node): no new wave of any service
+    /// starts once more hosts than this have failed across the run. `None`: no run budget.
+    pub max_failed: Option<Quota>,
+    /// Secrets every service's hooks get (`secret` in the `site` node); read at apply time.
+    pub secrets: Vec<Secret>,
+}
+
+/// A value read on the controller at apply time and handed to hooks as an environment
+/// variable; never written into a plan, a log or an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secret {
+    /// The environment variable the hooks see.
+    pub name: String,
+    pub source: SecretSource,
+}
+
+/// Where a secret's value comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// The controller's environment variable of this name.
+    Env(String),
+    /// A file on the controller (relative paths are resolved against the site file's directory).
+    File(PathBuf),
 }
 
 /// A role that hosts play, and the services that role runs.
@@ -45,6 +68,8 @@ pub struct Service {
     pub needs: Vec<Need>,
     pub policy: Arc<Policy>,
     pub hooks: Hooks,
+    /// Secrets only this service's hooks get (besides the site's).
+    pub secrets: Vec<Secret>,
 }
 
 /// A dependency on another service.
@@ -91,6 +116,9 @@ pub struct Policy {
     pub name: String,
     pub batch: Quota,
     pub max_failed: Quota,
+    /// The wave's failure budget: once more of a wave's hosts than this have failed, no new
+    /// step of that wave starts. A share is of the wave's hosts. `None`: no wave budget.
+    pub wave_max_failed: Option<Quota>,
     pub canary: u64,
     pub pause: Pause,
     pub spread: Option<String>,
@@ -105,6 +133,7 @@ impl Default for Policy {
             name: "default".into(),
             batch: Quota::Percent(2500),
             max_failed: Quota::Count(0),
+            wave_max_failed: None,
             canary: 0,
             pause: Pause::Wait(Duration::ZERO),
             spread: None,
@@ -175,6 +204,10 @@ pub struct SshOptions {
     pub known_hosts: Option<PathBuf>,
     pub config: Option<PathBuf>,
     pub connect_timeout: Duration,
+    /// Accept and record the key of a host not yet in known_hosts (OpenSSH's
+    /// `StrictHostKeyChecking accept-new`); a changed key is still refused. Never set from a
+    /// file: only `deploy apply --accept-new-host-keys` turns it on, for one run.
+    pub accept_new_host_keys: bool,
 }
 
 /// Where class → hosts comes from.

@@ -13,6 +13,11 @@ pub struct RawSite {
     pub version: Option<Spanned<String>>,
     pub platform: Option<Spanned<String>>,
     pub policy: Option<Spanned<String>>,
+    /// The default `timeout=` of every hook but `check`.
+    pub hook_timeout: Option<Spanned<Duration>>,
+    /// The run's failure budget.
+    pub max_failed: Option<Spanned<Quota>>,
+    pub secrets: Vec<RawSecret>,
     pub classes: Vec<RawClass>,
     pub services: Vec<RawService>,
     /// Where a missing `site` node would go (the start of the file).
@@ -33,6 +38,17 @@ pub struct RawService {
     pub needs: Vec<RawNeed>,
     pub policy: Option<Spanned<String>>,
     pub hooks: Vec<RawHook>,
+    pub secrets: Vec<RawSecret>,
+}
+
+/// `secret "NAME" env="VAR"` or `secret "NAME" file="path"`.
+#[derive(Debug)]
+pub struct RawSecret {
+    pub name: Spanned<String>,
+    pub env: Option<Spanned<String>>,
+    pub file: Option<Spanned<String>>,
+    /// The node's name, for a secret that names no source.
+    pub span: SourceSpan,
 }
 
 #[derive(Debug)]
@@ -82,6 +98,7 @@ pub struct RawPolicy {
     pub name: Option<Spanned<String>>,
     pub batch: Option<Spanned<Quota>>,
     pub max_failed: Option<Spanned<Quota>>,
+    pub wave_max_failed: Option<Spanned<Quota>>,
     pub canary: Option<Spanned<u64>>,
     /// `None` inside: "confirm".
     pub pause: Option<Spanned<Option<Duration>>>,
@@ -112,14 +129,22 @@ pub struct RawTransport {
 }
 
 const SITE_TOP: &[&str] = &["site", "class", "service"];
-const SITE_SETTINGS: &[&str] = &["version", "platform", "policy"];
+const SITE_SETTINGS: &[&str] = &[
+    "version",
+    "platform",
+    "policy",
+    "hook-timeout",
+    "max-failed",
+    "secret",
+];
 const SERVICE_NODES: &[&str] = &[
     "version", "port", "needs", "policy", "install", "stop", "migrate", "start", "check",
-    "rollback",
+    "rollback", "secret",
 ];
 const POLICY_NODES: &[&str] = &[
     "batch",
     "max-failed",
+    "wave-max-failed",
     "canary",
     "pause",
     "spread",
@@ -158,8 +183,29 @@ pub fn site(r: &mut Reader<'_>, doc: &KdlDocument) -> RawSite {
 fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
     r.shape(node, 1, &[], true);
     raw.name = r.string_arg(node, "the site's name");
-    let (mut v, mut pl, mut po) = (None, None, None);
+    let (mut v, mut pl, mut po, mut ht, mut mf) = (None, None, None, None, None);
     for n in r.children(node, SITE_SETTINGS) {
+        match n.name().value() {
+            "secret" => {
+                raw.secrets.extend(secret(r, n));
+                continue;
+            }
+            "hook-timeout" => {
+                r.shape(n, 1, &[], false);
+                if r.once(&mut ht, n) {
+                    raw.hook_timeout = r.duration_arg(n, "the default hook timeout");
+                }
+                continue;
+            }
+            "max-failed" => {
+                r.shape(n, 1, &[], false);
+                if r.once(&mut mf, n) {
+                    raw.max_failed = r.quota_arg(n, "the run's failure budget");
+                }
+                continue;
+            }
+            _ => {}
+        }
         r.shape(n, 1, &[], false);
         let (seen, slot) = match n.name().value() {
             "version" => (&mut v, &mut raw.version),
@@ -170,6 +216,20 @@ fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
             *slot = r.string_arg(n, &format!("the {}", n.name().value()));
         }
     }
+}
+
+/// `secret "NAME" env="VAR"` or `secret "NAME" file="path"`; repeatable.
+fn secret(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawSecret> {
+    r.shape(n, 1, &["env", "file"], false);
+    let env = r.string_prop(n, "env");
+    let file = r.string_prop(n, "file");
+    let name = r.string_arg(n, "the secret's name")?;
+    Some(RawSecret {
+        name,
+        env,
+        file,
+        span: Reader::name_span(n),
+    })
 }
 
 fn class(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawClass> {
@@ -213,12 +273,17 @@ fn service(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawService> {
         needs: Vec::new(),
         policy: None,
         hooks: Vec::new(),
+        secrets: Vec::new(),
     };
     let mut seen: [Option<SourceSpan>; SERVICE_NODES.len()] = Default::default();
     for n in r.children(node, SERVICE_NODES) {
         let key = n.name().value();
         if key == "needs" {
             s.needs.extend(need(r, n));
+            continue;
+        }
+        if key == "secret" {
+            s.secrets.extend(secret(r, n));
             continue;
         }
         let slot = SERVICE_NODES.iter().position(|k| *k == key).unwrap_or(0);
@@ -306,6 +371,9 @@ pub fn policy(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPolicy {
             match key {
                 "batch" => raw.batch = r.quota_arg(n, "the batch size"),
                 "max-failed" => raw.max_failed = r.quota_arg(n, "the failure budget"),
+                "wave-max-failed" => {
+                    raw.wave_max_failed = r.quota_arg(n, "the wave's failure budget")
+                }
                 "canary" => {
                     raw.canary = r.integer_arg(n, "the canary size", 0, i128::from(u32::MAX))
                 }

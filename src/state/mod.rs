@@ -1,10 +1,15 @@
 //! What each host runs: the record every host keeps, and how the controller reads it.
 
+pub mod journal;
+pub mod lock;
 mod observe;
+mod private;
 mod record;
 mod status;
+mod unreadable;
 
 pub use observe::{Offline, Remote};
+pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
 pub use status::{status, HostStatus, ServiceStatus, Status, Unaccounted, STATUS_SCHEMA};
 

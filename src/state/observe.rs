@@ -33,14 +33,16 @@ impl<T: Transport> Observe for Remote<T> {
                 name: h.name.to_string(),
                 address: h.address.to_string(),
             };
-            let (transport, gate, script) = (
+            let (transport, gate, script, dir) = (
                 self.transport.clone(),
                 gate.clone(),
                 read_script(&self.state_dir),
+                self.state_dir.clone(),
             );
             tasks.spawn(async move {
                 let _permit = gate.acquire_owned().await;
-                (i, observe_one(&*transport, &target, &script).await)
+                let observed = observe_one(&*transport, &target, &script).await;
+                (i, super::unreadable::explain(observed, &dir))
             });
         }
         let mut out = vec![Observed::Fresh; hosts.hosts.len()];

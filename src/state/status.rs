@@ -18,6 +18,9 @@ pub struct Status {
     /// Host/service pairs at their desired version with no recorded failure.
     pub converged: usize,
     pub total: usize,
+    /// The run of `deploy apply` that did not finish (interrupted, or its process died), from
+    /// its journal on this controller; `null` when there is none.
+    pub unfinished_run: Option<super::journal::RunRecord>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -57,6 +60,7 @@ pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
         unaccounted: Vec::new(),
         converged: 0,
         total: 0,
+        unfinished_run: None,
     };
     for (h, o) in hosts.hosts.iter().zip(observed) {
         let reason = match o {

@@ -39,20 +39,61 @@ impl Transport for Local {
     }
 }
 
-impl Link for LocalLink {
-    async fn run(&self, script: &str) -> Result<Output, TransportError> {
-        let out = tokio::process::Command::new("/bin/sh")
-            .arg("-c")
+impl LocalLink {
+    /// `/bin/sh -c script` in the host's directory, in a process group of its own (as sshd
+    /// gives every session), so that `kill -- -$$` reaches everything the script started.
+    fn command(&self, script: &str) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.arg("-c")
             .arg(script)
             .current_dir(&self.dir)
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    fn error(&self, e: std::io::Error) -> TransportError {
+        TransportError::Command {
+            host: self.host.clone(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+impl Link for LocalLink {
+    async fn run(&self, script: &str) -> Result<Output, TransportError> {
+        let out = self
+            .command(script)
             .stdin(Stdio::null())
-            .kill_on_drop(true)
             .output()
             .await
-            .map_err(|e| TransportError::Command {
-                host: self.host.clone(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| self.error(e))?;
+        Ok(Output {
+            code: out.status.code(),
+            stdout: out.stdout,
+            stderr: out.stderr,
+        })
+    }
+
+    async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
+        use tokio::io::AsyncWriteExt;
+        let mut child = self
+            .command(script)
+            .stdin(Stdio::piped())
+            .spawn()
+            .map_err(|e| self.error(e))?;
+        let stdin = child.stdin.take();
+        let write = async move {
+            if let Some(mut stdin) = stdin {
+                // A script that exits without reading its input is not an error here.
+                let _ = stdin.write_all(input).await;
+                let _ = stdin.shutdown().await;
+            }
+        };
+        let (_, out) = tokio::join!(write, child.wait_with_output());
+        let out = out.map_err(|e| self.error(e))?;
         Ok(Output {
             code: out.status.code(),
             stdout: out.stdout,

@@ -47,6 +47,15 @@ pub enum TransportError {
         address: String,
         reason: String,
     },
+    /// Strict host key checking refused the host: its key is unknown or has changed.
+    #[error("cannot connect to {host} ({address}): {reason}; {help}")]
+    #[diagnostic(code(drover::transport::host_key))]
+    HostKey {
+        host: String,
+        address: String,
+        reason: String,
+        help: String,
+    },
     #[error("lost {host} while running a command: {reason}")]
     #[diagnostic(code(drover::transport::command))]
     Command { host: String, reason: String },
@@ -62,9 +71,39 @@ pub trait Transport: Send + Sync + 'static {
 }
 
 /// An open connection to one host; every command on that host goes through it.
+///
+/// `run` runs `script` with `/bin/sh -c` semantics in a process group of its own whose id is
+/// the shell's `$$` (sshd makes every session its own; the `local` transport starts one), so
+/// that a hook that hangs can be killed with everything it started.
 pub trait Link: Send + Sync + 'static {
     fn run(&self, script: &str) -> impl Future<Output = Result<Output, TransportError>> + Send;
+    /// Runs `script` with `input` on its standard input: how the hooks' secrets travel, never
+    /// on a command line. The default, for links that cannot feed standard input, hands
+    /// `input` to the script in a here-document (it then shows in the host's process list).
+    fn run_input(
+        &self,
+        script: &str,
+        input: &[u8],
+    ) -> impl Future<Output = Result<Output, TransportError>> + Send {
+        let script = here_document(script, input);
+        async move { self.run(&script).await }
+    }
     fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// `script` run with `input` as its standard input, through a here-document.
+pub fn here_document(script: &str, input: &[u8]) -> String {
+    let text = String::from_utf8_lossy(input);
+    let mut tag = String::from("DROVER_INPUT");
+    while text.lines().any(|l| l == tag) {
+        tag.push('_');
+    }
+    let newline = if text.ends_with('\n') || text.is_empty() {
+        ""
+    } else {
+        "\n"
+    };
+    format!("exec <<'{tag}'\n{text}{newline}{tag}\n{script}")
 }
 
 /// The transport a platform names.
@@ -103,6 +142,12 @@ impl Link for AnyLink {
         match self {
             AnyLink::Ssh(l) => l.run(script).await,
             AnyLink::Local(l) => l.run(script).await,
+        }
+    }
+    async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
+        match self {
+            AnyLink::Ssh(l) => l.run_input(script, input).await,
+            AnyLink::Local(l) => l.run_input(script, input).await,
         }
     }
     async fn close(self) {

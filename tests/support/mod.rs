@@ -3,4 +3,5 @@
 
 pub mod cli;
 pub mod fleet;
+pub mod moto;
 pub mod shop;

@@ -1,0 +1,475 @@
+//! What keeps `deploy apply` safe to interrupt and to run twice: signal handling, the site's
+//! locks, the run journal, and carrying on after an interrupted run. The engine knows none of
+//! this: it is told to stop through a [`Cancel`] handle and emits events, which the journal
+//! records.
+//!
+//! - **Signals**: from the start of `apply`, SIGINT and SIGTERM no longer kill `deploy`. The
+//!   first one stops the run from starting new steps (running ones finish, everything is
+//!   recorded, exit 130); the second aborts the running steps (their hooks' process groups
+//!   are killed on the hosts, the steps recorded as interrupted); a third exits at once.
+//! - **Locks**: `.drover/locks/<site>.lock` on the controller, then `<state-dir>/lock` on every
+//!   host of the site ([`crate::state::lock`]), both taken before any host's state is read and
+//!   released when `apply` ends, however it ends (but a third signal).
+//! - **Journal**: `.drover/runs/<run>/journal.ndjson`, and `.drover/unfinished/<site>.json`
+//!   naming it until the run ends uninterrupted ([`crate::state::journal`]).
+//! - **Carrying on**: an `apply` that finds an unfinished run says so, stops whatever hook that
+//!   run left running on its hosts, and then plans from the hosts' state files as always.
+
+use super::{code, ApplyArgs, Error};
+use crate::inventory::Hosts;
+use crate::plan::Plan;
+use crate::rollout::{kill_script, Cancel, Level, Sink, Summary};
+use crate::site::Site;
+use crate::state::journal::{self, Journal, Journaled, RunContext, RunRecord, CONTROLLER_DIR};
+use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError};
+use crate::transport::{AnyTransport, Link, Target, Transport};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// The process's interrupt handle, once `apply` has taken signals over.
+static INTERRUPTS: OnceLock<Cancel> = OnceLock::new();
+
+/// The locks this `apply` holds.
+struct Held {
+    holder: Holder,
+    file: Option<FileLock>,
+    fleet: Option<FleetLock<AnyTransport>>,
+}
+
+/// One `deploy apply`: its signals, locks, journal and the run it carries on.
+pub struct Session {
+    runtime: tokio::runtime::Runtime,
+    pub cancel: Cancel,
+    pub run_id: String,
+    root: PathBuf,
+    break_lock: bool,
+    max_connections: usize,
+    held: Mutex<Held>,
+    /// The unfinished run found when the locks were taken.
+    resumed: Mutex<Option<RunRecord>>,
+    journal: Mutex<Option<Arc<Journaled>>>,
+    site: Mutex<String>,
+}
+
+impl Session {
+    /// Takes SIGINT and SIGTERM over; nothing is locked yet.
+    pub fn begin(args: &ApplyArgs) -> Result<Session, Error> {
+        let runtime = super::runtime()?;
+        let cancel = INTERRUPTS.get_or_init(Cancel::new).clone();
+        let signals = cancel.clone();
+        // Registered before returning: from here on a signal does not kill the process.
+        let (mut int, mut term) = runtime
+            .block_on(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                Ok::<_, std::io::Error>((
+                    signal(SignalKind::interrupt())?,
+                    signal(SignalKind::terminate())?,
+                ))
+            })
+            .map_err(Error::Runtime)?;
+        runtime.spawn(async move {
+            loop {
+                let name = tokio::select! {
+                    _ = int.recv() => "SIGINT",
+                    _ = term.recv() => "SIGTERM",
+                };
+                if signals.aborting() {
+                    eprintln!("{name} a third time: exiting now, without recording anything more");
+                    std::process::exit(i32::from(code::INTERRUPTED));
+                }
+                signals.escalate(name);
+            }
+        });
+        let holder = Holder::me("", "");
+        Ok(Session {
+            runtime,
+            cancel,
+            run_id: format!(
+                "{}-{}",
+                humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+                    .to_string()
+                    .replace(':', ""),
+                std::process::id()
+            ),
+            root: PathBuf::from(CONTROLLER_DIR),
+            break_lock: args.break_lock,
+            max_connections: args.max_connections,
+            held: Mutex::new(Held {
+                holder,
+                file: None,
+                fleet: None,
+            }),
+            resumed: Mutex::new(None),
+            journal: Mutex::new(None),
+            site: Mutex::new(String::new()),
+        })
+    }
+
+    /// A signal came: stop.
+    pub fn stopping(&self) -> bool {
+        self.cancel.stopping()
+    }
+
+    /// `Some(130)` if a signal came before the rollout started (nothing was changed).
+    pub fn interrupted(&self) -> Option<u8> {
+        self.stopping().then(|| {
+            eprintln!("interrupted before anything was changed");
+            code::INTERRUPTED
+        })
+    }
+
+    /// `Ok(130)` if a signal made `error` happen (a question left unanswered), else `error`.
+    pub fn stopped_or(&self, error: Error) -> Result<u8, Error> {
+        self.interrupted().ok_or(error)
+    }
+
+    /// Locks the site, on the controller and on every host; then looks for an unfinished run
+    /// and stops what it left running. Refuses (exit 4) when someone else holds a lock.
+    pub fn lock(&self, site: &Site, hosts: &Hosts) -> Result<(), Error> {
+        *self.site.lock().unwrap_or_else(|p| p.into_inner()) = site.name.clone();
+        let me = Holder::me(&site.name, &self.run_id);
+        let refused = |e: LockError| match e {
+            LockError::Held { place, holder } => Error::Refused {
+                reason: format!(
+                    "another `deploy apply` of site {} is running: {place} is locked by {}",
+                    site.name,
+                    holder.map_or("a holder that cannot be read".into(), |h| h.describe())
+                ),
+                help: "wait for it to finish (`deploy status` shows the run); if it is dead \
+                       and its machine cannot tell (another controller), run `deploy apply \
+                       --break-lock`"
+                    .into(),
+            },
+            LockError::Failed { place, reason } => Error::Refused {
+                reason: format!("cannot lock site {} ({place}): {reason}", site.name),
+                help: "nothing was changed; check that the directory and the hosts' state \
+                       directories are writable"
+                    .into(),
+            },
+        };
+        let file = FileLock::new(&self.root, &site.name);
+        let taken = self
+            .runtime
+            .block_on(file.acquire(&me, self.break_lock))
+            .map_err(refused)?;
+        report_broken(&taken.broken);
+        {
+            let mut held = self.held();
+            held.holder = me.clone();
+            held.file = Some(file);
+        }
+        let transport = Arc::new(AnyTransport::for_platform(&site.platform));
+        let targets: Vec<Target> = hosts
+            .hosts
+            .iter()
+            .map(|h| Target {
+                name: h.name.to_string(),
+                address: h.address.to_string(),
+            })
+            .collect();
+        let state_dir = site.platform.host_state_dir();
+        let fleet = FleetLock::new(
+            transport.clone(),
+            targets.clone(),
+            &state_dir,
+            self.max_connections,
+        );
+        let taken = self
+            .runtime
+            .block_on(fleet.acquire(&me, self.break_lock))
+            .map_err(refused)?;
+        report_broken(&taken.broken);
+        if !taken.unreachable.is_empty() {
+            let names: Vec<&str> = taken.unreachable.iter().map(|(h, _)| h.as_str()).collect();
+            eprintln!(
+                "warning: not locked, since they do not answer: {}",
+                names.join(", ")
+            );
+        }
+        self.held().fleet = Some(fleet);
+        self.carry_on(site, &transport, &targets, &state_dir);
+        Ok(())
+    }
+
+    /// An unfinished run of this site: say where it stopped, and kill the hooks it may have
+    /// left running on the hosts of its steps in flight (a run that died, rather than stopped
+    /// on a signal, does not get to stop them).
+    fn carry_on(
+        &self,
+        site: &Site,
+        transport: &Arc<AnyTransport>,
+        targets: &[Target],
+        state_dir: &str,
+    ) {
+        let rec = match journal::unfinished(&self.root, &site.name) {
+            Ok(Some(rec)) => rec,
+            Ok(None) => return,
+            Err(e) => {
+                eprintln!(
+                    "warning: the unfinished run of {} cannot be read: {e}",
+                    site.name
+                );
+                return;
+            }
+        };
+        eprintln!("carrying on: run {}", rec.describe());
+        if rec.site_digest.as_deref().is_some_and(|d| d != site.digest) {
+            eprintln!(
+                "note: the site files changed since that run started; the new site is applied"
+            );
+        }
+        let Some(holder) = rec
+            .holder
+            .clone()
+            .filter(|h| h.liveness() != Liveness::Alive)
+        else {
+            *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
+            return;
+        };
+        let mut hosts: Vec<&Target> = rec
+            .in_flight
+            .iter()
+            .filter_map(|s| targets.iter().find(|t| t.name == s.host))
+            .collect();
+        hosts.dedup_by(|a, b| a.name == b.name);
+        let script = kill_script(state_dir, holder.pid);
+        for target in hosts {
+            let killed = self.runtime.block_on(async {
+                let link = transport.connect(target).await.ok()?;
+                let out = tokio::time::timeout(Duration::from_secs(30), link.run(&script)).await;
+                link.close().await;
+                let out = out.ok()?.ok()?;
+                String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            });
+            match killed {
+                Some(0) => {}
+                Some(n) => eprintln!(
+                    "stopped {n} hook{} that run {} left running on {}",
+                    if n == 1 { "" } else { "s" },
+                    rec.run,
+                    target.name
+                ),
+                None => eprintln!(
+                    "warning: could not check {} for hooks run {} left running",
+                    target.name, rec.run
+                ),
+            }
+        }
+        *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
+    }
+
+    /// For a saved plan that drifted: a line saying when the drift is this plan's own,
+    /// half-done by an interrupted run.
+    pub fn own_drift(&self, plan: &Plan) -> Option<String> {
+        let resumed = self.resumed.lock().unwrap_or_else(|p| p.into_inner());
+        let rec = resumed.as_ref()?;
+        (rec.plan_digest.as_deref() == Some(&plan_digest(plan))).then(|| {
+            format!(
+                "run {} carried out part of this plan and was interrupted; to finish it, apply \
+                 the site ({}): its plan starts from where the hosts are now",
+                rec.run, plan.site_file
+            )
+        })
+    }
+
+    /// Nothing to change: an unfinished run has nothing left either (when every host answered).
+    pub fn nothing_to_do(&self, every_host_answered: bool) {
+        let resumed = self
+            .resumed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let (Some(rec), true) = (resumed, every_host_answered) {
+            let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if journal::clear_unfinished(&self.root, &site).is_ok() {
+                eprintln!("run {} has nothing left to do: it is finished", rec.run);
+            }
+        }
+    }
+
+    /// Wraps `sink` with the run's journal, and records the run as the site's unfinished one
+    /// until it ends.
+    pub fn journaled(
+        &self,
+        sink: Arc<dyn Sink>,
+        site: &Site,
+        plan: &Plan,
+        log_dir: &Path,
+    ) -> Result<Arc<dyn Sink>, Error> {
+        let write = |source| Error::Write {
+            path: log_dir.join(journal::JOURNAL_FILE),
+            source,
+        };
+        let journal = Journal::create(log_dir).map_err(write)?;
+        journal::set_unfinished(&self.root, &site.name, &self.run_id, journal.path())
+            .map_err(write)?;
+        let resumes = self
+            .resumed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|r| r.run.clone());
+        let holder = self.held().holder.clone();
+        let journaled = Arc::new(Journaled::new(
+            journal,
+            sink,
+            self.cancel.clone(),
+            RunContext {
+                site_file: plan.site_file.clone(),
+                site_digest: plan.site_digest.clone(),
+                plan_digest: plan_digest(plan),
+                holder,
+                resumes,
+            },
+        ));
+        *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(journaled.clone());
+        Ok(journaled)
+    }
+
+    /// After the rollout: `Some(code)` when it was interrupted (130) or its journal failed
+    /// (5); otherwise the run is finished and no longer the site's unfinished one.
+    pub fn finish(&self, summary: &Summary) -> Option<u8> {
+        let journaled = self
+            .journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(error) = journaled.as_ref().and_then(|j| j.error()) {
+            eprintln!("error: {error}; the run stopped starting steps");
+            return Some(code::ENVIRONMENT);
+        }
+        let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if self.cancel.level() == Level::Running {
+            if let Err(e) = journal::clear_unfinished(&self.root, &site) {
+                eprintln!("warning: cannot mark the run finished: {e}");
+            }
+            return None;
+        }
+        let journal = journaled.map(|j| j.path().display().to_string());
+        eprintln!(
+            "interrupted: {} ok, {} failed, {} not started; journal {}. Run `deploy apply` \
+             again to carry on; `deploy status` shows where it stopped.",
+            summary.succeeded,
+            summary.failed,
+            summary.not_started,
+            journal.unwrap_or_default()
+        );
+        Some(code::INTERRUPTED)
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Session {
+    /// Gives the locks back: the hosts' first, then the controller's.
+    fn drop(&mut self) {
+        let held = std::mem::replace(
+            &mut *self.held(),
+            Held {
+                holder: Holder::me("", ""),
+                file: None,
+                fleet: None,
+            },
+        );
+        if let Some(fleet) = held.fleet {
+            if let Err(LockError::Failed { reason, .. } | LockError::Held { place: reason, .. }) =
+                self.runtime.block_on(fleet.release(&held.holder))
+            {
+                eprintln!(
+                    "warning: the site's lock is left behind: {reason}; the next `deploy apply` \
+                     from this machine takes it over"
+                );
+            }
+        }
+        if let Some(file) = held.file {
+            if let Err(e) = self.runtime.block_on(file.release(&held.holder)) {
+                eprintln!("warning: {e}");
+            }
+        }
+    }
+}
+
+/// `deploy status`: the site's unfinished run, if any.
+pub fn unfinished(site: &str) -> Option<RunRecord> {
+    match journal::unfinished(Path::new(CONTROLLER_DIR), site) {
+        Ok(rec) => rec,
+        Err(e) => {
+            eprintln!("warning: the unfinished run of {site} cannot be read: {e}");
+            None
+        }
+    }
+}
+
+/// The plan's digest, as the journal records it: sha256 of its JSON.
+pub fn plan_digest(plan: &Plan) -> String {
+    let json = serde_json::to_vec(plan).unwrap_or_default();
+    Sha256::digest(&json)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Locks that were taken over or broken, one line per holder.
+fn report_broken(broken: &[Broken]) {
+    let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
+    for b in broken {
+        match seen
+            .iter_mut()
+            .find(|(h, s, _)| *h == &b.holder && *s == b.stale)
+        {
+            Some((_, _, places)) => places.push(&b.place),
+            None => seen.push((&b.holder, b.stale, vec![&b.place])),
+        }
+    }
+    for (holder, stale, places) in seen {
+        let whose = holder
+            .as_ref()
+            .map_or("a lock whose holder cannot be read".into(), |h| {
+                format!("the lock of {}", h.describe())
+            });
+        let places = if places.len() > 3 {
+            format!("{}, … ({} places)", places[..3].join(", "), places.len())
+        } else {
+            places.join(", ")
+        };
+        if stale {
+            eprintln!("took over {whose}: its process is gone ({places})");
+        } else {
+            eprintln!("--break-lock: broke {whose} ({places})");
+        }
+    }
+}
+
+/// A line from the terminal; empty if a signal comes first (the question then counts as
+/// not answered).
+pub fn read_answer() -> String {
+    let Some(cancel) = INTERRUPTS.get() else {
+        let mut answer = String::new();
+        let _ = std::io::stdin().read_line(&mut answer);
+        return answer;
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut answer = String::new();
+        let _ = std::io::stdin().read_line(&mut answer);
+        let _ = tx.send(answer);
+    });
+    loop {
+        if cancel.stopping() {
+            eprintln!();
+            return String::new();
+        }
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(answer) => return answer,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => return String::new(),
+        }
+    }
+}

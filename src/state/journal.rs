@@ -1,0 +1,801 @@
+//! The run journal: what a `deploy apply` set out to do and what became of it, written on the
+//! controller as it happens, so that an interrupted run can be told apart from a finished one,
+//! shown (`deploy status`) and carried on (`deploy apply`).
+//!
+//! - One journal per run: `.drover/runs/<run-id>/journal.ndjson`, beside the run's step logs.
+//!   One JSON object per line; each line is written and the file synced (`fsync`) before the
+//!   rollout goes on, and the directories it creates are synced too. A step's intent is on disk
+//!   before its first command is sent; its result once its last state write is done.
+//! - One pointer per site to the run that is not finished: `.drover/unfinished/<site>.json`
+//!   (`{"run", "journal"}`), written (atomically) when a run starts and removed when one ends
+//!   without being interrupted. A pointer left behind means the run was interrupted, or its
+//!   process died; the journal it names says how far it got.
+//!
+//! Entries (`entry`): `run-started` (the plan's and the site's digests, who ran it, the run it
+//! resumes), `step-intent`, `hook-started`, `hook-finished`, `step-result`, `step-blocked`,
+//! `service-finished`, `interrupted`, `run-finished`. Every line also has `time`.
+
+use super::lock::{create_dirs, file_name, sync_dir, Holder};
+use crate::rollout::{Cancel, Event, EventKind, Level, Sink};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Where `deploy` keeps its own files on the controller, relative to where it runs.
+pub const CONTROLLER_DIR: &str = ".drover";
+
+/// The journal's file name in its run's directory.
+pub const JOURNAL_FILE: &str = "journal.ndjson";
+
+/// One line of the journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    /// RFC 3339, UTC, milliseconds.
+    pub time: String,
+    #[serde(flatten)]
+    pub entry: Entry,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "entry", rename_all = "kebab-case")]
+pub enum Entry {
+    RunStarted {
+        run: String,
+        site: String,
+        site_file: String,
+        site_digest: String,
+        /// sha256 of the plan as saved by `deploy plan --out`.
+        plan_digest: String,
+        steps: usize,
+        hosts: usize,
+        holder: Box<Holder>,
+        /// The unfinished run this one carries on, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resumes: Option<String>,
+    },
+    StepIntent {
+        service: String,
+        host: String,
+        from: Option<String>,
+        to: String,
+    },
+    HookStarted {
+        service: String,
+        host: String,
+        hook: String,
+    },
+    HookFinished {
+        service: String,
+        host: String,
+        hook: String,
+        ok: bool,
+        code: Option<i32>,
+        ms: u64,
+    },
+    StepResult {
+        service: String,
+        host: String,
+        ok: bool,
+        failed_hook: Option<String>,
+        rolled_back: bool,
+        reason: Option<String>,
+    },
+    StepBlocked {
+        service: String,
+        host: String,
+        reason: String,
+    },
+    ServiceFinished {
+        service: String,
+        outcome: String,
+        reason: Option<String>,
+    },
+    Interrupted {
+        abort: bool,
+        running: usize,
+        reason: String,
+    },
+    RunFinished {
+        converged: bool,
+        interrupted: bool,
+        succeeded: usize,
+        failed: usize,
+        not_started: usize,
+    },
+}
+
+/// An open journal, appended to and synced line by line.
+///
+/// Appends from many steps at once share their syncs (group commit): whoever finds no sync
+/// under way writes every line queued so far and syncs once, while the others wait for a sync
+/// that covers their line. Each `append` returns only once its line is on disk.
+pub struct Journal {
+    path: PathBuf,
+    state: Mutex<Queue>,
+    synced: Condvar,
+}
+
+struct Queue {
+    /// Out while a sync is under way (its leader holds it).
+    file: Option<std::fs::File>,
+    /// Lines not yet written.
+    pending: Vec<u8>,
+    /// Lines numbered from 1: the last queued, and the last synced.
+    queued: u64,
+    done: u64,
+    syncing: bool,
+    /// The lines (from, to) of the last sync that failed, and its error.
+    failed: Option<(u64, u64, String)>,
+}
+
+impl Journal {
+    /// Creates `dir/journal.ndjson` (and `dir`), syncing every directory it creates.
+    pub fn create(dir: &Path) -> std::io::Result<Journal> {
+        create_dirs(dir)?;
+        let path = dir.join(JOURNAL_FILE);
+        // The operator's alone, as the run's logs (`0600`).
+        let file = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new().append(true).create_new(true),
+            0o600,
+        )
+        .open(&path)?;
+        sync_dir(Some(dir))?;
+        Ok(Journal {
+            path,
+            state: Mutex::new(Queue {
+                file: Some(file),
+                pending: Vec::new(),
+                queued: 0,
+                done: 0,
+                syncing: false,
+                failed: None,
+            }),
+            synced: Condvar::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one line; returns once it is synced to disk.
+    pub fn append(&self, time: &str, entry: Entry) -> std::io::Result<()> {
+        let line = Line {
+            time: time.to_string(),
+            entry,
+        };
+        let mut text = serde_json::to_string(&line).map_err(std::io::Error::other)?;
+        text.push('\n');
+        let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        q.pending.extend_from_slice(text.as_bytes());
+        q.queued += 1;
+        let mine = q.queued;
+        loop {
+            if q.done >= mine {
+                return match &q.failed {
+                    Some((from, to, e)) if (*from..=*to).contains(&mine) => {
+                        Err(std::io::Error::other(e.clone()))
+                    }
+                    _ => Ok(()),
+                };
+            }
+            if q.syncing {
+                q = self.synced.wait(q).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            // Lead a sync of everything queued so far.
+            q.syncing = true;
+            let batch = std::mem::take(&mut q.pending);
+            let (from, upto) = (q.done + 1, q.queued);
+            let mut file = q.file.take();
+            drop(q);
+            let result = match file.as_mut() {
+                Some(f) => f.write_all(&batch).and_then(|_| f.sync_data()),
+                None => Err(std::io::Error::other("the journal is closed")),
+            };
+            q = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            q.file = file;
+            q.syncing = false;
+            q.done = upto;
+            if let Err(e) = result {
+                q.failed = Some((from, upto, e.to_string()));
+            }
+            self.synced.notify_all();
+        }
+    }
+}
+
+/// `.drover/unfinished/<site>.json`.
+pub fn pointer_path(root: &Path, site: &str) -> PathBuf {
+    root.join("unfinished")
+        .join(format!("{}.json", file_name(site)))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Pointer {
+    run: String,
+    journal: String,
+}
+
+/// Records that `run`, journaled in `journal`, is the site's unfinished run (atomically).
+pub fn set_unfinished(root: &Path, site: &str, run: &str, journal: &Path) -> std::io::Result<()> {
+    let path = pointer_path(root, site);
+    let dir = path.parent().unwrap_or(root);
+    create_dirs(dir)?;
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string(&Pointer {
+        run: run.into(),
+        journal: journal.display().to_string(),
+    })
+    .map_err(std::io::Error::other)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    sync_dir(Some(dir))
+}
+
+/// The site has no unfinished run (any more).
+pub fn clear_unfinished(root: &Path, site: &str) -> std::io::Result<()> {
+    let path = pointer_path(root, site);
+    match std::fs::remove_file(&path) {
+        Ok(()) => sync_dir(path.parent()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// How an unfinished run stands, from its journal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunRecord {
+    pub run: String,
+    /// The journal, relative to where `deploy` runs.
+    pub journal: String,
+    /// When it started, who ran it, what it resumed.
+    pub started: Option<String>,
+    pub holder: Option<Holder>,
+    pub resumes: Option<String>,
+    pub site_digest: Option<String>,
+    pub plan_digest: Option<String>,
+    /// `"interrupted"` (it stopped on a signal and recorded it), `"running"` (its process still
+    /// runs), `"died"` (it stopped without recording an end: killed, or its machine went down).
+    pub state: String,
+    /// When it was interrupted, or the time of its last entry.
+    pub last: Option<String>,
+    /// Steps planned, done, failed (interrupted ones included), blocked.
+    pub steps: usize,
+    pub succeeded: usize,
+    pub failed: usize,
+    pub blocked: usize,
+    /// Steps begun and never ended, in the order they began.
+    pub in_flight: Vec<InFlight>,
+}
+
+impl RunRecord {
+    /// One line: which run, since when, how far, what was in flight.
+    pub fn describe(&self) -> String {
+        let who = self
+            .holder
+            .as_ref()
+            .map(|h| format!(" by {} on {} (pid {})", h.user, h.controller, h.pid))
+            .unwrap_or_default();
+        let state = match self.state.as_str() {
+            "interrupted" => "interrupted",
+            "running" => "still running",
+            _ => "stopped without finishing (its process is gone)",
+        };
+        let mut text = format!(
+            "{} (started {}{who}), {state} at {}: {} of {} steps done, {} failed",
+            self.run,
+            self.started.as_deref().unwrap_or("?"),
+            self.last.as_deref().unwrap_or("?"),
+            self.succeeded,
+            self.steps,
+            self.failed
+        );
+        if self.in_flight.is_empty() {
+            text.push_str(", none in flight");
+        } else {
+            let steps: Vec<String> = self
+                .in_flight
+                .iter()
+                .map(|s| {
+                    let hook = s
+                        .hook
+                        .as_ref()
+                        .map(|h| format!(", in {h}"))
+                        .unwrap_or_default();
+                    let from = s.from.as_deref().unwrap_or("fresh");
+                    format!("{} on {} ({from} → {}{hook})", s.service, s.host, s.to)
+                })
+                .collect();
+            text.push_str(&format!("; in flight: {}", steps.join(", ")));
+        }
+        text
+    }
+}
+
+/// A step whose intent is in the journal but not its result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InFlight {
+    pub service: String,
+    pub host: String,
+    pub from: Option<String>,
+    pub to: String,
+    /// The hook that had started and not ended, if one had.
+    pub hook: Option<String>,
+}
+
+/// The site's unfinished run, if one is recorded; `Err` when its journal cannot be read.
+pub fn unfinished(root: &Path, site: &str) -> Result<Option<RunRecord>, String> {
+    let text = match std::fs::read_to_string(pointer_path(root, site)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let pointer: Pointer = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let journal = std::fs::read_to_string(&pointer.journal)
+        .map_err(|e| format!("{}: {e}", pointer.journal))?;
+    Ok(Some(read(&pointer.run, &pointer.journal, &journal)))
+}
+
+/// Folds a journal's lines into where its run stands. A last line cut short (the process died
+/// while writing it) is ignored.
+pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
+    let mut rec = RunRecord {
+        run: run.to_string(),
+        journal: path.to_string(),
+        started: None,
+        holder: None,
+        resumes: None,
+        site_digest: None,
+        plan_digest: None,
+        state: "died".into(),
+        last: None,
+        steps: 0,
+        succeeded: 0,
+        failed: 0,
+        blocked: 0,
+        in_flight: Vec::new(),
+    };
+    let mut open: BTreeMap<(String, String), (usize, InFlight)> = BTreeMap::new();
+    let mut order = 0;
+    let mut ended = false;
+    for line in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+    {
+        rec.last = Some(line.time.clone());
+        match line.entry {
+            Entry::RunStarted {
+                site_digest,
+                plan_digest,
+                steps,
+                holder,
+                resumes,
+                ..
+            } => {
+                rec.started = Some(line.time);
+                rec.site_digest = Some(site_digest);
+                rec.plan_digest = Some(plan_digest);
+                rec.steps = steps;
+                rec.holder = Some(*holder);
+                rec.resumes = resumes;
+            }
+            Entry::StepIntent {
+                service,
+                host,
+                from,
+                to,
+            } => {
+                order += 1;
+                let key = (service.clone(), host.clone());
+                let step = InFlight {
+                    service,
+                    host,
+                    from,
+                    to,
+                    hook: None,
+                };
+                open.insert(key, (order, step));
+            }
+            Entry::HookStarted {
+                service,
+                host,
+                hook,
+            } => {
+                if let Some((_, s)) = open.get_mut(&(service, host)) {
+                    s.hook = Some(hook);
+                }
+            }
+            Entry::HookFinished { service, host, .. } => {
+                if let Some((_, s)) = open.get_mut(&(service, host)) {
+                    s.hook = None;
+                }
+            }
+            Entry::StepResult {
+                service, host, ok, ..
+            } => {
+                open.remove(&(service, host));
+                if ok {
+                    rec.succeeded += 1;
+                } else {
+                    rec.failed += 1;
+                }
+            }
+            Entry::StepBlocked { .. } => rec.blocked += 1,
+            Entry::Interrupted { .. } => {
+                rec.state = "interrupted".into();
+            }
+            Entry::RunFinished { interrupted, .. } => {
+                ended = true;
+                if interrupted {
+                    rec.state = "interrupted".into();
+                }
+            }
+            Entry::ServiceFinished { .. } => {}
+        }
+    }
+    if !ended {
+        let alive = rec
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.liveness() != super::lock::Liveness::Dead);
+        rec.state = if alive { "running" } else { "died" }.into();
+    }
+    let mut in_flight: Vec<(usize, InFlight)> = open.into_values().collect();
+    in_flight.sort_by_key(|(o, _)| *o);
+    rec.in_flight = in_flight.into_iter().map(|(_, s)| s).collect();
+    rec
+}
+
+/// What the journal records at the start of a run, besides what the events say.
+pub struct RunContext {
+    pub site_file: String,
+    pub site_digest: String,
+    pub plan_digest: String,
+    pub holder: Holder,
+    pub resumes: Option<String>,
+}
+
+/// A sink that journals every event that matters, durably, before passing it on. If the
+/// journal cannot be written, the run is told to stop starting steps (and the error is kept
+/// for the caller).
+pub struct Journaled {
+    journal: Journal,
+    inner: Arc<dyn Sink>,
+    cancel: Cancel,
+    context: RunContext,
+    error: Mutex<Option<String>>,
+}
+
+impl Journaled {
+    pub fn new(
+        journal: Journal,
+        inner: Arc<dyn Sink>,
+        cancel: Cancel,
+        context: RunContext,
+    ) -> Self {
+        Journaled {
+            journal,
+            inner,
+            cancel,
+            context,
+            error: Mutex::new(None),
+        }
+    }
+
+    /// The first failure to write the journal, if any.
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.journal.path()
+    }
+
+    fn entry(&self, kind: &EventKind) -> Option<Entry> {
+        Some(match kind.clone() {
+            EventKind::RunStarted {
+                run,
+                site,
+                steps,
+                hosts,
+                ..
+            } => Entry::RunStarted {
+                run,
+                site,
+                site_file: self.context.site_file.clone(),
+                site_digest: self.context.site_digest.clone(),
+                plan_digest: self.context.plan_digest.clone(),
+                steps,
+                hosts,
+                holder: Box::new(self.context.holder.clone()),
+                resumes: self.context.resumes.clone(),
+            },
+            EventKind::StepStarted {
+                service,
+                host,
+                from,
+                to,
+            } => Entry::StepIntent {
+                service,
+                host,
+                from,
+                to,
+            },
+            EventKind::HookStarted {
+                service,
+                host,
+                hook,
+            } => Entry::HookStarted {
+                service,
+                host,
+                hook,
+            },
+            EventKind::HookFinished {
+                service,
+                host,
+                hook,
+                ok,
+                code,
+                ms,
+            } => Entry::HookFinished {
+                service,
+                host,
+                hook,
+                ok,
+                code,
+                ms,
+            },
+            EventKind::StepFinished {
+                service,
+                host,
+                ok,
+                failed_hook,
+                rolled_back,
+                reason,
+                ..
+            } => Entry::StepResult {
+                service,
+                host,
+                ok,
+                failed_hook,
+                rolled_back,
+                reason,
+            },
+            EventKind::StepBlocked {
+                service,
+                host,
+                reason,
+            } => Entry::StepBlocked {
+                service,
+                host,
+                reason,
+            },
+            EventKind::ServiceFinished {
+                service,
+                outcome,
+                reason,
+                ..
+            } => Entry::ServiceFinished {
+                service,
+                outcome: serde_json::to_value(outcome)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                reason,
+            },
+            EventKind::Interrupted {
+                abort,
+                running,
+                reason,
+            } => Entry::Interrupted {
+                abort,
+                running,
+                reason,
+            },
+            EventKind::RunFinished {
+                converged,
+                succeeded,
+                failed,
+                not_started,
+                ..
+            } => Entry::RunFinished {
+                converged,
+                interrupted: self.cancel.stopping(),
+                succeeded,
+                failed,
+                not_started,
+            },
+            _ => return None,
+        })
+    }
+}
+
+impl Sink for Journaled {
+    fn emit(&self, event: Event) {
+        if let Some(entry) = self.entry(&event.kind) {
+            if let Err(e) = self.journal.append(&event.time, entry) {
+                let why = format!(
+                    "the run journal {} cannot be written: {e}",
+                    self.journal.path().display()
+                );
+                let mut error = self.error.lock().unwrap_or_else(|p| p.into_inner());
+                if error.is_none() {
+                    *error = Some(why.clone());
+                    self.cancel.raise(Level::Stop, &why);
+                }
+            }
+        }
+        self.inner.emit(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nothing;
+    impl Sink for Nothing {
+        fn emit(&self, _: Event) {}
+    }
+
+    fn ev(kind: EventKind) -> Event {
+        Event::now(kind)
+    }
+
+    fn step(service: &str, host: &str) -> EventKind {
+        EventKind::StepStarted {
+            service: service.into(),
+            host: host.into(),
+            from: Some("1.0".into()),
+            to: "2.0".into(),
+        }
+    }
+
+    fn finished(service: &str, host: &str, ok: bool) -> EventKind {
+        EventKind::StepFinished {
+            service: service.into(),
+            host: host.into(),
+            ok,
+            failed_hook: None,
+            rolled_back: false,
+            reason: None,
+            log: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_journal_tells_what_was_in_flight_and_the_pointer_finds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join(".drover");
+        let run_dir = root.join("runs").join("r1");
+        let cancel = Cancel::new();
+        let sink = Journaled::new(
+            Journal::create(&run_dir).unwrap(),
+            Arc::new(Nothing),
+            cancel.clone(),
+            RunContext {
+                site_file: "site.kdl".into(),
+                site_digest: "s".repeat(64),
+                plan_digest: "p".repeat(64),
+                holder: Holder::me("shop", "r1"),
+                resumes: None,
+            },
+        );
+        set_unfinished(&root, "shop", "r1", sink.path()).unwrap();
+        sink.emit(ev(EventKind::RunStarted {
+            schema: 1,
+            run: "r1".into(),
+            site: "shop".into(),
+            services: 1,
+            hosts: 3,
+            steps: 3,
+            log_dir: String::new(),
+        }));
+        for h in ["a1", "a2", "a3"] {
+            sink.emit(ev(step("api", h)));
+        }
+        sink.emit(ev(EventKind::HookStarted {
+            service: "api".into(),
+            host: "a2".into(),
+            hook: "migrate".into(),
+        }));
+        sink.emit(ev(finished("api", "a1", true)));
+        sink.emit(ev(finished("api", "a3", false)));
+        // The process "dies" here: no run-finished. Its holder is this (live) process.
+        let rec = unfinished(&root, "shop").unwrap().expect("a pointer");
+        assert_eq!(rec.run, "r1");
+        assert_eq!(rec.state, "running");
+        assert_eq!((rec.steps, rec.succeeded, rec.failed), (3, 1, 1));
+        assert_eq!(rec.in_flight.len(), 1);
+        assert_eq!(rec.in_flight[0].host, "a2");
+        assert_eq!(rec.in_flight[0].hook.as_deref(), Some("migrate"));
+        assert_eq!(rec.plan_digest.as_deref(), Some(&*"p".repeat(64)));
+
+        cancel.raise(Level::Stop, "SIGINT");
+        sink.emit(ev(EventKind::Interrupted {
+            abort: false,
+            running: 1,
+            reason: "SIGINT".into(),
+        }));
+        sink.emit(ev(finished("api", "a2", true)));
+        sink.emit(ev(EventKind::RunFinished {
+            converged: false,
+            succeeded: 2,
+            failed: 1,
+            not_started: 0,
+            ms: 1,
+        }));
+        let text = std::fs::read_to_string(sink.path()).unwrap();
+        // A torn last line does not spoil the rest.
+        let rec = read("r1", "j", &format!("{text}{{\"time\":\"x\",\"ent"));
+        assert_eq!(rec.state, "interrupted");
+        assert!(rec.in_flight.is_empty());
+        assert_eq!((rec.succeeded, rec.failed), (2, 1));
+        assert!(text.lines().all(|l| l.starts_with("{\"time\":")));
+        assert!(
+            text.contains("\"entry\":\"run-finished\",\"converged\":false,\"interrupted\":true")
+        );
+        clear_unfinished(&root, "shop").unwrap();
+        assert_eq!(unfinished(&root, "shop"), Ok(None));
+    }
+
+    #[test]
+    fn appends_from_many_threads_share_syncs_and_every_line_arrives_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::create(&dir.path().join("r")).unwrap());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let j = journal.clone();
+                std::thread::spawn(move || {
+                    for i in 0..25 {
+                        let entry = Entry::HookStarted {
+                            service: format!("s{t}"),
+                            host: format!("h{i}"),
+                            hook: "install".into(),
+                        };
+                        j.append("2026-01-01T00:00:00.000Z", entry).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = std::fs::read_to_string(journal.path()).unwrap();
+        let lines: Vec<Line> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a whole line"))
+            .collect();
+        assert_eq!(lines.len(), 200);
+    }
+
+    #[test]
+    fn a_journal_that_cannot_be_written_stops_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let cancel = Cancel::new();
+        let journal = Journal::create(&dir.path().join("r")).unwrap();
+        // Swap the file for one that refuses writes.
+        journal.state.lock().unwrap().file = Some(std::fs::File::open(journal.path()).unwrap());
+        let sink = Journaled::new(
+            journal,
+            Arc::new(Nothing),
+            cancel.clone(),
+            RunContext {
+                site_file: String::new(),
+                site_digest: String::new(),
+                plan_digest: String::new(),
+                holder: Holder::me("s", "r"),
+                resumes: None,
+            },
+        );
+        sink.emit(ev(step("api", "a1")));
+        assert_eq!(cancel.level(), Level::Stop);
+        assert!(sink.error().unwrap().contains("cannot be written"));
+        assert!(cancel.reason().contains("cannot be written"));
+    }
+}

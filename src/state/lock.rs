@@ -1,0 +1,795 @@
+//! One `deploy apply` per site at a time.
+//!
+//! A lock is held by a [`Holder`]: who, on which controller, which process, since when, for
+//! which run. Every place a lock can live implements [`Lock`]:
+//!
+//! - [`FileLock`], on the controller: `.drover/locks/<site>.lock`, created with `O_EXCL`,
+//!   holding the holder as JSON. Cheap, and it says at once who holds it, but it only
+//!   protects runs started from the same directory of the same machine.
+//! - [`FleetLock`], on the hosts: a directory `<state-dir>/lock` on every host of the site,
+//!   made with `mkdir` (atomic) over the transport, with `holder.json` inside. Two operators
+//!   on two laptops meet there. The first host in name order is taken alone, before the
+//!   others (all at once): every contender must pass it, so two runs never each take half of
+//!   the fleet and both refuse.
+//!
+//! A shared store (etcd) would be a third implementation: a key with the same JSON, created
+//! only if absent, bound to a lease whose keep-alive is the heartbeat.
+//!
+//! Stale locks: a lock whose holder is a process of this very machine (same host name, same
+//! boot) that no longer runs, or whose pid now belongs to a process started later, is taken
+//! over, and the caller is told whose it was. A lock held from another machine is never judged
+//! by its age (a run may pause for a confirmation for hours): it is broken only when asked
+//! (`deploy apply --break-lock`).
+
+use crate::transport::{quote, Link, Target, Transport};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+use thiserror::Error;
+
+/// Who holds a lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    pub user: String,
+    /// The controller's host name.
+    pub controller: String,
+    /// The controller's boot id (Linux): a pid is only meaningful within one boot.
+    #[serde(default)]
+    pub boot: String,
+    pub pid: u32,
+    /// When the process started, in clock ticks after boot (Linux): tells a reused pid apart.
+    #[serde(default)]
+    pub pid_start: Option<u64>,
+    /// RFC 3339, UTC.
+    pub since: String,
+    pub run: String,
+    pub site: String,
+}
+
+/// Whether a holder still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    /// Certainly gone: a process of this machine that no longer runs.
+    Dead,
+    /// Another machine's process: nothing can be told from here.
+    Unknown,
+}
+
+impl Holder {
+    /// This process, about to run `run` on `site`.
+    pub fn me(site: &str, run: &str) -> Holder {
+        let pid = std::process::id();
+        Holder {
+            user: user(),
+            controller: host_name(),
+            boot: boot_id(),
+            pid,
+            pid_start: pid_start(pid),
+            since: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            run: run.to_string(),
+            site: site.to_string(),
+        }
+    }
+
+    pub fn liveness(&self) -> Liveness {
+        if self.controller != host_name() {
+            return Liveness::Unknown;
+        }
+        let boot = boot_id();
+        if !self.boot.is_empty() && !boot.is_empty() && self.boot != boot {
+            return Liveness::Dead;
+        }
+        if Path::new("/proc/self/stat").exists() {
+            return match pid_start(self.pid) {
+                None => Liveness::Dead,
+                Some(start) if self.pid_start.is_some_and(|s| s != start) => Liveness::Dead,
+                Some(_) => Liveness::Alive,
+            };
+        }
+        let alive = std::process::Command::new("kill")
+            .args(["-0", &self.pid.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if alive {
+            Liveness::Alive
+        } else {
+            Liveness::Dead
+        }
+    }
+
+    /// `root on ctl1 (pid 4242, run 2026-…-4242) since 2026-11-22T03:15:51Z`
+    pub fn describe(&self) -> String {
+        format!(
+            "{} on {} (pid {}, run {}) since {}",
+            self.user, self.controller, self.pid, self.run, self.since
+        )
+    }
+
+    /// The exact text written into a lock.
+    pub fn json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// A lock that was in the way and was removed: stale, or broken on request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    /// Where: the lock file, or `host NAME`.
+    pub place: String,
+    /// `None` when its holder could not be read.
+    pub holder: Option<Holder>,
+    /// Taken over because its holder is certainly gone (rather than broken on request).
+    pub stale: bool,
+}
+
+/// What taking a lock did besides taking it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Taken {
+    pub broken: Vec<Broken>,
+    /// Hosts that could not be reached, and so are not locked: `(host, reason)`.
+    pub unreachable: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum LockError {
+    /// Someone else holds it.
+    #[error("{place} is locked by {}", holder.as_ref().map_or("a holder that cannot be read (a lock being taken, or a damaged one)".to_string(), |h| h.describe()))]
+    Held {
+        place: String,
+        holder: Option<Box<Holder>>,
+    },
+    /// The lock could not be taken or read at all.
+    #[error("cannot take the lock {place}: {reason}")]
+    Failed { place: String, reason: String },
+}
+
+/// A place that holds a site's lock.
+pub trait Lock {
+    /// Takes the lock for `me`. A lock whose holder is certainly gone is taken over; with
+    /// `force`, any lock is broken. Either way the result says whose it was.
+    fn acquire(
+        &self,
+        me: &Holder,
+        force: bool,
+    ) -> impl Future<Output = Result<Taken, LockError>> + Send;
+    /// Gives the lock back, if `me` still holds it.
+    fn release(&self, me: &Holder) -> impl Future<Output = Result<(), LockError>> + Send;
+}
+
+// ---------------------------------------------------------------------------------------------
+// On the controller
+
+/// `.drover/locks/<site>.lock`.
+pub struct FileLock {
+    pub path: PathBuf,
+}
+
+impl FileLock {
+    /// The lock of `site` under `root` (`.drover`).
+    pub fn new(root: &Path, site: &str) -> FileLock {
+        FileLock {
+            path: root.join("locks").join(format!("{}.lock", file_name(site))),
+        }
+    }
+
+    fn place(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn failed(&self, e: impl std::fmt::Display) -> LockError {
+        LockError::Failed {
+            place: self.place(),
+            reason: e.to_string(),
+        }
+    }
+
+    fn take(&self, me: &Holder, force: bool) -> Result<Taken, LockError> {
+        if let Some(dir) = self.path.parent() {
+            create_dirs(dir).map_err(|e| self.failed(e))?;
+        }
+        let mut taken = Taken::default();
+        for _ in 0..5 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&self.path)
+            {
+                Ok(mut f) => {
+                    f.write_all(me.json().as_bytes())
+                        .and_then(|_| f.sync_all())
+                        .and_then(|_| sync_dir(self.path.parent()))
+                        .map_err(|e| self.failed(e))?;
+                    return Ok(taken);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(self.failed(e)),
+            }
+            let seen = match std::fs::read_to_string(&self.path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(self.failed(e)),
+            };
+            let holder: Option<Holder> = serde_json::from_str(&seen).ok();
+            let stale = holder
+                .as_ref()
+                .is_some_and(|h| h.liveness() == Liveness::Dead);
+            if !stale && !force {
+                return Err(LockError::Held {
+                    place: self.place(),
+                    holder: holder.map(Box::new),
+                });
+            }
+            // Set it aside, then make sure it is the lock judged above, not a new one.
+            let aside = self
+                .path
+                .with_extension(format!("broken.{}", std::process::id()));
+            match std::fs::rename(&self.path, &aside) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(self.failed(e)),
+            }
+            let moved = std::fs::read_to_string(&aside).unwrap_or_default();
+            if moved != seen {
+                // Someone took it meanwhile: give it back, and refuse.
+                let _ = std::fs::hard_link(&aside, &self.path);
+                let _ = std::fs::remove_file(&aside);
+                return Err(LockError::Held {
+                    place: self.place(),
+                    holder: serde_json::from_str(&moved).ok().map(Box::new),
+                });
+            }
+            let _ = std::fs::remove_file(&aside);
+            taken.broken.push(Broken {
+                place: self.place(),
+                holder,
+                stale,
+            });
+        }
+        Err(self.failed("it keeps changing hands"))
+    }
+}
+
+impl Lock for FileLock {
+    async fn acquire(&self, me: &Holder, force: bool) -> Result<Taken, LockError> {
+        self.take(me, force)
+    }
+
+    async fn release(&self, me: &Holder) -> Result<(), LockError> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) if text == me.json() => {
+                std::fs::remove_file(&self.path).map_err(|e| self.failed(e))?;
+                sync_dir(self.path.parent()).map_err(|e| self.failed(e))
+            }
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+}
+
+/// The lock's holder, if the file holds one (for `deploy status`).
+pub fn read_file_lock(lock: &FileLock) -> Option<Holder> {
+    serde_json::from_str(&std::fs::read_to_string(&lock.path).ok()?).ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// On the hosts
+
+/// `<state-dir>/lock` on every host of the site.
+pub struct FleetLock<T> {
+    pub transport: Arc<T>,
+    /// Every host of the site; taken in name order (see the module's documentation).
+    pub hosts: Vec<Target>,
+    pub state_dir: String,
+    pub max_connections: usize,
+    /// The hosts locked so far, to release.
+    taken: Mutex<Vec<Target>>,
+}
+
+/// The exit code of the scripts for a lock held by someone else (its holder on stdout).
+const HELD: i32 = 10;
+
+/// How one host answered.
+enum HostLock {
+    Taken(Option<Broken>),
+    Held(Option<Holder>),
+    Unreachable(String),
+    Failed(String),
+}
+
+impl<T: Transport> FleetLock<T> {
+    pub fn new(
+        transport: Arc<T>,
+        mut hosts: Vec<Target>,
+        state_dir: &str,
+        max_connections: usize,
+    ) -> Self {
+        hosts.sort_by(|a, b| a.name.cmp(&b.name));
+        FleetLock {
+            transport,
+            hosts,
+            state_dir: state_dir.trim_end_matches('/').to_string(),
+            max_connections: max_connections.max(1),
+            taken: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn dir(&self) -> String {
+        format!("{}/lock", self.state_dir)
+    }
+
+    /// Takes the lock on one host: `mkdir`; if held by a holder that is gone (or `force`),
+    /// sets that lock aside (only if it is still the one seen) and takes it.
+    async fn take_host(&self, target: &Target, me: &Holder, force: bool) -> HostLock {
+        let link = match self.transport.connect(target).await {
+            Ok(link) => link,
+            Err(e) => return HostLock::Unreachable(e.to_string()),
+        };
+        let result = self.take_on(&link, target, me, force).await;
+        link.close().await;
+        result
+    }
+
+    async fn take_on(&self, link: &T::Link, target: &Target, me: &Holder, force: bool) -> HostLock {
+        let place = format!("host {}", target.name);
+        let mut script = acquire_script(&self.state_dir, &self.dir(), &me.json());
+        let mut broken = None;
+        for _ in 0..3 {
+            let out = match link.run(&script).await {
+                Ok(out) => out,
+                Err(e) => return HostLock::Unreachable(e.to_string()),
+            };
+            if out.success() {
+                return HostLock::Taken(broken);
+            }
+            if out.code != Some(HELD) {
+                let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                return HostLock::Failed(format!("exit {:?}: {err}", out.code));
+            }
+            let seen = String::from_utf8_lossy(&out.stdout)
+                .trim_end_matches('\n')
+                .to_string();
+            let holder: Option<Holder> = serde_json::from_str(&seen).ok();
+            if holder.as_ref() == Some(me) {
+                return HostLock::Taken(None);
+            }
+            let stale = holder
+                .as_ref()
+                .is_some_and(|h| h.liveness() == Liveness::Dead);
+            if !stale && !force {
+                return HostLock::Held(holder);
+            }
+            broken = Some(Broken {
+                place: place.clone(),
+                holder,
+                stale,
+            });
+            script = format!(
+                "{}\n{}",
+                break_script(&self.dir(), &seen),
+                acquire_script(&self.state_dir, &self.dir(), &me.json())
+            );
+        }
+        HostLock::Failed("it keeps changing hands".into())
+    }
+
+    async fn release_host(&self, target: &Target, me: &Holder) -> Result<(), String> {
+        let link = self
+            .transport
+            .connect(target)
+            .await
+            .map_err(|e| e.to_string())?;
+        let out = link.run(&release_script(&self.dir(), &me.json())).await;
+        link.close().await;
+        match out {
+            Ok(o) if o.success() => Ok(()),
+            Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn lock_taken(&self) -> std::sync::MutexGuard<'_, Vec<Target>> {
+        self.taken.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Releases what was taken, then turns the first refusal into the error.
+    async fn give_back(&self, me: &Holder, error: LockError) -> LockError {
+        let _ = self.release(me).await;
+        error
+    }
+}
+
+impl<T: Transport> Lock for FleetLock<T> {
+    async fn acquire(&self, me: &Holder, force: bool) -> Result<Taken, LockError> {
+        let mut taken = Taken::default();
+        let mut rest = self.hosts.iter();
+        // The first host that answers, alone: whoever gets it may go on to the others.
+        for target in rest.by_ref() {
+            match self.take_host(target, me, force).await {
+                HostLock::Taken(broken) => {
+                    self.lock_taken().push(target.clone());
+                    taken.broken.extend(broken);
+                    break;
+                }
+                HostLock::Unreachable(reason) => {
+                    taken.unreachable.push((target.name.clone(), reason));
+                }
+                HostLock::Held(holder) => {
+                    return Err(LockError::Held {
+                        place: format!("host {}", target.name),
+                        holder: holder.map(Box::new),
+                    })
+                }
+                HostLock::Failed(reason) => {
+                    return Err(LockError::Failed {
+                        place: format!("host {}", target.name),
+                        reason,
+                    })
+                }
+            }
+        }
+        let gate = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
+        let results = futures_all(rest.map(|target| {
+            let gate = gate.clone();
+            async move {
+                let _permit = gate.acquire_owned().await;
+                (target, self.take_host(target, me, force).await)
+            }
+        }))
+        .await;
+        let mut refusal = None;
+        for (target, result) in results {
+            let place = format!("host {}", target.name);
+            match result {
+                HostLock::Taken(broken) => {
+                    self.lock_taken().push(target.clone());
+                    taken.broken.extend(broken);
+                }
+                HostLock::Unreachable(reason) => {
+                    taken.unreachable.push((target.name.clone(), reason));
+                }
+                HostLock::Held(holder) => {
+                    refusal.get_or_insert(LockError::Held {
+                        place,
+                        holder: holder.map(Box::new),
+                    });
+                }
+                HostLock::Failed(reason) => {
+                    refusal.get_or_insert(LockError::Failed { place, reason });
+                }
+            }
+        }
+        match refusal {
+            Some(error) => Err(self.give_back(me, error).await),
+            None => Ok(taken),
+        }
+    }
+
+    async fn release(&self, me: &Holder) -> Result<(), LockError> {
+        let hosts: Vec<Target> = std::mem::take(&mut *self.lock_taken());
+        let gate = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
+        let results = futures_all(hosts.iter().map(|target| {
+            let gate = gate.clone();
+            async move {
+                let _permit = gate.acquire_owned().await;
+                (target, self.release_host(target, me).await)
+            }
+        }))
+        .await;
+        let failed: Vec<String> = results
+            .into_iter()
+            .filter_map(|(t, r)| r.err().map(|e| format!("{}: {e}", t.name)))
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(LockError::Failed {
+                place: "on hosts".into(),
+                reason: format!("could not release it on {}", failed.join("; ")),
+            })
+        }
+    }
+}
+
+/// Runs every future at once (on this task) and collects their outputs in order.
+async fn futures_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut set: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in set.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// `mkdir DIR`; on success writes the holder and exits 0; else prints the holder, exits 10.
+fn acquire_script(state_dir: &str, dir: &str, me: &str) -> String {
+    format!(
+        "umask 077; d={d}; mkdir -p {s} || exit 12; \
+         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" && exit 0; rm -rf \"$d\"; exit 12; fi; \
+         cat \"$d/holder.json\" 2>/dev/null; exit {HELD}",
+        d = quote(dir),
+        s = quote(state_dir),
+        me = quote(me)
+    )
+}
+
+/// Sets the lock aside and removes it, only if its holder is still exactly `seen`.
+fn break_script(dir: &str, seen: &str) -> String {
+    format!(
+        "d={d}; a=\"$d.broken.$$\"; \
+         if mv \"$d\" \"$a\" 2>/dev/null; then \
+         if [ \"$(cat \"$a/holder.json\" 2>/dev/null)\" = {seen} ]; then rm -rf \"$a\"; \
+         else mv \"$a\" \"$d\" 2>/dev/null || rm -rf \"$a\"; fi; fi",
+        d = quote(dir),
+        seen = quote(seen)
+    )
+}
+
+/// Removes the lock if `me` holds it.
+fn release_script(dir: &str, me: &str) -> String {
+    format!(
+        "d={d}; if [ \"$(cat \"$d/holder.json\" 2>/dev/null)\" = {me} ]; then rm -rf \"$d\"; fi; exit 0",
+        d = quote(dir),
+        me = quote(me)
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// This machine and this process
+
+/// A site's name as one safe file name.
+pub fn file_name(site: &str) -> String {
+    site.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| {
+            std::process::Command::new("hostname")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        })
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or_else(|| {
+            std::process::Command::new("id")
+                .arg("-un")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started; `None` if there is no such process.
+fn pid_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// `create_dir_all` (new directories `0700`), syncing the parent of every directory it creates.
+pub fn create_dirs(dir: &Path) -> std::io::Result<()> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dirs(parent)?;
+    }
+    // The operator's alone, as the run logs beside them.
+    let made =
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(dir);
+    match made {
+        Ok(()) => sync_dir(dir.parent()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// fsync of a directory, so that a file created or removed in it stays so.
+pub fn sync_dir(dir: Option<&Path>) -> std::io::Result<()> {
+    let dir = match dir {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::Local;
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    fn dead_here(run: &str) -> Holder {
+        // A pid that does not run: past the kernel's limit.
+        Holder {
+            pid: 4_194_304 + 7,
+            pid_start: Some(1),
+            ..Holder::me("shop", run)
+        }
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_gone_one_is_dead() {
+        assert_eq!(Holder::me("s", "r").liveness(), Liveness::Alive);
+        assert_eq!(dead_here("old").liveness(), Liveness::Dead);
+        let elsewhere = Holder {
+            controller: "laptop-2".into(),
+            ..dead_here("old")
+        };
+        assert_eq!(elsewhere.liveness(), Liveness::Unknown);
+    }
+
+    #[test]
+    fn file_lock_refuses_then_takes_over_a_dead_holder_and_breaks_on_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join(".drover");
+        let a = Holder::me("shop", "run-a");
+        let lock = FileLock::new(&root, "shop");
+        assert_eq!(block_on(lock.acquire(&a, false)), Ok(Taken::default()));
+        let b = Holder {
+            run: "run-b".into(),
+            ..Holder::me("shop", "run-b")
+        };
+        let refused = block_on(lock.acquire(&b, false)).unwrap_err();
+        assert_eq!(
+            refused,
+            LockError::Held {
+                place: lock.path.display().to_string(),
+                holder: Some(Box::new(a.clone()))
+            }
+        );
+        assert!(refused.to_string().contains("(pid "));
+        // Broken on request: says whose it was.
+        let taken = block_on(lock.acquire(&b, true)).unwrap();
+        assert_eq!(taken.broken.len(), 1);
+        assert_eq!(taken.broken[0].holder.as_ref(), Some(&a));
+        assert!(!taken.broken[0].stale);
+        // Releasing someone else's lock does nothing; one's own removes it.
+        block_on(lock.release(&a)).unwrap();
+        assert_eq!(read_file_lock(&lock), Some(b.clone()));
+        block_on(lock.release(&b)).unwrap();
+        assert_eq!(read_file_lock(&lock), None);
+        // A dead holder of this machine: taken over without asking.
+        let dead = dead_here("run-dead");
+        std::fs::write(&lock.path, dead.json()).unwrap();
+        let taken = block_on(lock.acquire(&a, false)).unwrap();
+        assert_eq!(taken.broken[0].holder.as_ref(), Some(&dead));
+        assert!(taken.broken[0].stale);
+        assert_eq!(read_file_lock(&lock), Some(a));
+    }
+
+    #[test]
+    fn fleet_lock_takes_every_host_or_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let transport = Arc::new(Local::new(dir.path().to_path_buf()));
+        let hosts: Vec<Target> = ["h3", "h1", "h2"]
+            .iter()
+            .map(|n| Target {
+                name: n.to_string(),
+                address: "127.0.0.1".into(),
+            })
+            .collect();
+        let fleet = |_: ()| FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8);
+        let holder_file = |h: &str| dir.path().join(h).join("var/lib/drover/lock/holder.json");
+        let a = Holder::me("shop", "run-a");
+        let lock_a = fleet(());
+        block_on(lock_a.acquire(&a, false)).unwrap();
+        for h in ["h1", "h2", "h3"] {
+            assert_eq!(
+                std::fs::read_to_string(holder_file(h)).unwrap().trim(),
+                a.json()
+            );
+        }
+        // Another laptop: refused, naming the holder, and nothing of it is left behind.
+        let b = Holder {
+            controller: "laptop-2".into(),
+            ..Holder::me("shop", "run-b")
+        };
+        let lock_b = fleet(());
+        let err = block_on(lock_b.acquire(&b, false)).unwrap_err();
+        assert_eq!(
+            err,
+            LockError::Held {
+                place: "host h1".into(),
+                holder: Some(Box::new(a.clone()))
+            }
+        );
+        // A half-taken fleet (h2 held by a third party) is given back whole.
+        block_on(lock_a.release(&a)).unwrap();
+        assert!(!holder_file("h1").exists());
+        let c = Holder {
+            controller: "laptop-3".into(),
+            ..Holder::me("shop", "run-c")
+        };
+        std::fs::create_dir_all(holder_file("h2").parent().unwrap()).unwrap();
+        std::fs::write(holder_file("h2"), c.json() + "\n").unwrap();
+        let err = block_on(lock_b.acquire(&b, false)).unwrap_err();
+        assert_eq!(
+            err,
+            LockError::Held {
+                place: "host h2".into(),
+                holder: Some(Box::new(c.clone()))
+            }
+        );
+        assert!(!holder_file("h1").exists() && !holder_file("h3").exists());
+        // --break-lock: broken on h2 only, and it says whose.
+        let taken = block_on(lock_b.acquire(&b, true)).unwrap();
+        assert_eq!(taken.broken.len(), 1);
+        assert_eq!(taken.broken[0].place, "host h2");
+        assert_eq!(taken.broken[0].holder.as_ref(), Some(&c));
+        for h in ["h1", "h2", "h3"] {
+            assert_eq!(
+                std::fs::read_to_string(holder_file(h)).unwrap().trim(),
+                b.json()
+            );
+        }
+        block_on(lock_b.release(&b)).unwrap();
+        for h in ["h1", "h2", "h3"] {
+            assert!(!holder_file(h).exists(), "{h}");
+        }
+        // A dead process of this machine: taken over without asking.
+        let dead = dead_here("run-dead");
+        std::fs::create_dir_all(holder_file("h3").parent().unwrap()).unwrap();
+        std::fs::write(holder_file("h3"), dead.json() + "\n").unwrap();
+        let taken = block_on(lock_a.acquire(&a, false)).unwrap();
+        assert_eq!(taken.broken.len(), 1);
+        assert!(taken.broken[0].stale);
+        block_on(lock_a.release(&a)).unwrap();
+    }
+}
