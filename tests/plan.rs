@@ -296,7 +296,12 @@ fn haproxy_goes_one_zone_at_a_time() {
 fn worker_goes_after_api_on_each_host() {
     let p = plan_json(WEBSHOP, &[]);
     for step in service(&p, "worker").waves.iter().flat_map(|w| &w.steps) {
-        assert_eq!(step.after, ["api"], "worker on {}", step.host);
+        assert_eq!(
+            step.after,
+            [std::sync::Arc::from("api")],
+            "worker on {}",
+            step.host
+        );
     }
     // api shares the app hosts with worker but needs nothing on them; postgres and haproxy
     // have their hosts to themselves.

@@ -2,6 +2,7 @@
 
 use crate::inventory::HostId;
 use crate::site::{ClassId, ServiceId, Site};
+use std::sync::Arc;
 
 /// Per service, every service it needs at runtime, directly or through others.
 pub struct RuntimeClosure {
@@ -9,6 +10,8 @@ pub struct RuntimeClosure {
     needs: Vec<Vec<u64>>,
     /// `rank[s]`: where `s` stands in the site's dependency order.
     rank: Vec<usize>,
+    /// Service names, shared by every step that names them.
+    names: Vec<Arc<str>>,
 }
 
 impl RuntimeClosure {
@@ -34,7 +37,17 @@ impl RuntimeClosure {
         for (i, &s) in site.order.iter().enumerate() {
             rank[s] = i;
         }
-        RuntimeClosure { needs, rank }
+        let names = site
+            .services
+            .iter()
+            .map(|s| Arc::from(s.name.as_str()))
+            .collect();
+        RuntimeClosure { needs, rank, names }
+    }
+
+    /// The name of `service`, shared.
+    pub fn name(&self, service: ServiceId) -> Arc<str> {
+        self.names[service].clone()
     }
 
     /// Where `service` stands in dependency order.

@@ -129,7 +129,7 @@ pub struct Step {
     pub from: Option<Arc<str>>,
     pub to: Arc<str>,
     /// Services on the same host whose steps must finish first (runtime needs).
-    pub after: Vec<String>,
+    pub after: Vec<Arc<str>>,
 }
 
 /// A host that runs the service but is left alone, and why.
@@ -340,7 +340,7 @@ fn service_plan(
                             // One allocation for the list, not one per doubling.
                             after.reserve_exact(mine.len());
                         }
-                        after.push(site.services[t].name.clone());
+                        after.push(closure.name(t));
                     }
                     Step {
                         host: host.name.clone(),

@@ -120,10 +120,10 @@ fn service(out: &mut String, s: &ServicePlan) {
     }
     // Steps of a service mostly name the same services: look at each distinct list once.
     let mut after: BTreeSet<&str> = BTreeSet::new();
-    let mut last: &[String] = &[];
+    let mut last: &[std::sync::Arc<str>] = &[];
     for st in s.waves.iter().flat_map(|w| &w.steps) {
         if st.after != last {
-            after.extend(st.after.iter().map(String::as_str));
+            after.extend(st.after.iter().map(|a| &**a));
             last = &st.after;
         }
     }

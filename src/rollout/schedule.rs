@@ -364,7 +364,7 @@ impl<T: Transport> Scheduler<T> {
             let after: Vec<usize> = st
                 .after
                 .iter()
-                .filter_map(|a| self.service_index.get(a).copied())
+                .filter_map(|a| self.service_index.get(&**a).copied())
                 .collect();
             if let Some(broken) = after.iter().find(|a| self.hosts[h].broken.contains(a)) {
                 let reason = format!(

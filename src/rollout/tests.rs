@@ -668,7 +668,7 @@ async fn a_step_waits_for_the_services_it_needs_on_the_same_host() {
         &[],
     );
     for st in &fx.service("worker").waves[0].steps {
-        assert_eq!(st.after, ["api"], "{}", st.host);
+        assert_eq!(st.after, [std::sync::Arc::from("api")], "{}", st.host);
     }
     let ran = fx
         .run(
