@@ -571,6 +571,20 @@ fn a_second_apply_refuses_naming_the_holder_and_locks_can_be_broken() {
     }
     let lock = shop.fleet.dir.join(".drover/locks/shop.lock");
     assert!(!lock.exists(), "released");
+    // What the locks cost: a plan reads every host; an apply with nothing to do also locks and
+    // unlocks every host.
+    let t = Instant::now();
+    assert_eq!(shop.deploy(&["plan", &site]).status.code(), Some(0));
+    let plan_took = t.elapsed();
+    let t = Instant::now();
+    assert_eq!(
+        shop.deploy(&["apply", &site, "--yes"]).status.code(),
+        Some(0)
+    );
+    eprintln!(
+        "measured: plan {plan_took:?}, apply with nothing to change (locks included) {:?}",
+        t.elapsed()
+    );
     for h in shop.fleet.names() {
         assert!(
             !shop.fleet.host_root(h).join("var-lib/drover/lock").exists(),

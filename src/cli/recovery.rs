@@ -132,11 +132,24 @@ impl Session {
         let me = Holder::me(&site.name, &self.run_id);
         let refused = |e: LockError| match e {
             LockError::Held { place, holder } => Error::Refused {
-                reason: format!(
-                    "another `deploy apply` of site {} is running: {place} is locked by {}",
-                    site.name,
-                    holder.map_or("a holder that cannot be read".into(), |h| h.describe())
-                ),
+                reason: match holder {
+                    // Hosts are locked whatever the site: another site on the same hosts.
+                    Some(h) if h.site != site.name => format!(
+                        "another `deploy apply` is running on these hosts: {place} is locked \
+                         by {}, applying site {}",
+                        h.describe(),
+                        h.site
+                    ),
+                    Some(h) => format!(
+                        "another `deploy apply` of site {} is running: {place} is locked by {}",
+                        site.name,
+                        h.describe()
+                    ),
+                    None => format!(
+                        "{place} is locked by a holder that cannot be read (a lock being \
+                         taken, or a damaged one)"
+                    ),
+                },
                 help: "wait for it to finish (`deploy status` shows the run); if it is dead \
                        and its machine cannot tell (another controller), run `deploy apply \
                        --break-lock`"

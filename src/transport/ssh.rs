@@ -54,7 +54,8 @@ impl Ssh {
     /// A failed connection; an unknown or changed host key gets its own error, which says
     /// what to run.
     fn connect_error(&self, target: &Target, reason: &str) -> TransportError {
-        if !reason.contains("Host key verification failed")
+        let refused = ["Host key verification failed", "host key is known for"];
+        if !refused.iter().any(|r| reason.contains(r))
             && !reason.contains("REMOTE HOST IDENTIFICATION HAS CHANGED")
         {
             return TransportError::Connect {
