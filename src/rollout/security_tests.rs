@@ -222,3 +222,26 @@ proptest! {
         prop_assert!(!dir.path().join("pwned").exists(), "a value ran as code");
     }
 }
+
+#[test]
+fn the_default_input_of_a_link_is_a_here_document_the_script_reads_exactly() {
+    for input in [
+        "",
+        "export A='x'\n",
+        "no newline",
+        "DROVER_INPUT\nDROVER_INPUT_\n",
+    ] {
+        let script = crate::transport::here_document("cat; echo done", input.as_bytes());
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .unwrap();
+        let want = if input.is_empty() || input.ends_with('\n') {
+            format!("{input}done\n")
+        } else {
+            format!("{input}\ndone\n")
+        };
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{input:?}");
+    }
+}
