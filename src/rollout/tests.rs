@@ -279,7 +279,7 @@ fn svc(name: &str, extra: &str) -> String {
     stop "hook stop {name}"
     migrate "hook migrate {name}"
     start "hook start {name}"
-    check "hook check {name}" timeout="60ms" interval="20ms"
+    check "hook check {name}" timeout="1s" interval="100ms"
     rollback "hook rollback {name}"
 }}
 "#
