@@ -1,11 +1,11 @@
 //! `deploy apply`: site (or saved plan) → plan → confirmation → rollout → summary.
 
-use super::{code, plan::observe, ApplyArgs, Error};
+use super::recovery::RunTransport;
+use super::{code, plan::observe_on, ApplyArgs, Error};
 use crate::plan::{self, Plan};
 use crate::report;
 use crate::rollout::{self, Gate, Rollout, Sink};
 use crate::site::{self, Site};
-use crate::transport::AnyTransport;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     // Signals, the site's locks (released when `session` drops), the journal (`recovery.rs`).
     let session = super::recovery::Session::begin(args)?;
-    let (site, plan) = if is_saved_plan(&args.target) {
+    let (site, plan, transport) = if is_saved_plan(&args.target) {
         saved(args, &session)?
     } else {
         fresh(args, &session)?
@@ -54,7 +54,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     };
     let sink = session.journaled(sink, &site, &plan, &log_dir)?;
     let rollout = Rollout {
-        transport: Arc::new(AnyTransport::for_platform(&site.platform)),
+        transport,
         plan: plan.clone(),
         site,
         sink,
@@ -65,7 +65,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         secrets,
         cancel: session.cancel.clone(),
     };
-    let summary = super::runtime()?.block_on(rollout::run(rollout));
+    let summary = session.block_on(rollout::run(rollout));
     if !args.json {
         for (host, service, log) in &summary.failures {
             eprintln!("failed: {service} on {host}, log: {log}");
@@ -81,22 +81,25 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     })
 }
 
-fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<(Site, Plan), Error> {
+/// The site, its plan, and the transport the rollout goes on with.
+type Ready = (Site, Plan, RunTransport);
+
+fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, Error> {
     let mut site = site::load(&args.target)?;
     super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
     let mut selection = super::plan::selection(&site, &args.only)?;
     let on = super::plan::selector(&args.on)?;
     let hosts = super::resolve(&site)?;
-    session.lock(&site, &hosts)?;
+    let transport = session.lock(&site, &hosts)?;
     selection.hosts = super::plan::on_hosts(on.as_ref(), &site, &hosts)?;
-    let observed = observe(&site, &hosts, false, args.max_connections)?;
+    let observed = observe_on(transport.clone(), &site, &hosts, args.max_connections)?;
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
-    Ok((site, plan))
+    Ok((site, plan, transport))
 }
 
 /// A saved plan is carried out as saved, once the site, inventory and host state are shown
 /// to be what they were when it was made.
-fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<(Site, Plan), Error> {
+fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, Error> {
     if !args.only.is_empty() {
         return Err(Error::Usage {
             reason: "--only does not apply to a saved plan".into(),
@@ -136,8 +139,8 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<(Site, 
         ));
     }
     let hosts = super::resolve(&site)?;
-    session.lock(&site, &hosts)?;
-    let observed = observe(&site, &hosts, false, args.max_connections)?;
+    let transport = session.lock(&site, &hosts)?;
+    let observed = observe_on(transport.clone(), &site, &hosts, args.max_connections)?;
     let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
     drift.extend(plan::drift(&plan.hosts, &hosts, &observed, &class_names));
     if !drift.is_empty() {
@@ -147,7 +150,7 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<(Site, 
             changes: drift.join("\n  "),
         });
     }
-    Ok((site, plan))
+    Ok((site, plan, transport))
 }
 
 fn is_saved_plan(path: &Path) -> bool {

@@ -22,7 +22,7 @@ use crate::rollout::{kill_script, Cancel, Level, Sink, Summary};
 use crate::site::Site;
 use crate::state::journal::{self, Journal, Journaled, RunContext, RunRecord, CONTROLLER_DIR};
 use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError};
-use crate::transport::{AnyTransport, Link, Target, Transport};
+use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,8 +35,11 @@ static INTERRUPTS: OnceLock<Cancel> = OnceLock::new();
 struct Held {
     holder: Holder,
     file: Option<FileLock>,
-    fleet: Option<FleetLock<AnyTransport>>,
+    fleet: Option<FleetLock<Kept<AnyTransport>>>,
 }
+
+/// The transport of one `apply`: its links outlive each stage (lock, observation, rollout).
+pub type RunTransport = Arc<Kept<AnyTransport>>;
 
 /// One `deploy apply`: its signals, locks, journal and the run it carries on.
 pub struct Session {
@@ -51,6 +54,8 @@ pub struct Session {
     resumed: Mutex<Option<RunRecord>>,
     journal: Mutex<Option<Arc<Journaled>>>,
     site: Mutex<String>,
+    /// Closed once the locks are given back.
+    transport: OnceLock<RunTransport>,
 }
 
 impl Session {
@@ -104,6 +109,7 @@ impl Session {
             resumed: Mutex::new(None),
             journal: Mutex::new(None),
             site: Mutex::new(String::new()),
+            transport: OnceLock::new(),
         })
     }
 
@@ -127,7 +133,11 @@ impl Session {
 
     /// Locks the site, on the controller and on every host; then looks for an unfinished run
     /// and stops what it left running. Refuses (exit 4) when someone else holds a lock.
-    pub fn lock(&self, site: &Site, hosts: &Hosts) -> Result<(), Error> {
+    ///
+    /// Returns the transport the rest of the run uses: the links the lock opened stay open
+    /// for it (when the fleet fits under `--max-connections`), and are closed when the
+    /// session ends.
+    pub fn lock(&self, site: &Site, hosts: &Hosts) -> Result<RunTransport, Error> {
         *self.site.lock().unwrap_or_else(|p| p.into_inner()) = site.name.clone();
         let me = Holder::me(&site.name, &self.run_id);
         let refused = |e: LockError| match e {
@@ -173,7 +183,16 @@ impl Session {
             held.holder = me.clone();
             held.file = Some(file);
         }
-        let transport = Arc::new(AnyTransport::for_platform(&site.platform));
+        let transport = self
+            .transport
+            .get_or_init(|| {
+                Arc::new(Kept::new(
+                    AnyTransport::for_platform(&site.platform),
+                    hosts.hosts.len(),
+                    self.max_connections,
+                ))
+            })
+            .clone();
         let targets: Vec<Target> = hosts
             .hosts
             .iter()
@@ -203,19 +222,13 @@ impl Session {
         }
         self.held().fleet = Some(fleet);
         self.carry_on(site, &transport, &targets, &state_dir);
-        Ok(())
+        Ok(transport)
     }
 
     /// An unfinished run of this site: say where it stopped, and kill the hooks it may have
     /// left running on the hosts of its steps in flight (a run that died, rather than stopped
     /// on a signal, does not get to stop them).
-    fn carry_on(
-        &self,
-        site: &Site,
-        transport: &Arc<AnyTransport>,
-        targets: &[Target],
-        state_dir: &str,
-    ) {
+    fn carry_on(&self, site: &Site, transport: &RunTransport, targets: &[Target], state_dir: &str) {
         let rec = match journal::unfinished(&self.root, &site.name) {
             Ok(Some(rec)) => rec,
             Ok(None) => return,
@@ -252,7 +265,10 @@ impl Session {
             let killed = self.runtime.block_on(async {
                 let link = transport.connect(target).await.ok()?;
                 let out = tokio::time::timeout(Duration::from_secs(30), link.run(&script)).await;
-                link.close().await;
+                match out {
+                    Ok(Ok(_)) => transport.park(&target.name, link).await,
+                    _ => link.close().await,
+                }
                 let out = out.ok()?.ok()?;
                 String::from_utf8_lossy(&out.stdout)
                     .trim()
@@ -375,6 +391,11 @@ impl Session {
         Some(code::INTERRUPTED)
     }
 
+    /// Runs `work` on the session's runtime.
+    pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
+        self.runtime.block_on(work)
+    }
+
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -400,6 +421,9 @@ impl Drop for Session {
                      from this machine takes it over"
                 );
             }
+        }
+        if let Some(transport) = self.transport.get() {
+            self.runtime.block_on(transport.close_all());
         }
         if let Some(file) = held.file {
             if let Err(e) = self.runtime.block_on(file.release(&held.holder)) {

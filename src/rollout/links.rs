@@ -1,7 +1,8 @@
 //! Open connections, at most `max` at once: reused for every step on a host, opened ahead of
-//! need, closed when the host is done or when another host needs the slot.
+//! need, handed back to the transport (which closes or keeps it, [`crate::transport::Kept`])
+//! when the host is done or when another host needs the slot.
 
-use crate::transport::{Link, Target, Transport, TransportError};
+use crate::transport::{Target, Transport, TransportError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, OnceCell};
@@ -39,8 +40,8 @@ impl<T: Transport> Links<T> {
             notified.await;
         };
         // The evicted link is closed before its slot is used: never more than `max` open.
-        if let Some(evicted) = evicted {
-            close(evicted).await;
+        if let Some((host, evicted)) = evicted {
+            self.put_back(&host, evicted).await;
         }
         let result = cell
             .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
@@ -65,26 +66,41 @@ impl<T: Transport> Links<T> {
         }
     }
 
-    /// The host needs no more commands: close its link.
+    /// The host needs no more commands: hand its link back.
     pub async fn release(&self, host: &str) {
         if let Some(cell) = self.drop_entry(host) {
-            close(cell).await;
+            self.put_back(host, cell).await;
         }
     }
 
-    /// Closes every link.
+    /// Hands every link back.
     pub async fn close_all(&self) {
-        let cells: Vec<Cell<T::Link>> = self.lock().drain().map(|(_, c)| c).collect();
-        for c in cells {
-            close(c).await;
+        let cells: Vec<(String, Cell<T::Link>)> = self.lock().drain().collect();
+        for (host, c) in cells {
+            self.put_back(&host, c).await;
         }
         self.freed.notify_waiters();
+    }
+
+    /// Gives a link nobody else holds back to the transport.
+    async fn put_back(&self, host: &str, cell: Cell<T::Link>) {
+        if let Ok(cell) = Arc::try_unwrap(cell) {
+            if let Some(Ok(link)) = cell.into_inner() {
+                if let Ok(link) = Arc::try_unwrap(link) {
+                    self.transport.park(host, link).await;
+                }
+            }
+        }
     }
 
     /// The cell for `host`: existing, or new if under the cap (evicting an idle link if `evict`;
     /// the evicted link comes back with it, for the caller to close).
     #[allow(clippy::type_complexity)]
-    fn slot(&self, host: &str, evict: bool) -> Option<(Cell<T::Link>, Option<Cell<T::Link>>)> {
+    fn slot(
+        &self,
+        host: &str,
+        evict: bool,
+    ) -> Option<(Cell<T::Link>, Option<(String, Cell<T::Link>)>)> {
         let mut open = self.lock();
         if let Some(cell) = open.get(host) {
             return Some((cell.clone(), None));
@@ -102,7 +118,9 @@ impl<T: Transport> Links<T> {
                         && matches!(c.get(), Some(Ok(l)) if Arc::strong_count(l) == 1)
                 })
                 .map(|(k, _)| k.clone());
-            evicted = Some(open.remove(&idle?)?);
+            let idle = idle?;
+            let cell = open.remove(&idle)?;
+            evicted = Some((idle, cell));
         }
         let cell: Cell<T::Link> = Arc::new(OnceCell::new());
         open.insert(host.to_string(), cell.clone());
@@ -122,15 +140,5 @@ impl<T: Transport> Links<T> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cell<T::Link>>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-async fn close<L: Link>(cell: Cell<L>) {
-    if let Ok(cell) = Arc::try_unwrap(cell) {
-        if let Some(Ok(link)) = cell.into_inner() {
-            if let Ok(link) = Arc::try_unwrap(link) {
-                link.close().await;
-            }
-        }
     }
 }

@@ -331,7 +331,7 @@ impl<T: Transport> FleetLock<T> {
             Err(e) => return HostLock::Unreachable(e.to_string()),
         };
         let result = self.take_on(&link, target, me, force).await;
-        link.close().await;
+        self.transport.park(&target.name, link).await;
         result
     }
 
@@ -385,7 +385,7 @@ impl<T: Transport> FleetLock<T> {
             .await
             .map_err(|e| e.to_string())?;
         let out = link.run(&release_script(&self.dir(), &me.json())).await;
-        link.close().await;
+        self.transport.park(&target.name, link).await;
         match out {
             Ok(o) if o.success() => Ok(()),
             Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),

@@ -65,7 +65,8 @@ async fn observe_one<T: Transport>(transport: &T, target: &Target, script: &str)
         }
     };
     let result = link.run(script).await;
-    link.close().await;
+    // Kept for the rollout when the transport keeps links (`deploy apply`).
+    transport.park(&target.name, link).await;
     match result {
         Err(e) => Observed::Unreachable {
             reason: e.to_string(),

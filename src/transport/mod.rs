@@ -3,10 +3,12 @@
 //! A transport runs shell text on a host through `/bin/sh -c` and returns its output. Every
 //! value inside that text was quoted by [`quote`] when the text was built.
 
+mod kept;
 mod local;
 mod quote;
 mod ssh;
 
+pub use kept::Kept;
 pub use local::Local;
 pub use quote::{env_prefix, quote};
 pub use ssh::Ssh;
@@ -68,6 +70,12 @@ pub trait Transport: Send + Sync + 'static {
         &self,
         target: &Target,
     ) -> impl Future<Output = Result<Self::Link, TransportError>> + Send;
+    /// Done with `link` for now: a transport that keeps links ([`Kept`]) holds it for the next
+    /// stage that connects to `host`; by default it is closed.
+    fn park(&self, host: &str, link: Self::Link) -> impl Future<Output = ()> + Send {
+        let _ = host;
+        link.close()
+    }
 }
 
 /// An open connection to one host; every command on that host goes through it.

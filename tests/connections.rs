@@ -1,0 +1,98 @@
+//! One SSH connection per host for a whole `deploy apply` (lock, observation, rollout, lock
+//! release), counted in each host's sshd log; and a fleet larger than `--max-connections`
+//! still converges, reconnecting between stages.
+
+mod support;
+
+use support::shop::{Shop, Spec};
+
+/// Connections each host's sshd accepted so far.
+fn accepted(shop: &Shop) -> Vec<(String, usize)> {
+    shop.fleet
+        .names()
+        .into_iter()
+        .map(|h| {
+            let log = std::fs::read_to_string(shop.fleet.host_root(h).join("sshd.log"))
+                .expect("read sshd.log");
+            (h.to_string(), log.matches("Accepted publickey").count())
+        })
+        .collect()
+}
+
+fn apply(shop: &Shop, site: &std::path::Path, extra: &[&str]) {
+    let mut args = vec!["apply", site.to_str().expect("utf-8 path"), "--yes"];
+    args.extend_from_slice(extra);
+    let out = shop.deploy(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "apply failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// New connections per host since `before`.
+fn since(shop: &Shop, before: &[(String, usize)]) -> Vec<(String, usize)> {
+    accepted(shop)
+        .into_iter()
+        .zip(before)
+        .map(|((h, n), (_, b))| (h, n - b))
+        .collect()
+}
+
+#[test]
+fn an_apply_connects_to_each_host_once() {
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let ones = |v: &[(String, usize)]| v.iter().all(|(_, n)| *n == 1);
+
+    // A fresh install: lock, read state, three services' steps, unlock.
+    let before = accepted(&shop);
+    apply(&shop, &site, &[]);
+    let fresh = since(&shop, &before);
+    assert!(ones(&fresh), "one connection per host: {fresh:?}");
+
+    // Nothing to change: lock, read state, unlock.
+    let before = accepted(&shop);
+    apply(&shop, &site, &[]);
+    let idle = since(&shop, &before);
+    assert!(ones(&idle), "one connection per host: {idle:?}");
+
+    // An upgrade of one service through every hook.
+    let before = accepted(&shop);
+    let site = shop.write(&Spec {
+        api: "2.0",
+        ..Spec::default()
+    });
+    apply(&shop, &site, &[]);
+    let upgrade = since(&shop, &before);
+    assert!(ones(&upgrade), "one connection per host: {upgrade:?}");
+    for host in shop.hosts_of("app") {
+        assert_eq!(shop.version(&host, "api"), "2.0", "{host}");
+    }
+}
+
+#[test]
+fn a_fleet_over_the_connection_cap_still_converges() {
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let before = accepted(&shop);
+    apply(&shop, &site, &["--max-connections", "4"]);
+    let counts = since(&shop, &before);
+    // Links are not kept between stages over the cap: each stage connects on its own.
+    assert!(
+        counts.iter().all(|(_, n)| *n >= 3),
+        "lock, observation, rollout and release each connect: {counts:?}"
+    );
+    for host in shop.fleet.names() {
+        let state = shop.state(host);
+        let services = state["services"].as_object().expect("services");
+        assert!(
+            services
+                .values()
+                .all(|s| s["validated"]["outcome"] == "success"),
+            "{host}: {state}"
+        );
+    }
+}
