@@ -201,6 +201,8 @@ impl Session {
                 address: h.address.to_string(),
             })
             .collect();
+        // Every connection at once, before the lock takes its first host alone.
+        self.runtime.block_on(transport.warm(&targets));
         let state_dir = site.platform.host_state_dir();
         let fleet = FleetLock::new(
             transport.clone(),

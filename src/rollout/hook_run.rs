@@ -8,8 +8,13 @@
 //! ```text
 //! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null; trap 'rm -f F' EXIT;
 //! { echo $$ >F; } 2>/dev/null; [eval "$(cat)" || exit 125; exec </dev/null;]
-//! env 'DEPLOY_…=…' … /bin/sh -c '<hook>'
+//! env 'DEPLOY_…=…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
 //! ```
+//!
+//! The last part is there when the hook is followed, if it succeeds, by more work in the same
+//! command: the state file written after `start` and after `check` ([`Call::then`]), which
+//! saves a round trip per stage. A failure of that work is told apart from the hook's own
+//! exit by [`THEN_FAILED`] and the marker line [`THEN_MARK`] ending standard error.
 //!
 //! The shell running it leads a process group of its own (see [`Link`]), so `$$` is the
 //! group's id. On timeout the controller runs [`kill_script`] over the same link: `TERM` to the
@@ -31,6 +36,28 @@ pub struct Call<'a> {
     pub service: &'a str,
     pub secrets: &'a Secrets,
     pub timeout: Option<Duration>,
+    /// Shell text run after the hook, only if it exits 0, in the same command.
+    pub then: Option<&'a str>,
+}
+
+/// The exit code of a command whose hook succeeded but whose [`Call::then`] failed …
+pub const THEN_FAILED: i32 = 86;
+/// … and the line it then ends its standard error with.
+pub const THEN_MARK: &str = "drover: the hook succeeded; what follows it failed";
+
+/// Whether `out` says the hook succeeded and its [`Call::then`] failed; if so, the output
+/// without the marker line.
+pub fn then_failed(out: &Output) -> Option<Output> {
+    if out.code != Some(THEN_FAILED) {
+        return None;
+    }
+    let text = out.stderr.strip_suffix(b"\n").unwrap_or(&out.stderr);
+    let rest = text.strip_suffix(THEN_MARK.as_bytes())?;
+    Some(Output {
+        code: Some(0),
+        stdout: out.stdout.clone(),
+        stderr: rest.to_vec(),
+    })
 }
 
 /// How a hook ended.
@@ -59,13 +86,16 @@ impl Ran {
 pub async fn run<L: Link>(link: &L, call: &Call<'_>) -> Ran {
     let pid_file = pid_file(call.state_dir);
     let input = call.secrets.input(call.service);
-    let script = script(
+    let mut script = script(
         call.env,
         call.command,
         call.state_dir,
         &pid_file,
         input.is_some(),
     );
+    if let Some(then) = call.then {
+        script.push_str(&followed_by(then));
+    }
     let run = async {
         match &input {
             Some(input) => link.run_input(&script, input).await,
@@ -143,6 +173,14 @@ pub fn script(
     out
 }
 
+/// What makes a hook's script go on with `then` when the hook exits 0.
+pub fn followed_by(then: &str) -> String {
+    format!(
+        " || exit $?; {{ {then}; }} || {{ echo {} >&2; exit {THEN_FAILED}; }}",
+        quote(THEN_MARK)
+    )
+}
+
 /// Kills the process group recorded in `pid_file`: `TERM`, up to a second for it to go, then
 /// `KILL`. Waits up to two seconds for the file (a hook that timed out before it even
 /// started). Never signals group 0 or 1.
@@ -166,5 +204,54 @@ async fn kill<L: Link>(link: &L, pid_file: &str) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr).trim()
         )),
         Err(e) => Err(format!("could not kill it: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The script of a hook `hook`, followed by `then`, run by the real `/bin/sh`.
+    fn run(hook: &str, then: &str) -> Output {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().display().to_string();
+        let mut text = script(&[], hook, &state, &pid_file(&state), false);
+        text.push_str(&followed_by(then));
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&text)
+            .current_dir(dir.path())
+            .output()
+            .expect("sh runs");
+        Output {
+            code: out.status.code(),
+            stdout: out.stdout,
+            stderr: out.stderr,
+        }
+    }
+
+    #[test]
+    fn then_runs_only_after_a_hook_that_passed_and_its_failure_is_told_apart() {
+        let passed = run("echo hook", "echo then");
+        assert_eq!(passed.code, Some(0));
+        assert_eq!(passed.stdout, b"hook\nthen\n");
+        assert!(then_failed(&passed).is_none());
+
+        let failed = run("echo hook; exit 3", "echo then");
+        assert_eq!(
+            (failed.code, failed.stdout.as_slice()),
+            (Some(3), &b"hook\n"[..])
+        );
+        assert!(then_failed(&failed).is_none());
+
+        let then_failed_out = run("echo hook >&2", "echo nope >&2; false");
+        let hook = then_failed(&then_failed_out).expect("told apart");
+        assert_eq!(hook.code, Some(0));
+        assert_eq!(hook.stderr, b"hook\nnope\n");
+
+        // A hook that itself exits 86 is the hook's failure.
+        let own = run("exit 86", "true");
+        assert_eq!(own.code, Some(THEN_FAILED));
+        assert!(then_failed(&own).is_none());
     }
 }

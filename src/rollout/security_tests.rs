@@ -47,6 +47,7 @@ async fn a_hook_that_hangs_is_killed_with_its_children() {
         service: "api",
         secrets: &secrets,
         timeout: Some(Duration::from_millis(300)),
+        then: None,
     };
     let started = Instant::now();
     let Ran::TimedOut { after, killed } = hook_run::run(&link, &call).await else {
@@ -86,6 +87,7 @@ async fn a_hook_that_ends_keeps_its_code_gets_its_secrets_and_leaves_nothing() {
         service: "api",
         secrets: &secrets,
         timeout: Some(Duration::from_secs(10)),
+        then: None,
     };
     let Ran::Done(Ok(out)) = hook_run::run(&link, &call).await else {
         panic!("the hook ends by itself");
@@ -202,6 +204,7 @@ proptest! {
                 service: "api",
                 secrets: &secrets,
                 timeout: Some(Duration::from_secs(20)),
+                then: None,
             };
             match hook_run::run(&link, &call).await {
                 Ran::Done(Ok(out)) => out,

@@ -77,47 +77,63 @@ impl<L: Link> Running<'_, L> {
     async fn switch(&mut self) -> Result<(), Failure> {
         let hooks = self.job.service.hooks.clone();
         let fresh = self.job.from.is_none();
-        let stages: [(&'static str, Option<&Hook>, bool); 4] = [
+        let stages: Vec<(&'static str, &Hook)> = [
             ("stop", hooks.stop.as_ref(), !fresh),
             ("install", hooks.install.as_ref(), true),
             ("migrate", hooks.migrate.as_ref(), !fresh),
             ("start", hooks.start.as_ref(), true),
-        ];
-        for (name, hook, applies) in stages {
-            if let (Some(hook), true) = (hook, applies) {
-                self.hook(name, &hook.command, hook.timeout).await?;
-            }
+        ]
+        .into_iter()
+        .filter_map(|(name, hook, applies)| hook.filter(|_| applies).map(|h| (name, h)))
+        .collect();
+        // The last stage writes the record (configured) in the same command, when it succeeds.
+        for (i, (name, hook)) in stages.iter().enumerate() {
+            let then =
+                (i + 1 == stages.len()).then(|| self.marked(Some(Outcome::Success), None, None));
+            self.hook(name, &hook.command, hook.timeout, then.as_ref())
+                .await?;
         }
-        self.mark(Some(Outcome::Success), None, None).await?;
-        if let Some(check) = &hooks.check {
-            let deadline = Instant::now() + check.timeout;
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match self
-                    .hook(
-                        "check",
-                        &check.command,
-                        Some(left.max(Duration::from_millis(1))),
-                    )
-                    .await
-                {
-                    Ok(()) => break,
-                    // Another attempt must have at least an interval's time, or the last
-                    // failure would be a meaningless timeout instead of the check's own error.
-                    Err(e) if Instant::now() + check.interval * 2 >= deadline => return Err(e),
-                    Err(_) => tokio::time::sleep(check.interval).await,
+        if stages.is_empty() {
+            self.write(self.marked(Some(Outcome::Success), None, None))
+                .await?;
+        }
+        let Some(check) = &hooks.check else {
+            let validated = self.marked(None, Some(Outcome::Success), None);
+            return self.write(validated).await;
+        };
+        let deadline = Instant::now() + check.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Each attempt writes the record (validated) in the same command if it passes.
+            let validated = self.marked(None, Some(Outcome::Success), None);
+            let attempt = self
+                .hook(
+                    "check",
+                    &check.command,
+                    Some(left.max(Duration::from_millis(1))),
+                    Some(&validated),
+                )
+                .await;
+            match attempt {
+                Ok(()) => return Ok(()),
+                // Another attempt must have at least an interval's time, or the last
+                // failure would be a meaningless timeout instead of the check's own error.
+                Err(e) if e.0 == "state" || Instant::now() + check.interval * 2 >= deadline => {
+                    return Err(e)
                 }
+                Err(_) => tokio::time::sleep(check.interval).await,
             }
         }
-        self.mark(None, Some(Outcome::Success), None).await
     }
 
-    /// Runs one hook; its output goes to the step's log.
+    /// Runs one hook; its output goes to the step's log. With `then`, the same command writes
+    /// that record once the hook succeeds, and the record becomes the host's.
     async fn hook(
         &mut self,
         name: &'static str,
         command: &str,
         timeout: Option<Duration>,
+        then: Option<&HostRecord>,
     ) -> Result<(), Failure> {
         let svc = self.job.service.clone();
         if let Some(aborted) = super::interrupt::interrupted(&svc, name, false) {
@@ -128,6 +144,7 @@ impl<L: Link> Running<'_, L> {
             host: self.job.host.clone(),
             hook: name.into(),
         }));
+        let then_script = then.map(|r| write_script(&svc.state_dir, r));
         let call = hook_run::Call {
             env: &self.job.env,
             command,
@@ -135,6 +152,7 @@ impl<L: Link> Running<'_, L> {
             service: &svc.name,
             secrets: &svc.secrets,
             timeout,
+            then: then_script.as_deref(),
         };
         let started = Instant::now();
         // A hook that outlives its timeout is killed with its process group on the host.
@@ -152,6 +170,14 @@ impl<L: Link> Running<'_, L> {
                 }
             };
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // The hook succeeded and the record that follows it was not written.
+        let (result, state_failed) = match result {
+            Ok(out) => match hook_run::then_failed(&out) {
+                Some(hook_out) => (Ok(hook_out), Some(exit_reason("state", &out))),
+                None => (Ok(out), None),
+            },
+            Err(e) => (Err(e), None),
+        };
         let (code, ok, reason) = match (&result, timed_out) {
             (_, Some(reason)) => (None, false, reason),
             (Ok(out), None) => (out.code, out.success(), exit_reason(name, out)),
@@ -166,6 +192,13 @@ impl<L: Link> Running<'_, L> {
             code,
             ms,
         }));
+        if let Some(reason) = state_failed {
+            log_line(&self.job.log, &format!("== state: {reason}"));
+            return Err(("state", reason));
+        }
+        if let (true, Some(record)) = (ok, then) {
+            self.job.record = record.clone();
+        }
         if let Some(aborted) = super::interrupt::interrupted(&svc, name, true) {
             return Err(aborted);
         }
@@ -183,6 +216,17 @@ impl<L: Link> Running<'_, L> {
         validated: Option<Outcome>,
         failed: Option<(&str, String)>,
     ) -> Result<(), Failure> {
+        let record = self.marked(configured, validated, failed);
+        self.write(record).await
+    }
+
+    /// The host's record with this service's marks updated (pure).
+    fn marked(
+        &self,
+        configured: Option<Outcome>,
+        validated: Option<Outcome>,
+        failed: Option<(&str, String)>,
+    ) -> HostRecord {
         let mark = |outcome: Outcome| Mark {
             outcome,
             at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
@@ -197,9 +241,8 @@ impl<L: Link> Running<'_, L> {
             .as_ref()
             .map(|(_, v)| v.clone())
             .unwrap_or_else(|| self.job.to.clone());
-        let entry = self
-            .job
-            .record
+        let mut record = self.job.record.clone();
+        let entry = record
             .services
             .entry(self.job.service.name.clone())
             .or_insert_with(|| ServiceRecord {
@@ -215,7 +258,13 @@ impl<L: Link> Running<'_, L> {
         if let Some(v) = validated {
             entry.validated = Some(mark(v));
         }
-        self.job.record.schema = HostRecord::SCHEMA;
+        record.schema = HostRecord::SCHEMA;
+        record
+    }
+
+    /// Makes `record` the host's, and writes it on the host.
+    async fn write(&mut self, record: HostRecord) -> Result<(), Failure> {
+        self.job.record = record;
         let script = write_script(&self.job.service.state_dir, &self.job.record);
         match self.link.run(&script).await {
             Ok(out) if out.success() => Ok(()),
@@ -233,7 +282,7 @@ impl<L: Link> Running<'_, L> {
         let mut rolled_back = false;
         if let (true, Some(rollback)) = (may_roll_back, &svc.hooks.rollback) {
             rolled_back = self
-                .hook("rollback", &rollback.command, rollback.timeout)
+                .hook("rollback", &rollback.command, rollback.timeout, None)
                 .await
                 .is_ok();
         }

@@ -43,10 +43,16 @@ struct Cmd {
 }
 
 impl Cmd {
-    /// `(hook, service)` of a hook command (`hook <hook> <service>`); `None` for state writes.
+    /// `(hook, service)` of a hook command (`hook <hook> <service>`, maybe followed by a state
+    /// write); `None` for state writes alone.
     fn hook(&self) -> Option<(&str, &str)> {
         let (_, command) = self.script.split_once("/bin/sh -c 'hook ")?;
-        command.strip_suffix('\'')?.split_once(' ')
+        command.split_once('\'')?.0.split_once(' ')
+    }
+
+    /// Whether the command writes the host's state file (alone, or after a hook).
+    fn writes_state(&self) -> bool {
+        self.script.contains("state.json.tmp")
     }
 
     fn is(&self, hook: &str, service: &str) -> bool {
@@ -940,6 +946,18 @@ async fn a_clean_upgrade_converges() {
         .map(|c| c.hook().unwrap().0.to_string())
         .collect();
     assert_eq!(hooks, ["stop", "install", "migrate", "start", "check"]);
+    // No command of its own for the state file: `start` and `check` write it when they pass.
+    let on_app1: Vec<(Option<String>, bool)> = ran
+        .cmds()
+        .into_iter()
+        .filter(|c| c.host == "app1")
+        .map(|c| (c.hook().map(|(h, _)| h.to_string()), c.writes_state()))
+        .collect();
+    let writes: Vec<(Option<String>, bool)> = ["stop", "install", "migrate", "start", "check"]
+        .iter()
+        .map(|h| (Some(h.to_string()), matches!(*h, "start" | "check")))
+        .collect();
+    assert_eq!(on_app1, writes);
 }
 
 // ---------------------------------------------------------------------------------------------

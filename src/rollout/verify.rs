@@ -105,6 +105,7 @@ async fn check_host<T: Transport>(
             service: &s.name,
             secrets,
             timeout: Some(check.timeout),
+            then: None,
         };
         let (ok, detail) = match hook_run::run(&link, &call).await {
             Ran::Done(Ok(o)) if o.success() => (true, "check passed".into()),

@@ -3,7 +3,7 @@
 
 use super::{Link, Target, Transport, TransportError};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A transport that hands out a host's parked link, if there is one, before connecting.
 ///
@@ -13,7 +13,8 @@ use std::sync::Mutex;
 pub struct Kept<T: Transport> {
     inner: T,
     room: usize,
-    parked: Mutex<HashMap<String, T::Link>>,
+    /// Parked links, and the failures of warming (each handed to the next stage once).
+    parked: Mutex<HashMap<String, Result<T::Link, TransportError>>>,
 }
 
 impl<T: Transport> Kept<T> {
@@ -30,20 +31,47 @@ impl<T: Transport> Kept<T> {
         }
     }
 
+    /// Connects to every target at once and parks the links, when they all fit: the stages
+    /// that follow (the lock first) find their connections made, instead of waiting for
+    /// one host's handshake before the others'. A host that fails is left to the next
+    /// stage, which is handed the failure instead of waiting for another timeout.
+    pub async fn warm(self: &Arc<Self>, targets: &[Target]) {
+        if targets.len() > self.room {
+            return;
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for target in targets
+            .iter()
+            .filter(|t| !self.lock().contains_key(&t.name))
+        {
+            let (kept, target) = (self.clone(), target.clone());
+            tasks.spawn(async move {
+                match kept.inner.connect(&target).await {
+                    Ok(link) => kept.park(&target.name, link).await,
+                    Err(e) => {
+                        kept.lock().entry(target.name.clone()).or_insert(Err(e));
+                    }
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
     /// How many links are parked now.
     pub fn parked(&self) -> usize {
-        self.lock().len()
+        self.lock().values().filter(|l| l.is_ok()).count()
     }
 
     /// Closes every parked link.
     pub async fn close_all(&self) {
-        let links: Vec<T::Link> = self.lock().drain().map(|(_, l)| l).collect();
+        let links: Vec<T::Link> = self.lock().drain().filter_map(|(_, l)| l.ok()).collect();
         for link in links {
             link.close().await;
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, T::Link>> {
+    #[allow(clippy::type_complexity)]
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Result<T::Link, TransportError>>> {
         self.parked.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -54,7 +82,7 @@ impl<T: Transport> Transport for Kept<T> {
     async fn connect(&self, target: &Target) -> Result<T::Link, TransportError> {
         let parked = self.lock().remove(&target.name);
         match parked {
-            Some(link) => Ok(link),
+            Some(link) => link,
             None => self.inner.connect(target).await,
         }
     }
@@ -62,8 +90,9 @@ impl<T: Transport> Transport for Kept<T> {
     async fn park(&self, host: &str, link: T::Link) {
         let refused = {
             let mut parked = self.lock();
-            if parked.len() < self.room && !parked.contains_key(host) {
-                parked.insert(host.to_string(), link);
+            let full = parked.values().filter(|l| l.is_ok()).count() >= self.room;
+            if !full && !matches!(parked.get(host), Some(Ok(_))) {
+                parked.insert(host.to_string(), Ok(link));
                 None
             } else {
                 Some(link)
@@ -79,7 +108,6 @@ impl<T: Transport> Transport for Kept<T> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     /// Counts connections and closes.
     #[derive(Default)]
@@ -92,8 +120,15 @@ mod tests {
 
     impl Transport for Counting {
         type Link = CountingLink;
-        async fn connect(&self, _t: &Target) -> Result<CountingLink, TransportError> {
+        async fn connect(&self, t: &Target) -> Result<CountingLink, TransportError> {
             self.connects.fetch_add(1, Ordering::SeqCst);
+            if t.name == "down" {
+                return Err(TransportError::Connect {
+                    host: t.name.clone(),
+                    address: t.address.clone(),
+                    reason: "refused".into(),
+                });
+            }
             Ok(CountingLink(self.closes.clone()))
         }
     }
@@ -127,6 +162,38 @@ mod tests {
         kept.close_all().await;
         assert_eq!(kept.inner.closes.load(Ordering::SeqCst), 1);
         assert_eq!(kept.parked(), 0);
+    }
+
+    #[tokio::test]
+    async fn warming_connects_each_host_once_and_the_next_stage_reuses_it() {
+        let kept = Arc::new(Kept::new(Counting::default(), 3, 3));
+        let targets: Vec<Target> = ["a", "b", "c"].into_iter().map(target).collect();
+        kept.warm(&targets).await;
+        kept.warm(&targets).await;
+        assert_eq!(kept.parked(), 3);
+        for t in &targets {
+            let link = kept.connect(t).await.expect("parked");
+            kept.park(&t.name, link).await;
+        }
+        assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 3);
+        // Over the cap, nothing is warmed.
+        let over = Arc::new(Kept::new(Counting::default(), 3, 2));
+        over.warm(&targets).await;
+        assert_eq!(
+            (over.parked(), over.inner.connects.load(Ordering::SeqCst)),
+            (0, 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_host_that_failed_warming_fails_the_next_connect_at_once_then_is_tried_again() {
+        let kept = Arc::new(Kept::new(Counting::default(), 2, 2));
+        kept.warm(&[target("a"), target("down")]).await;
+        assert_eq!(kept.parked(), 1);
+        assert!(kept.connect(&target("down")).await.is_err());
+        assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 2);
+        assert!(kept.connect(&target("down")).await.is_err());
+        assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
