@@ -1,5 +1,5 @@
 //! One SSH connection per host for a whole `deploy apply` (lock, observation, rollout, lock
-//! release), counted in each host's sshd log; and a fleet larger than `--max-connections`
+//! release), counted in each host's sshd log, which also removes the hooks' pid files; and a fleet larger than `--max-connections`
 //! still converges, reconnecting between stages.
 
 mod support;
@@ -52,6 +52,20 @@ fn an_apply_connects_to_each_host_once() {
     apply(&shop, &site, &[]);
     let fresh = since(&shop, &before);
     assert!(ones(&fresh), "one connection per host: {fresh:?}");
+    // The hooks' pid files went with the lock, over that same connection.
+    for host in shop.fleet.names() {
+        let hooks = shop.fleet.host_root(host).join("var-lib/drover/hooks");
+        let left: Vec<_> = std::fs::read_dir(&hooks)
+            .expect("the hooks' directory was made")
+            .flatten()
+            .map(|f| f.file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "{host}: {left:?} left in {}",
+            hooks.display()
+        );
+    }
 
     // Nothing to change: lock, read state, unlock.
     let before = accepted(&shop);

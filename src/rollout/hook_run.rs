@@ -2,19 +2,18 @@
 //! file under the state directory, so that a hook that outlives its timeout is killed with
 //! everything it started; secrets go on standard input, never on a command line.
 //!
-//! The script a hook runs as (one line; `F` is the hook's pid file,
-//! `<state-dir>/hooks/<controller pid>-<time>-<n>.pid`):
+//! The script a hook runs as (one line; `F` is this run's pid file on the host,
+//! `<state-dir>/hooks/<controller pid>-<controller start>.pid`, one per run and host since a
+//! host runs one hook at a time):
 //!
 //! ```text
-//! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null; trap 'rm -f F' EXIT;
+//! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null; trap ': >F' EXIT;
 //! { echo $$ >F; } 2>/dev/null; [eval "$(cat)" || exit 125; exec </dev/null;]
-//! env 'DEPLOY_…=…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
+//! DEPLOY_…='…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
 //! ```
 //!
-//! The last part is there when the hook is followed, if it succeeds, by more work in the same
-//! command: the state file written after `start` and after `check` ([`Call::then`]), which
-//! saves a round trip per stage. A failure of that work is told apart from the hook's own
-//! exit by [`THEN_FAILED`] and the marker line [`THEN_MARK`] ending standard error.
+//! The pid file is emptied, not removed, when the hook ends (no `rm` process per hook); the
+//! lock's release at the end of the run removes it ([`crate::state::lock`]).
 //!
 //! The shell running it leads a process group of its own (see [`Link`]), so `$$` is the
 //! group's id. On timeout the controller runs [`kill_script`] over the same link: `TERM` to the
@@ -23,7 +22,7 @@
 
 use crate::secrets::Secrets;
 use crate::transport::{env_prefix, quote, Link, Output, TransportError};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One hook to run.
@@ -137,15 +136,17 @@ pub fn redact(
     }
 }
 
-/// A pid file no other hook uses: `<state-dir>/hooks/<controller pid>-<time>-<n>.pid`.
+/// This run's pid file on a host: `<state-dir>/hooks/<controller pid>-<controller start>.pid`.
+/// A host runs one hook at a time, so every hook of the run on that host uses it in turn.
 pub fn pid_file(state_dir: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    static START: OnceLock<u128> = OnceLock::new();
+    let start = START.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    });
     format!(
-        "{}/hooks/{}-{nanos}-{n}.pid",
+        "{}/hooks/{}-{start}.pid",
         state_dir.trim_end_matches('/'),
         std::process::id()
     )
@@ -164,7 +165,7 @@ pub fn script(
     let file = quote(pid_file);
     let mut out = format!(
         "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ echo $$ >{file}; }} 2>/dev/null; ",
-        quote(&format!("rm -f {file}"))
+        quote(&format!("{{ : >{file}; }} 2>/dev/null"))
     );
     if stdin_secrets {
         out.push_str("eval \"$(cat)\" || exit 125; exec </dev/null; ");

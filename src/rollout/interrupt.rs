@@ -2,7 +2,7 @@
 //! step records.
 //!
 //! Every hook runs on its host in a process group of its own, whose id is written to a pid file
-//! `<state-dir>/hooks/<controller pid>-<time>-<n>.pid` while it runs (`hook_run.rs`). An aborted
+//! `<state-dir>/hooks/<controller pid>-<controller start>.pid` while it runs (`hook_run.rs`). An aborted
 //! run kills, on each host with a running step, every group named by a pid file of its own
 //! controller process: `TERM`, up to five seconds' grace, then `KILL`; over the host's existing
 //! connection. The same script, given the pid of a run that died, clears what that run left

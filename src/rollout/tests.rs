@@ -1204,12 +1204,12 @@ async fn each_host_is_connected_once_and_closed_at_the_end() {
 // ---------------------------------------------------------------------------------------------
 // 9. The hooks' environment
 
-/// The words of `script` after `env`, as the shell sees them (run through `/bin/sh` in `dir`).
-/// The hook's `env … /bin/sh -c '…'` ends the script, after the lines that record its
-/// process group.
+/// The words of the hook's variable assignments and command, as the shell sees them (run
+/// through `/bin/sh` in `dir`). The hook's `DEPLOY_…='…' … /bin/sh -c '…'` ends the script,
+/// after the lines that record its process group.
 fn env_words(script: &str, dir: &std::path::Path) -> Vec<String> {
-    let at = script.find("; env '").expect("an env prefix");
-    let rest = &script[at + "; env ".len()..];
+    let at = script.find("; DEPLOY_").expect("variable assignments");
+    let rest = &script[at + "; ".len()..];
     let out = std::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(format!("printf '%s\\0' {rest}"))
@@ -1270,8 +1270,9 @@ async fn hooks_get_needed_addresses_and_versions_quoted() {
                 "DEPLOY_SITE=t".to_string(),
             ];
             for w in &want {
+                let (k, v) = w.split_once('=').expect("K=v");
                 assert!(
-                    cmd.script.contains(&quote(w)),
+                    cmd.script.contains(&format!("{k}={}", quote(v))),
                     "{host}: {w} is not one quoted word in {}",
                     cmd.script
                 );

@@ -384,7 +384,14 @@ impl<T: Transport> FleetLock<T> {
             .connect(target)
             .await
             .map_err(|e| e.to_string())?;
-        let out = link.run(&release_script(&self.dir(), &me.json())).await;
+        let out = link
+            .run(&release_script(
+                &self.state_dir,
+                &self.dir(),
+                &me.json(),
+                me.pid,
+            ))
+            .await;
         self.transport.park(&target.name, link).await;
         match out {
             Ok(o) if o.success() => Ok(()),
@@ -545,11 +552,15 @@ fn break_script(dir: &str, seen: &str) -> String {
 }
 
 /// Removes the lock if `me` holds it.
-fn release_script(dir: &str, me: &str) -> String {
+/// Also removes the run's hook pid files (`rollout::hook_run`), emptied as each hook ended.
+fn release_script(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
+    let hooks = format!("{state_dir}/hooks");
     format!(
-        "d={d}; if [ \"$(cat \"$d/holder.json\" 2>/dev/null)\" = {me} ]; then rm -rf \"$d\"; fi; exit 0",
+        "d={d}; if [ \"$(cat \"$d/holder.json\" 2>/dev/null)\" = {me} ]; then rm -rf \"$d\"; fi; \
+         rm -f {hooks}/{pid}-*.pid 2>/dev/null; exit 0",
         d = quote(dir),
-        me = quote(me)
+        me = quote(me),
+        hooks = quote(&hooks),
     )
 }
 

@@ -15,16 +15,38 @@ pub fn quote(s: &str) -> String {
     out
 }
 
-/// `env 'K=v' … /bin/sh -c '<command>'`: runs `command` with these variables set.
+/// `K='v' … /bin/sh -c '<command>'`: runs `command` with these variables set (and exported
+/// to it alone), without a process of its own for setting them. A name that is not a shell
+/// name (letters, digits, `_`, not starting with a digit) cannot be an assignment: then the
+/// variables go through `env 'K=v' …` instead.
 pub fn env_prefix(vars: &[(String, String)], command: &str) -> String {
-    let mut out = String::from("env");
-    for (k, v) in vars {
-        out.push(' ');
-        out.push_str(&quote(&format!("{k}={v}")));
+    let assignable = vars.iter().all(|(k, _)| is_name(k));
+    let mut out = String::new();
+    if !assignable {
+        out.push_str("env ");
     }
-    out.push_str(" /bin/sh -c ");
+    for (k, v) in vars {
+        if assignable {
+            out.push_str(k);
+            out.push('=');
+            out.push_str(&quote(v));
+        } else {
+            out.push_str(&quote(&format!("{k}={v}")));
+        }
+        out.push(' ');
+    }
+    out.push_str("/bin/sh -c ");
     out.push_str(&quote(command));
     out
+}
+
+/// A POSIX shell variable name.
+fn is_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
@@ -50,12 +72,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn names_that_are_not_shell_names_go_through_env() {
+        let plain = env_prefix(&[("DEPLOY_X".into(), "a b".into())], "true");
+        assert_eq!(plain, "DEPLOY_X='a b' /bin/sh -c 'true'");
+        let odd = env_prefix(
+            &[("X-Y".into(), "1".into())],
+            r#"printf %s "$(tr '\0' '\n' < /proc/$$/environ | grep ^X-Y=)""#,
+        );
+        assert!(odd.starts_with("env 'X-Y=1' "), "{odd}");
+        assert_eq!(sh(&odd), "X-Y=1");
+        assert!(!is_name("1A") && !is_name("") && is_name("_a1"));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
         fn any_value_reaches_the_hook_unchanged(value in "[^\u{0}]{0,40}") {
             let script = env_prefix(&[("DEPLOY_X".into(), value.clone())], "printf %s \"$DEPLOY_X\"");
             prop_assert_eq!(sh(&script), value);
+        }
+
+        #[test]
+        fn a_variable_set_for_the_hook_is_not_set_after_it(value in "[^\u{0}]{1,20}") {
+            let script = format!(
+                "{}; printf %s \"${{DEPLOY_X-unset}}\"",
+                env_prefix(&[("DEPLOY_X".into(), value.clone())], "printf %s \"$DEPLOY_X\"")
+            );
+            prop_assert_eq!(sh(&script), format!("{value}unset"));
         }
     }
 }
