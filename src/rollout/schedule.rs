@@ -416,15 +416,18 @@ impl<T: Transport> Scheduler<T> {
                 .join(&*host.name)
                 .join(format!("{}.log", sp.name)),
         };
-        self.emit(EventKind::StepStarted {
+        let started = EventKind::StepStarted {
             service: sp.name.clone(),
             host: host.name.to_string(),
             from: job.from.clone(),
             to: job.to.clone(),
-        });
+        };
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
         let cancel = self.r.cancel.clone();
         self.tasks.spawn(async move {
+            // Emitted by the step itself, before its first command: the journal syncs the
+            // intents of a wave's steps together instead of one after another.
+            sink.emit(Event::now(started));
             let result = match links.get(&target).await {
                 Ok(link) => {
                     let state_dir = job.service.state_dir.clone();
