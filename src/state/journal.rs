@@ -3,9 +3,12 @@
 //! shown (`deploy status`) and carried on (`deploy apply`).
 //!
 //! - One journal per run: `.drover/runs/<run-id>/journal.ndjson`, beside the run's step logs.
-//!   One JSON object per line; each line is written and the file synced (`fsync`) before the
-//!   rollout goes on, and the directories it creates are synced too. A step's intent is on disk
-//!   before its first command is sent; its result once its last state write is done.
+//!   One JSON object per line; each line but `hook-started` and `hook-finished` is written and
+//!   the file synced (`fsync`) before the rollout goes on, and the directories it creates are
+//!   synced too. A step's intent is on disk before its first command is sent; its result once
+//!   its last state write is done. The hook lines (which hook a step is in) reach the disk
+//!   with the next synced line: a run that dies may lose the last of them, never an intent
+//!   or a result.
 //! - One pointer per site to the run that is not finished: `.drover/unfinished/<site>.json`
 //!   (`{"run", "journal"}`), written (atomically) when a run starts and removed when one ends
 //!   without being interrupted. A pointer left behind means the run was interrupted, or its
@@ -160,14 +163,29 @@ impl Journal {
         &self.path
     }
 
-    /// Appends one line; returns once it is synced to disk.
-    pub fn append(&self, time: &str, entry: Entry) -> std::io::Result<()> {
+    /// Queues one line that only informs (which hook runs): it is not waited for, and reaches
+    /// the disk with the next line that is synced.
+    pub fn note(&self, time: &str, entry: Entry) -> std::io::Result<()> {
+        let text = Self::text(time, entry)?;
+        let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        q.pending.extend_from_slice(text.as_bytes());
+        q.queued += 1;
+        Ok(())
+    }
+
+    fn text(time: &str, entry: Entry) -> std::io::Result<String> {
         let line = Line {
             time: time.to_string(),
             entry,
         };
         let mut text = serde_json::to_string(&line).map_err(std::io::Error::other)?;
         text.push('\n');
+        Ok(text)
+    }
+
+    /// Appends one line; returns once it (and every line queued before it) is synced to disk.
+    pub fn append(&self, time: &str, entry: Entry) -> std::io::Result<()> {
+        let text = Self::text(time, entry)?;
         let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
         q.pending.extend_from_slice(text.as_bytes());
         q.queued += 1;
@@ -618,7 +636,15 @@ impl Journaled {
 impl Sink for Journaled {
     fn emit(&self, event: Event) {
         if let Some(entry) = self.entry(&event.kind) {
-            if let Err(e) = self.journal.append(&event.time, entry) {
+            // A hook's start and end only tell which hook was running; the step's intent and
+            // result are what a resumed run goes by, and they wait for the disk.
+            let written = match entry {
+                Entry::HookStarted { .. } | Entry::HookFinished { .. } => {
+                    self.journal.note(&event.time, entry)
+                }
+                _ => self.journal.append(&event.time, entry),
+            };
+            if let Err(e) = written {
                 let why = format!(
                     "the run journal {} cannot be written: {e}",
                     self.journal.path().display()
@@ -772,6 +798,26 @@ mod tests {
             .map(|l| serde_json::from_str(l).expect("a whole line"))
             .collect();
         assert_eq!(lines.len(), 200);
+    }
+
+    #[test]
+    fn a_noted_line_waits_for_the_next_synced_one_and_keeps_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::create(&dir.path().join("r")).unwrap();
+        let hook = |h: &str| Entry::HookStarted {
+            service: "api".into(),
+            host: h.into(),
+            hook: "install".into(),
+        };
+        journal.note("t1", hook("a")).unwrap();
+        assert_eq!(std::fs::read_to_string(journal.path()).unwrap(), "");
+        journal.append("t2", hook("b")).unwrap();
+        let text = std::fs::read_to_string(journal.path()).unwrap();
+        let hosts: Vec<String> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["host"].to_string())
+            .collect();
+        assert_eq!(hosts, ["\"a\"", "\"b\""]);
     }
 
     #[test]

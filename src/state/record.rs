@@ -83,7 +83,7 @@ pub fn write_script(state_dir: &str, record: &HostRecord) -> String {
     let tmp = quote(&format!("{state_dir}/.{STATE_FILE}.tmp"));
     let file = quote(&format!("{state_dir}/{STATE_FILE}"));
     format!(
-        "umask 077 && mkdir -p {dir} && printf '%s\\n' {} > {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {file}",
+        "umask 077 && {{ [ -d {dir} ] || mkdir -p {dir}; }} && printf '%s\\n' {} > {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {file}",
         quote(&json)
     )
 }
