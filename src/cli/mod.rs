@@ -229,9 +229,13 @@ impl Error {
     }
 }
 
-/// The runtime that async stages (transport, rollout) run on.
+/// The runtime that async stages (transport, rollout) run on. At least 4 workers, whatever
+/// the cores: the run journal's sync blocks the worker that emits an event for a few
+/// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
 fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.max(4))
         .enable_all()
         .build()
         .map_err(Error::Runtime)
