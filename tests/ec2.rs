@@ -6,6 +6,9 @@
 //! Every `deploy` here runs with an environment of its own (see `support::moto::deploy`):
 //! an empty HOME, no AWS variables but the test's, instance metadata disabled, and a loopback
 //! endpoint, so no test ever sends anything to AWS.
+//!
+//! Only with the `ec2` feature (a default one): without it there is no backend to test.
+#![cfg(feature = "ec2")]
 
 use drover::plan::Plan;
 use serde_json::Value;

@@ -1,6 +1,7 @@
 //! Class → hosts: the [`Inventory`] trait and its backends.
 
 mod command;
+#[cfg(feature = "ec2")]
 pub mod ec2;
 mod order;
 pub mod select;
@@ -140,6 +141,12 @@ pub enum InventoryError {
     #[error("the inventory failed: {reason}")]
     #[diagnostic(code(drover::inventory::backend))]
     Backend { reason: String },
+    #[error("this `deploy` was built without the {backend} inventory backend (cargo feature `{backend}`), which {platform} uses")]
+    #[diagnostic(
+        code(drover::inventory::not_built),
+        help("use a `deploy` built with the default features, or with `--features {backend}`: `cargo install --path . --features {backend}`, or `cargo build --release` in the repository")
+    )]
+    NotBuilt { backend: String, platform: String },
 }
 
 /// A source of hosts for the classes of a site. Backends only list hosts; [`resolve`]
@@ -153,7 +160,26 @@ pub fn backend(site: &Site) -> Box<dyn Inventory> {
     match &site.platform.inventory {
         InventorySpec::Static { .. } => Box::new(Static),
         InventorySpec::Command(_) => Box::new(Command),
+        #[cfg(feature = "ec2")]
         InventorySpec::Ec2(_) => Box::new(ec2::Ec2::default()),
+        #[cfg(not(feature = "ec2"))]
+        InventorySpec::Ec2(_) => Box::new(NotBuilt("ec2")),
+    }
+}
+
+/// A backend the site's platform names but this build left out (its cargo feature is off):
+/// every run that needs the hosts stops with [`InventoryError::NotBuilt`], and says how to
+/// get a `deploy` that has it. `deploy check` still checks the platform in full.
+#[cfg(any(test, not(feature = "ec2")))]
+struct NotBuilt(&'static str);
+
+#[cfg(any(test, not(feature = "ec2")))]
+impl Inventory for NotBuilt {
+    fn hosts(&self, site: &Site) -> Result<Vec<Host>, InventoryError> {
+        Err(InventoryError::NotBuilt {
+            backend: self.0.to_string(),
+            platform: site.platform.file.display().to_string(),
+        })
     }
 }
 
@@ -190,4 +216,81 @@ pub fn resolve(site: &Site) -> Result<Hosts, InventoryError> {
         }
     }
     Ok(hosts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A site on an `inventory "ec2"` platform, loaded (so fully checked) from a scratch dir.
+    fn ec2_site(dir: &std::path::Path) -> Site {
+        let platform = r#"platform "aws" {
+    transport "local" root="hosts"
+    state-dir "/var/lib/drover"
+    inventory "ec2" region="eu-west-1" address="private-ip" {
+        class "app" tag="role=app"
+    }
+}
+"#;
+        let site = r#"site "s" { platform "platform.kdl" }
+class "app" { service "api" }
+service "api" { version "1"; install "true"; check "true" }
+"#;
+        std::fs::write(dir.join("platform.kdl"), platform).expect("write platform");
+        std::fs::write(dir.join("site.kdl"), site).expect("write site");
+        match crate::site::load(&dir.join("site.kdl")) {
+            Ok(site) => site,
+            Err(e) => panic!("the ec2 site is valid: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn an_ec2_platform_is_checked_in_every_build() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let site = ec2_site(dir.path());
+        let InventorySpec::Ec2(spec) = &site.platform.inventory else {
+            panic!("an ec2 inventory: {:?}", site.platform.inventory);
+        };
+        assert_eq!(spec.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(spec.classes.len(), 1);
+        // And a mistake in it is still reported, whether or not the backend was built.
+        let bad = std::fs::read_to_string(dir.path().join("platform.kdl"))
+            .expect("read platform")
+            .replace("tag=\"role=app\"", "");
+        std::fs::write(dir.path().join("platform.kdl"), bad).expect("write platform");
+        assert!(crate::site::load(&dir.path().join("site.kdl")).is_err());
+    }
+
+    #[test]
+    fn a_backend_left_out_of_the_build_says_how_to_get_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let site = ec2_site(dir.path());
+        let Err(e) = NotBuilt("ec2").hosts(&site) else {
+            panic!("no hosts from a backend not built");
+        };
+        assert!(matches!(e, InventoryError::NotBuilt { .. }), "{e:?}");
+        let text = crate::report::render_diagnostic(&e, crate::report::Style::PLAIN);
+        assert!(
+            text.contains("built without the ec2 inventory backend"),
+            "{text}"
+        );
+        assert!(text.contains("platform.kdl"), "{text}");
+        assert!(text.contains("--features ec2"), "{text}");
+        // An environment error, like every inventory failure.
+        assert_eq!(
+            crate::cli::Error::from(e).exit_code(),
+            crate::cli::code::ENVIRONMENT
+        );
+    }
+
+    /// Built without the feature, `resolve` stops with [`InventoryError::NotBuilt`] (with it,
+    /// tests/ec2.rs resolves real hosts from moto).
+    #[cfg(not(feature = "ec2"))]
+    #[test]
+    fn without_the_feature_resolving_ec2_hosts_is_an_environment_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let site = ec2_site(dir.path());
+        let e = resolve(&site).expect_err("no ec2 backend in this build");
+        assert!(matches!(e, InventoryError::NotBuilt { ref backend, .. } if backend == "ec2"));
+    }
 }
