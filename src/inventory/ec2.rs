@@ -316,6 +316,9 @@ impl Ec2 {
     ) -> Result<String, InventoryError> {
         let first = Instant::now();
         let mut tries = 0;
+        // The last answer AWS gave, for when the deadline cuts the last try short: that answer
+        // says more than "no answer within 2ms".
+        let mut answered: Option<String> = None;
         loop {
             tries += 1;
             let limit = self
@@ -324,7 +327,14 @@ impl Ec2 {
             let failure = match tokio::time::timeout(limit, api.send(form)).await {
                 Ok(Ok(xml)) => return Ok(xml),
                 Ok(Err(Failure::Fatal(e))) => return Err(e),
+                Ok(Err(Failure::Throttled(what))) => {
+                    answered = Some(what.clone());
+                    Failure::Throttled(what)
+                }
                 Ok(Err(f)) => f,
+                Err(_) if limit < self.request_timeout && answered.is_some() => {
+                    Failure::Throttled(answered.clone().unwrap_or_default())
+                }
                 Err(_) => Failure::Lost(format!(
                     "no answer within {}",
                     humantime::format_duration(limit)
