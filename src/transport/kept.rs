@@ -62,12 +62,14 @@ impl<T: Transport> Kept<T> {
         self.lock().values().filter(|l| l.is_ok()).count()
     }
 
-    /// Closes every parked link.
+    /// Closes every parked link, all at once (each close is a round trip to its master).
     pub async fn close_all(&self) {
         let links: Vec<T::Link> = self.lock().drain().filter_map(|(_, l)| l.ok()).collect();
+        let mut tasks = tokio::task::JoinSet::new();
         for link in links {
-            link.close().await;
+            tasks.spawn(link.close());
         }
+        while tasks.join_next().await.is_some() {}
     }
 
     #[allow(clippy::type_complexity)]
