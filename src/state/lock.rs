@@ -530,7 +530,7 @@ async fn futures_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Outp
 /// `mkdir DIR`; on success writes the holder and exits 0; else prints the holder, exits 10.
 fn acquire_script(state_dir: &str, dir: &str, me: &str) -> String {
     format!(
-        "umask 077; d={d}; mkdir -p {s} || exit 12; \
+        "umask 077; d={d}; {{ [ -d {s} ] || mkdir -p {s}; }} || exit 12; \
          if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" && exit 0; rm -rf \"$d\"; exit 12; fi; \
          cat \"$d/holder.json\" 2>/dev/null; exit {HELD}",
         d = quote(dir),
@@ -551,13 +551,14 @@ fn break_script(dir: &str, seen: &str) -> String {
     )
 }
 
-/// Removes the lock if `me` holds it.
+/// Removes the lock if `me` holds it (`holder.json` is one line, read without a process).
 /// Also removes the run's hook pid files (`rollout::hook_run`), emptied as each hook ended.
 fn release_script(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
     let hooks = format!("{state_dir}/hooks");
     format!(
-        "d={d}; if [ \"$(cat \"$d/holder.json\" 2>/dev/null)\" = {me} ]; then rm -rf \"$d\"; fi; \
-         rm -f {hooks}/{pid}-*.pid 2>/dev/null; exit 0",
+        "d={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
+         if [ \"$h\" = {me} ]; then rm -rf \"$d\" {hooks}/{pid}-*.pid; \
+         else rm -f {hooks}/{pid}-*.pid; fi 2>/dev/null; exit 0",
         d = quote(dir),
         me = quote(me),
         hooks = quote(&hooks),
@@ -723,6 +724,47 @@ mod tests {
         assert_eq!(taken.broken[0].holder.as_ref(), Some(&dead));
         assert!(taken.broken[0].stale);
         assert_eq!(read_file_lock(&lock), Some(a));
+    }
+
+    #[test]
+    fn release_removes_only_its_own_lock_and_always_its_pid_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("st ate");
+        let lock = state.join("lock");
+        let run = |me: &str| {
+            std::fs::create_dir_all(state.join("hooks")).unwrap();
+            std::fs::write(state.join("hooks/42-7.pid"), "").unwrap();
+            std::fs::write(state.join("hooks/43-7.pid"), "99").unwrap();
+            let script = release_script(
+                &state.display().to_string(),
+                &lock.display().to_string(),
+                me,
+                42,
+            );
+            let out = std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(script)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+        };
+        let mine = r#"{"user":"a b","pid":1,"x":"$(touch pwned)'"}"#;
+        std::fs::create_dir_all(&lock).unwrap();
+        std::fs::write(lock.join("holder.json"), "{\"someone\":\"else\"}\n").unwrap();
+        run(mine);
+        assert!(lock.join("holder.json").exists(), "another's lock stays");
+        assert!(!state.join("hooks/42-7.pid").exists());
+        assert!(
+            state.join("hooks/43-7.pid").exists(),
+            "another run's pid file stays"
+        );
+        std::fs::write(lock.join("holder.json"), format!("{mine}\n")).unwrap();
+        run(mine);
+        assert!(!lock.exists(), "its own lock goes");
+        assert!(!dir.path().join("pwned").exists());
+        // No lock at all: nothing to release, and no error.
+        run(mine);
     }
 
     #[test]
