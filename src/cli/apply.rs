@@ -92,7 +92,12 @@ fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
     let hosts = super::resolve(&site)?;
     let transport = session.lock(&site, &hosts)?;
     selection.hosts = super::plan::on_hosts(on.as_ref(), &site, &hosts)?;
-    let observed = observe_on(transport.clone(), &site, &hosts, args.max_connections)?;
+    let observed = session.block_on(observe_on(
+        transport.clone(),
+        &site,
+        &hosts,
+        args.max_connections,
+    ));
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     Ok((site, plan, transport))
 }
@@ -140,7 +145,12 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
     }
     let hosts = super::resolve(&site)?;
     let transport = session.lock(&site, &hosts)?;
-    let observed = observe_on(transport.clone(), &site, &hosts, args.max_connections)?;
+    let observed = session.block_on(observe_on(
+        transport.clone(),
+        &site,
+        &hosts,
+        args.max_connections,
+    ));
     let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
     drift.extend(plan::drift(&plan.hosts, &hosts, &observed, &class_names));
     if !drift.is_empty() {

@@ -42,26 +42,28 @@ pub fn observe(
     offline: bool,
     max_connections: usize,
 ) -> Result<Vec<Observed>, Error> {
+    let runtime = super::runtime()?;
     if offline {
-        return Ok(super::runtime()?.block_on(Offline.observe(site, hosts)));
+        return Ok(runtime.block_on(Offline.observe(site, hosts)));
     }
     let transport = std::sync::Arc::new(AnyTransport::for_platform(&site.platform));
-    observe_on(transport, site, hosts, max_connections)
+    Ok(runtime.block_on(observe_on(transport, site, hosts, max_connections)))
 }
 
-/// What every host runs, read over `transport` (which may keep the links for what follows).
-pub fn observe_on<T: crate::transport::Transport>(
+/// What every host runs, read over `transport` (which may keep the links for what follows),
+/// on the caller's runtime.
+pub async fn observe_on<T: crate::transport::Transport>(
     transport: std::sync::Arc<T>,
     site: &Site,
     hosts: &Hosts,
     max_connections: usize,
-) -> Result<Vec<Observed>, Error> {
+) -> Vec<Observed> {
     let remote = Remote {
         transport,
         state_dir: site.platform.host_state_dir(),
         max_connections,
     };
-    Ok(super::runtime()?.block_on(remote.observe(site, hosts)))
+    remote.observe(site, hosts).await
 }
 
 /// `--only` names → service ids; an unknown name is an error with a suggestion.

@@ -1,8 +1,8 @@
 //! Open connections, at most `max` at once: reused for every step on a host, opened ahead of
-//! need, handed back to the transport (which closes or keeps it, [`crate::transport::Kept`])
-//! when the host is done or when another host needs the slot.
+//! need, handed back to the transport when the host is done (which closes or keeps it,
+//! [`crate::transport::Kept`]), closed when another host needs the slot.
 
-use crate::transport::{Target, Transport, TransportError};
+use crate::transport::{Link, Target, Transport, TransportError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, OnceCell};
@@ -39,9 +39,10 @@ impl<T: Transport> Links<T> {
             }
             notified.await;
         };
-        // The evicted link is closed before its slot is used: never more than `max` open.
-        if let Some((host, evicted)) = evicted {
-            self.put_back(&host, evicted).await;
+        // The evicted link is closed (not handed back to be kept) before its slot is used:
+        // never more than `max` open.
+        if let Some(link) = evicted.and_then(only_holder) {
+            link.close().await;
         }
         let result = cell
             .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
@@ -84,23 +85,15 @@ impl<T: Transport> Links<T> {
 
     /// Gives a link nobody else holds back to the transport.
     async fn put_back(&self, host: &str, cell: Cell<T::Link>) {
-        if let Ok(cell) = Arc::try_unwrap(cell) {
-            if let Some(Ok(link)) = cell.into_inner() {
-                if let Ok(link) = Arc::try_unwrap(link) {
-                    self.transport.park(host, link).await;
-                }
-            }
+        if let Some(link) = only_holder(cell) {
+            self.transport.park(host, link).await;
         }
     }
 
     /// The cell for `host`: existing, or new if under the cap (evicting an idle link if `evict`;
     /// the evicted link comes back with it, for the caller to close).
     #[allow(clippy::type_complexity)]
-    fn slot(
-        &self,
-        host: &str,
-        evict: bool,
-    ) -> Option<(Cell<T::Link>, Option<(String, Cell<T::Link>)>)> {
+    fn slot(&self, host: &str, evict: bool) -> Option<(Cell<T::Link>, Option<Cell<T::Link>>)> {
         let mut open = self.lock();
         if let Some(cell) = open.get(host) {
             return Some((cell.clone(), None));
@@ -118,9 +111,7 @@ impl<T: Transport> Links<T> {
                         && matches!(c.get(), Some(Ok(l)) if Arc::strong_count(l) == 1)
                 })
                 .map(|(k, _)| k.clone());
-            let idle = idle?;
-            let cell = open.remove(&idle)?;
-            evicted = Some((idle, cell));
+            evicted = Some(open.remove(&idle?)?);
         }
         let cell: Cell<T::Link> = Arc::new(OnceCell::new());
         open.insert(host.to_string(), cell.clone());
@@ -141,4 +132,10 @@ impl<T: Transport> Links<T> {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cell<T::Link>>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The connected link in `cell`, if the pool held the only reference to it.
+fn only_holder<L>(cell: Cell<L>) -> Option<L> {
+    let link = Arc::try_unwrap(cell).ok()?.into_inner()?.ok()?;
+    Arc::try_unwrap(link).ok()
 }
