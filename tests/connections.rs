@@ -1,6 +1,8 @@
 //! One SSH connection per host for a whole `deploy apply` (lock, observation, rollout, lock
-//! release), counted in each host's sshd log, which also removes the hooks' pid files; and a fleet larger than `--max-connections`
-//! still converges, reconnecting between stages.
+//! release), counted in each host's sshd log, which also removes the hooks' pid files; the
+//! state read goes with the lock's command and the lock's release with a host's last hook
+//! (commands counted in the sshd log); and a fleet larger than `--max-connections` still
+//! converges, reconnecting between stages.
 
 mod support;
 
@@ -8,13 +10,51 @@ use support::shop::{Shop, Spec};
 
 /// Connections each host's sshd accepted so far.
 fn accepted(shop: &Shop) -> Vec<(String, usize)> {
+    counted(shop, "Accepted publickey")
+}
+
+/// Commands each host's sshd ran so far (one per command sent over any connection).
+fn commands(shop: &Shop) -> Vec<(String, usize)> {
+    counted(shop, "Starting session: command")
+}
+
+/// Lines of each host's sshd log that contain `what`.
+fn counted(shop: &Shop, what: &str) -> Vec<(String, usize)> {
     shop.fleet
         .names()
         .into_iter()
         .map(|h| {
             let log = std::fs::read_to_string(shop.fleet.host_root(h).join("sshd.log"))
                 .expect("read sshd.log");
-            (h.to_string(), log.matches("Accepted publickey").count())
+            (h.to_string(), log.matches(what).count())
+        })
+        .collect()
+}
+
+/// Hooks `deploy` ran on each host in its last run, from the run's step logs (a line
+/// `== <hook>: …` per hook, every attempt of a check included).
+fn hooks_run(shop: &Shop) -> Vec<(String, usize)> {
+    let runs = shop.fleet.dir.join(".drover/runs");
+    let last = std::fs::read_dir(&runs)
+        .expect("runs")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("a run");
+    shop.fleet
+        .names()
+        .into_iter()
+        .map(|h| {
+            let n = std::fs::read_dir(last.join(h))
+                .map(|d| {
+                    d.flatten()
+                        .map(|f| std::fs::read_to_string(f.path()).unwrap_or_default())
+                        .map(|t| t.lines().filter(|l| l.starts_with("== ")).count())
+                        .sum()
+                })
+                .unwrap_or(0);
+            (h.to_string(), n)
         })
         .collect()
 }
@@ -34,8 +74,12 @@ fn apply(shop: &Shop, site: &std::path::Path, extra: &[&str]) {
 
 /// New connections per host since `before`.
 fn since(shop: &Shop, before: &[(String, usize)]) -> Vec<(String, usize)> {
-    accepted(shop)
-        .into_iter()
+    since_in(accepted(shop), before)
+}
+
+/// Per host, `now` less `before`.
+fn since_in(now: Vec<(String, usize)>, before: &[(String, usize)]) -> Vec<(String, usize)> {
+    now.into_iter()
         .zip(before)
         .map(|((h, n), (_, b))| (h, n - b))
         .collect()
@@ -47,11 +91,23 @@ fn an_apply_connects_to_each_host_once() {
     let site = shop.write(&Spec::default());
     let ones = |v: &[(String, usize)]| v.iter().all(|(_, n)| *n == 1);
 
-    // A fresh install: lock, read state, three services' steps, unlock.
+    // A fresh install: lock and read state, three services' steps, the last of which
+    // gives the lock back: no command of their own for reading state or unlocking.
     let before = accepted(&shop);
+    let sent = commands(&shop);
     apply(&shop, &site, &[]);
     let fresh = since(&shop, &before);
     assert!(ones(&fresh), "one connection per host: {fresh:?}");
+    let sent = since_in(commands(&shop), &sent);
+    let hooks = hooks_run(&shop);
+    for ((host, n), (_, hooks)) in sent.iter().zip(&hooks) {
+        assert!(*hooks >= 3, "{host} ran its steps: {hooks}");
+        assert_eq!(
+            *n,
+            hooks + 1,
+            "{host}: the lock (with the read) and the hooks"
+        );
+    }
     // The hooks' pid files went with the lock, over that same connection.
     for host in shop.fleet.names() {
         let hooks = shop.fleet.host_root(host).join("var-lib/drover/hooks");
@@ -67,11 +123,17 @@ fn an_apply_connects_to_each_host_once() {
         );
     }
 
-    // Nothing to change: lock, read state, unlock.
+    // Nothing to change: lock and read state in one command, unlock.
     let before = accepted(&shop);
+    let sent = commands(&shop);
     apply(&shop, &site, &[]);
     let idle = since(&shop, &before);
     assert!(ones(&idle), "one connection per host: {idle:?}");
+    let sent = since_in(commands(&shop), &sent);
+    assert!(
+        sent.iter().all(|(_, n)| *n == 2),
+        "two commands per host: {sent:?}"
+    );
 
     // An upgrade of one service through every hook.
     let before = accepted(&shop);
@@ -96,8 +158,8 @@ fn a_fleet_over_the_connection_cap_still_converges() {
     let counts = since(&shop, &before);
     // Links are not kept between stages over the cap: each stage connects on its own.
     assert!(
-        counts.iter().all(|(_, n)| *n >= 3),
-        "lock, observation, rollout and release each connect: {counts:?}"
+        counts.iter().all(|(_, n)| *n >= 2),
+        "the lock (with the state's read) and the rollout each connect: {counts:?}"
     );
     for host in shop.fleet.names() {
         let state = shop.state(host);

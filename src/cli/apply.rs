@@ -64,6 +64,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         max_connections: args.max_connections,
         secrets,
         cancel: session.cancel.clone(),
+        release: session.release_text(),
     };
     let summary = session.block_on(rollout::run(rollout));
     if !args.json {
@@ -97,6 +98,7 @@ fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
         &site,
         &hosts,
         args.max_connections,
+        session.take_reads(),
     ));
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     Ok((site, plan, transport))
@@ -150,6 +152,7 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
         &site,
         &hosts,
         args.max_connections,
+        session.take_reads(),
     ));
     let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
     drift.extend(plan::drift(&plan.hosts, &hosts, &observed, &class_names));

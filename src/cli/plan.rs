@@ -47,21 +47,24 @@ pub fn observe(
         return Ok(runtime.block_on(Offline.observe(site, hosts)));
     }
     let transport = std::sync::Arc::new(AnyTransport::for_platform(&site.platform));
-    Ok(runtime.block_on(observe_on(transport, site, hosts, max_connections)))
+    let read = Default::default();
+    Ok(runtime.block_on(observe_on(transport, site, hosts, max_connections, read)))
 }
 
 /// What every host runs, read over `transport` (which may keep the links for what follows),
-/// on the caller's runtime.
+/// on the caller's runtime; hosts in `read` were read already (host → the read's output).
 pub async fn observe_on<T: crate::transport::Transport>(
     transport: std::sync::Arc<T>,
     site: &Site,
     hosts: &Hosts,
     max_connections: usize,
+    read: std::collections::HashMap<String, crate::transport::Output>,
 ) -> Vec<Observed> {
     let remote = Remote {
         transport,
         state_dir: site.platform.host_state_dir(),
         max_connections,
+        read,
     };
     remote.observe(site, hosts).await
 }

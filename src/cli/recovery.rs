@@ -56,6 +56,8 @@ pub struct Session {
     site: Mutex<String>,
     /// Closed once the locks are given back.
     transport: OnceLock<RunTransport>,
+    /// The hosts' state files, read in the lock's command: host → the read's output.
+    read: Mutex<std::collections::HashMap<String, crate::transport::Output>>,
 }
 
 impl Session {
@@ -110,6 +112,7 @@ impl Session {
             journal: Mutex::new(None),
             site: Mutex::new(String::new()),
             transport: OnceLock::new(),
+            read: Mutex::new(Default::default()),
         })
     }
 
@@ -204,12 +207,14 @@ impl Session {
         // Every connection at once, before the lock takes its first host alone.
         self.runtime.block_on(transport.warm(&targets));
         let state_dir = site.platform.host_state_dir();
+        // Each host's state file is read in the same command that locks it.
         let fleet = FleetLock::new(
             transport.clone(),
             targets.clone(),
             &state_dir,
             self.max_connections,
-        );
+        )
+        .reading(crate::state::read_script(&state_dir));
         let taken = self
             .runtime
             .block_on(fleet.acquire(&me, self.break_lock))
@@ -222,9 +227,32 @@ impl Session {
                 names.join(", ")
             );
         }
+        let read = fleet.take_reads();
         self.held().fleet = Some(fleet);
         self.carry_on(site, &transport, &targets, &state_dir);
+        // An unfinished run's hooks may have written state files until `carry_on` stopped
+        // them: then every host is read again.
+        if self
+            .resumed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+        {
+            *self.read.lock().unwrap_or_else(|p| p.into_inner()) = read;
+        }
         Ok(transport)
+    }
+
+    /// The hosts' state files as read when they were locked (each host once: taken).
+    pub fn take_reads(&self) -> std::collections::HashMap<String, crate::transport::Output> {
+        std::mem::take(&mut *self.read.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Shell text that gives this run's lock back on a host, for the rollout to end a host's
+    /// last command with ([`Session::finish`] hears which hosts it was given back on).
+    pub fn release_text(&self) -> Option<String> {
+        let held = self.held();
+        Some(held.fleet.as_ref()?.release_text(&held.holder))
     }
 
     /// An unfinished run of this site: say where it stopped, and kill the hooks it may have
@@ -365,6 +393,9 @@ impl Session {
     /// After the rollout: `Some(code)` when it was interrupted (130) or its journal failed
     /// (5); otherwise the run is finished and no longer the site's unfinished one.
     pub fn finish(&self, summary: &Summary) -> Option<u8> {
+        if let Some(fleet) = &self.held().fleet {
+            fleet.released(&summary.released);
+        }
         let journaled = self
             .journal
             .lock()

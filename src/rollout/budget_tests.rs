@@ -25,6 +25,7 @@ fn with_site_settings(fx: Fixture, settings: &str) -> Fixture {
         dir: fx.dir,
         site: Arc::new(site),
         plan: Arc::new(plan),
+        release: None,
     }
 }
 

@@ -46,6 +46,10 @@ pub struct Rollout<T> {
     pub secrets: Arc<crate::secrets::Secrets>,
     /// Set by whoever handles signals: stop starting steps, or abort the running ones.
     pub cancel: Cancel,
+    /// Shell text that gives the run's lock back on a host: it ends the last command of a host
+    /// whose every step succeeded, instead of a command of its own after the rollout. Those
+    /// hosts are in [`Summary::released`].
+    pub release: Option<String>,
 }
 
 /// How a run ended.
@@ -59,6 +63,8 @@ pub struct Summary {
     pub unreachable: usize,
     /// `(host, service, log)` of every failed step.
     pub failures: Vec<(String, String, String)>,
+    /// Hosts whose lock went with their last command ([`Rollout::release`]).
+    pub released: Vec<String>,
 }
 
 impl Summary {

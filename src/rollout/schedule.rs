@@ -59,6 +59,8 @@ pub struct Scheduler<T: Transport> {
     started: Instant,
     /// Hosts with a failed step in this run (the run's budget: the site's `max-failed`).
     failed_hosts: usize,
+    /// Hosts whose lock went with their last command.
+    released: Vec<String>,
 }
 
 impl<T: Transport> Scheduler<T> {
@@ -143,6 +145,7 @@ impl<T: Transport> Scheduler<T> {
             tasks: JoinSet::new(),
             started: Instant::now(),
             failed_hosts: 0,
+            released: Vec::new(),
         }
     }
 
@@ -415,6 +418,9 @@ impl<T: Transport> Scheduler<T> {
                 .log_dir
                 .join(&*host.name)
                 .join(format!("{}.log", sp.name)),
+            release: (self.hosts[h].steps_left == 1)
+                .then(|| self.r.release.as_deref().map(Arc::from))
+                .flatten(),
         };
         let started = EventKind::StepStarted {
             service: sp.name.clone(),
@@ -441,6 +447,7 @@ impl<T: Transport> Scheduler<T> {
                         failed_hook: Some("connect".into()),
                         reason: Some(e.to_string()),
                         rolled_back: false,
+                        released: false,
                     }
                 }
             };
@@ -472,6 +479,9 @@ impl<T: Transport> Scheduler<T> {
                 .display()
                 .to_string(),
         });
+        if result.released {
+            self.released.push(st.host.to_string());
+        }
         let host = &mut self.hosts[h];
         host.busy = false;
         host.record = result.record;
@@ -604,7 +614,10 @@ impl<T: Transport> Scheduler<T> {
 
     fn summary(&self) -> Summary {
         let plan = &self.r.plan;
-        let mut sum = Summary::default();
+        let mut sum = Summary {
+            released: self.released.clone(),
+            ..Summary::default()
+        };
         for (s, svc) in self.svcs.iter().enumerate() {
             sum.succeeded += svc.succeeded;
             sum.failed += svc.failed;

@@ -35,6 +35,8 @@ pub struct StepJob {
     pub to: String,
     pub record: HostRecord,
     pub log: PathBuf,
+    /// The host's last step: this shell text ends its last command if every hook passes.
+    pub release: Option<Arc<str>>,
 }
 
 /// How it went; `record` is the host's record as now written.
@@ -43,6 +45,8 @@ pub struct StepResult {
     pub failed_hook: Option<String>,
     pub reason: Option<String>,
     pub rolled_back: bool,
+    /// [`StepJob::release`] ran.
+    pub released: bool,
 }
 
 impl StepResult {
@@ -53,13 +57,19 @@ impl StepResult {
 
 /// Runs the step over `link`.
 pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult {
-    let mut step = Running { job, link, sink };
+    let mut step = Running {
+        job,
+        link,
+        sink,
+        released: false,
+    };
     match step.switch().await {
         Ok(()) => StepResult {
             record: step.job.record,
             failed_hook: None,
             reason: None,
             rolled_back: false,
+            released: step.released,
         },
         Err((hook, reason)) => step.fail(hook, reason).await,
     }
@@ -69,6 +79,8 @@ struct Running<'a, L> {
     job: StepJob,
     link: &'a L,
     sink: &'a dyn Sink,
+    /// The command that wrote the last record also gave the host's lock back.
+    released: bool,
 }
 
 type Failure = (&'static str, String);
@@ -90,16 +102,16 @@ impl<L: Link> Running<'_, L> {
         for (i, (name, hook)) in stages.iter().enumerate() {
             let then =
                 (i + 1 == stages.len()).then(|| self.marked(Some(Outcome::Success), None, None));
-            self.hook(name, &hook.command, hook.timeout, then.as_ref())
+            self.hook(name, &hook.command, hook.timeout, then.as_ref(), false)
                 .await?;
         }
         if stages.is_empty() {
-            self.write(self.marked(Some(Outcome::Success), None, None))
+            self.write(self.marked(Some(Outcome::Success), None, None), false)
                 .await?;
         }
         let Some(check) = &hooks.check else {
             let validated = self.marked(None, Some(Outcome::Success), None);
-            return self.write(validated).await;
+            return self.write(validated, true).await;
         };
         let deadline = Instant::now() + check.timeout;
         loop {
@@ -112,6 +124,7 @@ impl<L: Link> Running<'_, L> {
                     &check.command,
                     Some(left.max(Duration::from_millis(1))),
                     Some(&validated),
+                    true,
                 )
                 .await;
             match attempt {
@@ -127,13 +140,15 @@ impl<L: Link> Running<'_, L> {
     }
 
     /// Runs one hook; its output goes to the step's log. With `then`, the same command writes
-    /// that record once the hook succeeds, and the record becomes the host's.
+    /// that record once the hook succeeds, and the record becomes the host's; with `last`
+    /// too, it then gives the host's lock back if this is the host's last step.
     async fn hook(
         &mut self,
         name: &'static str,
         command: &str,
         timeout: Option<Duration>,
         then: Option<&HostRecord>,
+        last: bool,
     ) -> Result<(), Failure> {
         let svc = self.job.service.clone();
         if let Some(aborted) = super::interrupt::interrupted(&svc, name, false) {
@@ -144,7 +159,8 @@ impl<L: Link> Running<'_, L> {
             host: self.job.host.clone(),
             hook: name.into(),
         }));
-        let then_script = then.map(|r| write_script(&svc.state_dir, r));
+        let release = self.job.release.clone().filter(|_| last && then.is_some());
+        let then_script = then.map(|r| self.then_release(write_script(&svc.state_dir, r), last));
         let call = hook_run::Call {
             env: &self.job.env,
             command,
@@ -198,6 +214,11 @@ impl<L: Link> Running<'_, L> {
         }
         if let (true, Some(record)) = (ok, then) {
             self.job.record = record.clone();
+            self.released = release.is_some();
+        }
+        // The host's last command gave its lock back: nothing more is done there.
+        if self.released {
+            return Ok(());
         }
         if let Some(aborted) = super::interrupt::interrupted(&svc, name, true) {
             return Err(aborted);
@@ -217,7 +238,7 @@ impl<L: Link> Running<'_, L> {
         failed: Option<(&str, String)>,
     ) -> Result<(), Failure> {
         let record = self.marked(configured, validated, failed);
-        self.write(record).await
+        self.write(record, false).await
     }
 
     /// The host's record with this service's marks updated (pure).
@@ -262,12 +283,27 @@ impl<L: Link> Running<'_, L> {
         record
     }
 
-    /// Makes `record` the host's, and writes it on the host.
-    async fn write(&mut self, record: HostRecord) -> Result<(), Failure> {
+    /// `script` followed, when it succeeds and `last` holds, by giving the host's lock back
+    /// (the host's last step only). Clears the hook wrapper's exit trap first: the release
+    /// removes the pid file that trap would empty (`hook_run.rs`).
+    fn then_release(&self, script: String, last: bool) -> String {
+        match self.job.release.as_deref().filter(|_| last) {
+            Some(release) => format!("{script} && {{ trap - EXIT; {release}; }}"),
+            None => script,
+        }
+    }
+
+    /// Makes `record` the host's, and writes it on the host (then, with `last`, gives the
+    /// host's lock back if this is its last step).
+    async fn write(&mut self, record: HostRecord, last: bool) -> Result<(), Failure> {
         self.job.record = record;
         let script = write_script(&self.job.service.state_dir, &self.job.record);
+        let script = self.then_release(script, last);
         match self.link.run(&script).await {
-            Ok(out) if out.success() => Ok(()),
+            Ok(out) if out.success() => {
+                self.released = last && self.job.release.is_some();
+                Ok(())
+            }
             Ok(out) => Err(("state", exit_reason("state", &out))),
             Err(e) => Err(("state", e.to_string())),
         }
@@ -282,7 +318,7 @@ impl<L: Link> Running<'_, L> {
         let mut rolled_back = false;
         if let (true, Some(rollback)) = (may_roll_back, &svc.hooks.rollback) {
             rolled_back = self
-                .hook("rollback", &rollback.command, rollback.timeout, None)
+                .hook("rollback", &rollback.command, rollback.timeout, None, false)
                 .await
                 .is_ok();
         }
@@ -312,6 +348,7 @@ impl<L: Link> Running<'_, L> {
             failed_hook: Some(hook.into()),
             reason: Some(reason),
             rolled_back,
+            released: false,
         }
     }
 

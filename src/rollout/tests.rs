@@ -296,6 +296,8 @@ struct Fixture {
     dir: tempfile::TempDir,
     site: Arc<Site>,
     plan: Arc<Plan>,
+    /// [`Rollout::release`] for the runs.
+    release: Option<String>,
 }
 
 /// The address of the `i`th host given to [`fixture`].
@@ -381,6 +383,7 @@ fn fixture(
         dir,
         site: Arc::new(site),
         plan: Arc::new(plan),
+        release: None,
     }
 }
 
@@ -440,6 +443,7 @@ impl Fixture {
             max_connections,
             secrets: Default::default(),
             cancel,
+            release: self.release.clone(),
         };
         // Only a deadlock guard: generous, so a loaded CI machine never trips it.
         let summary = tokio::time::timeout(Duration::from_secs(60), run(rollout))
@@ -1304,4 +1308,58 @@ async fn hooks_get_needed_addresses_and_versions_quoted() {
     // A service that needs nothing gets no DEPLOY_NEEDS_ variables.
     let db_start = ran.first_hook("db", "db1").unwrap();
     assert!(!db_start.script.contains("DEPLOY_NEEDS_"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lock's release with a host's last command
+
+#[tokio::test]
+async fn a_host_gives_its_lock_back_with_its_last_passing_command_only() {
+    let body = format!(
+        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
+        svc("api", ""),
+        svc("worker", "")
+    );
+    let hs = hosts("app", "app", 3);
+    let running: Vec<(&str, &str, &str)> = hs
+        .iter()
+        .flat_map(|(h, _)| [(h.as_str(), "api", "0.9"), (h.as_str(), "worker", "0.9")])
+        .collect();
+    let mut fx = fixture(&body, &host_refs(&hs), &[], &running);
+    fx.release = Some("GIVE-BACK".into());
+    let rules = Rules::default().fail(Some("app2"), "hook check worker");
+    let ran = fx.run(rules, 64, true).await;
+    let mut released = ran.summary.released.clone();
+    released.sort();
+    assert_eq!(released, ["app1", "app3"], "{:?}", ran.summary);
+    for (host, _) in &hs {
+        let cmds: Vec<Cmd> = ran.cmds().into_iter().filter(|c| c.host == *host).collect();
+        let giving: Vec<&Cmd> = cmds
+            .iter()
+            .filter(|c| c.script.contains("GIVE-BACK"))
+            .collect();
+        if host == "app2" {
+            // Its last step failed: the lock stays for the release after the rollout.
+            assert!(
+                cmds.iter()
+                    .filter(|c| c.script.contains("hook check worker"))
+                    .all(|c| c.script.contains("GIVE-BACK")),
+                "each check attempt of the last step carries it"
+            );
+            assert!(!released.contains(host));
+            continue;
+        }
+        assert_eq!(giving.len(), 1, "{host}: given back once: {cmds:?}");
+        let last = cmds.last().expect("commands");
+        assert!(
+            std::ptr::eq(giving[0], last) && last.script.contains("/bin/sh -c 'hook check"),
+            "{host}: in its last command, a passing check: {}",
+            last.script
+        );
+        // After the state write, and only if it succeeded.
+        let text = &last.script;
+        let write = text.find("mv -f").expect("the state write");
+        assert!(text.find("GIVE-BACK").expect("release") > write);
+        assert!(text.contains("&& { trap - EXIT; GIVE-BACK; }"), "{text}");
+    }
 }

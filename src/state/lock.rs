@@ -21,8 +21,9 @@
 //! by its age (a run may pause for a confirmation for hours): it is broken only when asked
 //! (`deploy apply --break-lock`).
 
-use crate::transport::{quote, Link, Target, Transport};
+use crate::transport::{quote, Link, Output, Target, Transport};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -289,6 +290,10 @@ pub struct FleetLock<T> {
     pub max_connections: usize,
     /// The hosts locked so far, to release.
     taken: Mutex<Vec<Target>>,
+    /// A script run on each host in the same command as taking its lock, once taken.
+    read: Option<String>,
+    /// What that script printed on each host locked: host → its output.
+    reads: Mutex<HashMap<String, Output>>,
 }
 
 /// The exit code of the scripts for a lock held by someone else (its holder on stdout).
@@ -316,7 +321,33 @@ impl<T: Transport> FleetLock<T> {
             state_dir: state_dir.trim_end_matches('/').to_string(),
             max_connections: max_connections.max(1),
             taken: Mutex::new(Vec::new()),
+            read: None,
+            reads: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Also runs `script` on each host, in the same command that takes its lock, once taken
+    /// (the state file's read: one command per host less). See [`FleetLock::take_reads`].
+    pub fn reading(mut self, script: String) -> Self {
+        self.read = Some(script);
+        self
+    }
+
+    /// What the [`FleetLock::reading`] script printed on each host locked, by host name.
+    pub fn take_reads(&self) -> HashMap<String, Output> {
+        std::mem::take(&mut *self.reads.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Shell text that gives `me`'s lock back on a host (and removes the run's hook pid
+    /// files), for a host's last command of the run; it never fails. Hosts released that
+    /// way are then handed to [`FleetLock::released`].
+    pub fn release_text(&self, me: &Holder) -> String {
+        release_body(&self.state_dir, &self.dir(), &me.json(), me.pid)
+    }
+
+    /// These hosts' locks were given back already (with their last command).
+    pub fn released(&self, hosts: &[String]) {
+        self.lock_taken().retain(|t| !hosts.contains(&t.name));
     }
 
     fn dir(&self) -> String {
@@ -337,14 +368,28 @@ impl<T: Transport> FleetLock<T> {
 
     async fn take_on(&self, link: &T::Link, target: &Target, me: &Holder, force: bool) -> HostLock {
         let place = format!("host {}", target.name);
-        let mut script = acquire_script(&self.state_dir, &self.dir(), &me.json());
+        let read = self.read.as_deref();
+        let acquire = || acquire_script(&self.state_dir, &self.dir(), &me.json(), read);
+        let mut script = acquire();
         let mut broken = None;
         for _ in 0..3 {
             let out = match link.run(&script).await {
                 Ok(out) => out,
                 Err(e) => return HostLock::Unreachable(e.to_string()),
             };
-            if out.success() {
+            if let Some(rest) = read.and_then(|_| out.stdout.strip_prefix(TAKEN.as_bytes())) {
+                let read = Output {
+                    code: out.code,
+                    stdout: rest.to_vec(),
+                    stderr: out.stderr.clone(),
+                };
+                self.reads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(target.name.clone(), read);
+                return HostLock::Taken(broken);
+            }
+            if read.is_none() && out.success() {
                 return HostLock::Taken(broken);
             }
             if out.code != Some(HELD) {
@@ -369,11 +414,7 @@ impl<T: Transport> FleetLock<T> {
                 holder,
                 stale,
             });
-            script = format!(
-                "{}\n{}",
-                break_script(&self.dir(), &seen),
-                acquire_script(&self.state_dir, &self.dir(), &me.json())
-            );
+            script = format!("{}\n{}", break_script(&self.dir(), &seen), acquire());
         }
         HostLock::Failed("it keeps changing hands".into())
     }
@@ -527,11 +568,18 @@ async fn futures_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Outp
     out.into_iter().flatten().collect()
 }
 
-/// `mkdir DIR`; on success writes the holder and exits 0; else prints the holder, exits 10.
-fn acquire_script(state_dir: &str, dir: &str, me: &str) -> String {
+/// The first line a lock-taking script with a `then` prints once the lock is taken.
+const TAKEN: &str = "drover: lock taken\n";
+
+/// `mkdir DIR`; on success writes the holder and exits 0 (with `then`: prints [`TAKEN`] and
+/// goes on with `then`, whose exit is the script's); else prints the holder, exits 10.
+fn acquire_script(state_dir: &str, dir: &str, me: &str, then: Option<&str>) -> String {
+    let taken = then.map_or("exit 0".to_string(), |then| {
+        format!("printf {}; {then}; exit $?", quote(TAKEN))
+    });
     format!(
         "umask 077; d={d}; {{ [ -d {s} ] || mkdir -p {s}; }} || exit 12; \
-         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" && exit 0; rm -rf \"$d\"; exit 12; fi; \
+         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {taken}; fi; \
          cat \"$d/holder.json\" 2>/dev/null; exit {HELD}",
         d = quote(dir),
         s = quote(state_dir),
@@ -554,11 +602,16 @@ fn break_script(dir: &str, seen: &str) -> String {
 /// Removes the lock if `me` holds it (`holder.json` is one line, read without a process).
 /// Also removes the run's hook pid files (`rollout::hook_run`), emptied as each hook ended.
 fn release_script(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
+    format!("{}; exit 0", release_body(state_dir, dir, me, pid))
+}
+
+/// [`release_script`] without its `exit`, to end another command with; it ends in success.
+fn release_body(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
     let hooks = format!("{state_dir}/hooks");
     format!(
         "d={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
          if [ \"$h\" = {me} ]; then rm -rf \"$d\" {hooks}/{pid}-*.pid; \
-         else rm -f {hooks}/{pid}-*.pid; fi 2>/dev/null; exit 0",
+         else rm -f {hooks}/{pid}-*.pid; fi 2>/dev/null; :",
         d = quote(dir),
         me = quote(me),
         hooks = quote(&hooks),
@@ -844,5 +897,65 @@ mod tests {
         assert_eq!(taken.broken.len(), 1);
         assert!(taken.broken[0].stale);
         block_on(lock_a.release(&a)).unwrap();
+    }
+
+    #[test]
+    fn the_lock_command_also_reads_once_taken_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let transport = Arc::new(Local::new(dir.path().to_path_buf()));
+        let hosts: Vec<Target> = ["h1", "h2"]
+            .iter()
+            .map(|n| Target {
+                name: n.to_string(),
+                address: "127.0.0.1".into(),
+            })
+            .collect();
+        let state = |h: &str| dir.path().join(h).join("var/lib/drover");
+        std::fs::create_dir_all(state("h2")).unwrap();
+        std::fs::write(state("h2").join("state.json"), "{\"on\":\"h2\"}\n").unwrap();
+        let read = crate::state::read_script("var/lib/drover");
+        let fleet = |_: ()| {
+            FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8)
+                .reading(read.clone())
+        };
+        let a = Holder::me("shop", "run-a");
+        let lock_a = fleet(());
+        block_on(lock_a.acquire(&a, false)).unwrap();
+        let reads = lock_a.take_reads();
+        assert_eq!(reads["h1"].code, Some(crate::state::record::NO_STATE));
+        assert_eq!(reads["h2"].code, Some(0));
+        assert_eq!(reads["h2"].stdout, b"{\"on\":\"h2\"}\n");
+        assert!(state("h1").join("lock/holder.json").exists());
+        // Held by another: refused, and nothing read.
+        let b = Holder {
+            controller: "laptop-2".into(),
+            ..Holder::me("shop", "run-b")
+        };
+        let lock_b = fleet(());
+        assert!(block_on(lock_b.acquire(&b, false)).is_err());
+        assert!(lock_b.take_reads().is_empty());
+        // Given back by a host's last command, in a hook's wrapper shell: the lock and the
+        // run's pid file go, and the wrapper's exit trap does not bring the pid file back.
+        let pid = state("h1").join(format!("hooks/{}-1.pid", a.pid));
+        std::fs::create_dir_all(pid.parent().unwrap()).unwrap();
+        std::fs::write(&pid, "").unwrap();
+        let script = format!(
+            "trap ': >{}' EXIT; true && {{ trap - EXIT; {}; }}",
+            pid.display(),
+            lock_a.release_text(&a)
+        );
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir.path().join("h1"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(!state("h1").join("lock").exists());
+        assert!(!pid.exists());
+        lock_a.released(&["h1".to_string()]);
+        assert_eq!(lock_a.lock_taken().len(), 1, "only h2 is left to release");
+        block_on(lock_a.release(&a)).unwrap();
+        assert!(!state("h2").join("lock").exists());
     }
 }

@@ -372,6 +372,8 @@ impl Fleet {
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
                  MaxStartups 500\nMaxSessions 100\nUseDNS no\nPrintMotd no\nPrintLastLog no\n\
                  X11Forwarding no\nSubsystem sftp internal-sftp\n\
+                 # VERBOSE logs each command (\"Starting session: command\"), which tests count\n\
+                 LogLevel VERBOSE\n\
                  # the post-quantum default key exchange costs ~25% of a connection's CPU\n\
                  KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org\n",
                 host.address,
