@@ -23,18 +23,28 @@ struct Svc {
     started: bool,
     /// The next wave to open.
     next_wave: usize,
-    /// Steps of the open wave not yet launched.
+    /// Steps of the newest open wave not yet launched.
     pending: Vec<usize>,
-    /// Steps of the open wave launched and not finished.
+    /// Steps launched and not finished, of every open wave.
     running: usize,
-    /// Steps of the open wave that failed (its budget: `wave-max-failed`).
-    wave_failed: usize,
+    /// The waves opened and not over, oldest first: more than one only while the service
+    /// flows ([`Scheduler::flows`]).
+    open: Vec<OpenWave>,
     not_before: Option<TokioInstant>,
     healthy: usize,
     succeeded: usize,
     failed: usize,
     not_started: usize,
     finished: Option<ServiceOutcome>,
+}
+
+/// A wave opened and not over.
+struct OpenWave {
+    wave: usize,
+    /// Its steps launched and not finished.
+    running: usize,
+    /// Its steps that failed (its budget: `wave-max-failed`).
+    failed: usize,
 }
 
 /// Per host: one step at a time, and what happened to each service on it this run.
@@ -124,7 +134,7 @@ impl<T: Transport> Scheduler<T> {
                     next_wave: 0,
                     pending: Vec::new(),
                     running: 0,
-                    wave_failed: 0,
+                    open: Vec::new(),
                     not_before: None,
                     healthy,
                     succeeded: 0,
@@ -231,7 +241,7 @@ impl<T: Transport> Scheduler<T> {
                         continue;
                     }
                 }
-                if self.svcs[s].pending.is_empty() && self.svcs[s].running == 0 {
+                if self.svcs[s].pending.is_empty() && (self.svcs[s].running == 0 || self.flows(s)) {
                     match self.svcs[s].not_before {
                         Some(at) if at > TokioInstant::now() => {
                             wake = Some(wake.map_or(at, |w| w.min(at)));
@@ -333,7 +343,11 @@ impl<T: Transport> Scheduler<T> {
         let svc = &mut self.svcs[s];
         svc.pending = (0..wave.steps.len()).collect();
         svc.next_wave += 1;
-        svc.wave_failed = 0;
+        svc.open.push(OpenWave {
+            wave: w,
+            running: 0,
+            failed: 0,
+        });
         if let Some(next) = sp.waves.get(w + 1) {
             for st in &next.steps {
                 if let Some(&h) = self.host_index.get(&st.host) {
@@ -352,11 +366,14 @@ impl<T: Transport> Scheduler<T> {
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
         let w = self.svcs[s].next_wave - 1;
-        let (size, failed) = (sp.waves[w].steps.len(), self.svcs[s].wave_failed);
+        let failed = self.svcs[s].open.last().map_or(0, |o| o.failed);
+        let size = sp.waves[w].steps.len();
         if let Some(reason) = super::budget::wave_exceeded(&sp.policy, w + 1, size, failed) {
             self.cut_wave(s, w, &reason);
             return true;
         }
+        // A flowing service keeps `batch` hosts switching; a wave alone is never more.
+        let slots = sp.policy.batch_hosts.max(size);
         let mut launched = false;
         let mut still = Vec::new();
         for i in std::mem::take(&mut self.svcs[s].pending) {
@@ -385,7 +402,10 @@ impl<T: Transport> Scheduler<T> {
                 launched = true;
                 continue;
             }
-            if self.hosts[h].busy || !after.iter().all(|a| self.hosts[h].done.contains(a)) {
+            if self.hosts[h].busy
+                || !after.iter().all(|a| self.hosts[h].done.contains(a))
+                || self.svcs[s].running >= slots
+            {
                 still.push(i);
                 continue;
             }
@@ -393,8 +413,8 @@ impl<T: Transport> Scheduler<T> {
             launched = true;
         }
         self.svcs[s].pending = still;
-        if launched && self.svcs[s].pending.is_empty() && self.svcs[s].running == 0 {
-            self.wave_over(s, w);
+        if launched {
+            self.settle(s, w);
         }
         launched
     }
@@ -406,6 +426,9 @@ impl<T: Transport> Scheduler<T> {
         let host = &plan.hosts[h];
         self.hosts[h].busy = true;
         self.svcs[s].running += 1;
+        if let Some(open) = self.svcs[s].open.iter_mut().find(|o| o.wave == w) {
+            open.running += 1;
+        }
         let job = StepJob {
             service: self.svcs[s].job.clone(),
             host: host.name.to_string(),
@@ -487,13 +510,17 @@ impl<T: Transport> Scheduler<T> {
         host.record = result.record;
         let svc = &mut self.svcs[s];
         svc.running -= 1;
+        let open = svc.open.iter_mut().find(|o| o.wave == w);
+        if let Some(open) = open {
+            open.running -= 1;
+            open.failed += usize::from(!ok);
+        }
         if ok {
             svc.succeeded += 1;
             svc.healthy += 1;
             host.done.insert(s);
         } else {
             svc.failed += 1;
-            svc.wave_failed += 1;
             if host.failed.is_empty() {
                 self.failed_hosts += 1;
             }
@@ -503,9 +530,53 @@ impl<T: Transport> Scheduler<T> {
         if self.host_step_over(h) {
             self.links.release(&plan.hosts[h].name).await;
         }
-        if self.svcs[s].pending.is_empty() && self.svcs[s].running == 0 {
+        self.settle(s, w);
+    }
+
+    /// Ends wave `w` of `s` if it is open and has nothing left: no step running, and none
+    /// pending if it is the newest.
+    fn settle(&mut self, s: usize, w: usize) {
+        let svc = &self.svcs[s];
+        let newest = svc.next_wave.checked_sub(1) == Some(w);
+        let Some(at) = svc.open.iter().position(|o| o.wave == w) else {
+            return;
+        };
+        if svc.open[at].running == 0 && (!newest || svc.pending.is_empty()) {
+            self.svcs[s].open.remove(at);
             self.wave_over(s, w);
         }
+    }
+
+    /// Whether `s` may open its next wave while steps of its open ones still run: a wave's
+    /// free slot goes to the next wave's hosts at once (at most `batch` hosts switching), when
+    /// nothing asks for a whole wave to end first (no pause or confirmation between waves, no
+    /// `spread`, the open wave is not the canary) and the failure budgets would hold even if
+    /// every step still running failed. So opening early changes when hosts start, never
+    /// which: waiting for the whole wave would have opened the next one too.
+    fn flows(&self, s: usize) -> bool {
+        let sp = &self.r.plan.services[s];
+        let svc = &self.svcs[s];
+        let Some(newest) = svc.next_wave.checked_sub(1) else {
+            return false;
+        };
+        let budget = match sp.policy.on_failure {
+            OnFailure::Continue => usize::MAX,
+            OnFailure::Stop => 0,
+            OnFailure::Rollback => sp.policy.max_failed_hosts,
+        };
+        let running: usize = self.svcs.iter().map(|v| v.running).sum();
+        let run_holds = self
+            .r
+            .plan
+            .max_failed_hosts
+            .is_none_or(|limit| self.failed_hosts + running <= limit);
+        svc.next_wave < sp.waves.len()
+            && svc.running < sp.policy.batch_hosts
+            && !sp.waves[newest].canary
+            && sp.policy.spread.is_none()
+            && crate::site::parse_duration(&sp.policy.pause).is_ok_and(|d| d.is_zero())
+            && svc.failed.saturating_add(svc.running) <= budget
+            && run_holds
     }
 
     /// One step of host `h` is over (done, failed or blocked); whether it has none left.
@@ -551,9 +622,7 @@ impl<T: Transport> Scheduler<T> {
                 self.host_step_over(h);
             }
         }
-        if self.svcs[s].running == 0 {
-            self.wave_over(s, w);
-        }
+        self.settle(s, w);
     }
 
     /// Stops `s`: its unopened waves never start.

@@ -823,7 +823,8 @@ async fn waves_hold_the_batch_and_the_canary_goes_alone() {
             "{host} started before the canary finished"
         );
     }
-    // Wave 3 waits for all of wave 2, including its slow host.
+    // Wave 3 waits for all of wave 2, including its slow host: with max-failed 0, a failure
+    // of app2 would stop it.
     let (slow_end, _, _) = ran.step_finished("api", "app2");
     for host in ["app4", "app5"] {
         assert!(ran.first_hook("api", host).unwrap().start > slow_end);
@@ -843,6 +844,89 @@ async fn waves_hold_the_batch_and_the_canary_goes_alone() {
         .collect();
     assert_eq!(canary[0], (1, true, vec!["app1".to_string()]));
     assert!(canary[1..].iter().all(|(_, c, _)| !c));
+}
+
+/// api on app1..app6 under `policy`, two hosts a wave; app1's `start` is slow.
+async fn slow_first_host(policy: &str, rules: Rules) -> (Fixture, Ran) {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"p.kdl\"")
+    );
+    let hs = hosts("app", "app", 6);
+    let fx = fixture(&body, &host_refs(&hs), &[("p.kdl", policy)], &[]);
+    assert!(fx.waves("api").len() >= 3, "{:?}", fx.waves("api"));
+    let rules = rules
+        .sleep(None, "/bin/sh -c 'hook", 3)
+        .sleep(Some("app1"), "hook start api", 120);
+    let ran = fx.run(rules, 64, true).await;
+    (fx, ran)
+}
+
+#[tokio::test]
+async fn without_a_pause_a_free_slot_goes_to_the_next_wave_at_once() {
+    // Even if app1 failed, 2 failed hosts would not exceed the budget: the waves flow.
+    let (_, ran) = slow_first_host("batch 2; max-failed 2", Rules::default()).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(ran.max_hosts_in_flight("api"), 2, "never more than batch");
+    let (slow_end, _, _) = ran.step_finished("api", "app1");
+    // Waves 2 and 3 went through app2's slot while app1 was still starting.
+    for host in ["app3", "app4", "app5", "app6"] {
+        let (end, _, _) = ran.step_finished("api", host);
+        assert!(end < slow_end, "{host} waited for the slow host");
+    }
+    // Each wave is still told, in order of opening.
+    let opened: Vec<usize> = ran
+        .events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::WaveStarted { wave, .. } => Some(*wave),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(opened, [1, 2, 3]);
+    let finished = ran
+        .events
+        .iter()
+        .filter(|(_, _, e)| matches!(e, EventKind::WaveFinished { .. }))
+        .count();
+    assert_eq!(finished, 3);
+}
+
+#[tokio::test]
+async fn a_pause_a_spread_or_a_budget_at_stake_makes_the_next_wave_wait_for_the_whole_one() {
+    // Each policy makes every wave wait for the whole of the one before, however slow.
+    let waits = |fx: &Fixture, ran: &Ran, why: &str| {
+        let waves = fx.waves("api");
+        for pair in waves.windows(2) {
+            let ended = pair[0]
+                .iter()
+                .map(|h| ran.step_finished("api", h).0)
+                .max()
+                .expect("a wave has hosts");
+            for host in &pair[1] {
+                let first = ran.first_hook("api", host).expect("ran");
+                assert!(
+                    first.start > ended,
+                    "{why}: {host} started before {:?} ended",
+                    pair[0]
+                );
+            }
+        }
+    };
+    for (policy, why) in [
+        ("batch 2; max-failed 2; pause \"1ms\"", "pause"),
+        ("batch 2; max-failed 2; spread \"zone\"", "spread"),
+        // A failure of app1 would exceed max-failed 0 and stop the next wave.
+        ("batch 2", "max-failed"),
+        (
+            "batch 2; max-failed 2; on-failure \"stop\"",
+            "on-failure stop",
+        ),
+    ] {
+        let (fx, ran) = slow_first_host(policy, Rules::default()).await;
+        assert!(ran.summary.converged(), "{why}: {:?}", ran.summary);
+        waits(&fx, &ran, why);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
