@@ -70,10 +70,12 @@ enum Mode {
     DroverPlanOffline,
     DroverRollingTmpfs,
     DroverAllTmpfs,
+    DroverFlowing,
 }
 
-const MODES: [Mode; 12] = [
+const MODES: [Mode; 13] = [
     Mode::DroverRolling,
+    Mode::DroverFlowing,
     Mode::DroverAll,
     Mode::AnsibleLinear,
     Mode::AnsibleFree,
@@ -102,6 +104,7 @@ impl Mode {
             Mode::DroverPlanOffline => "Drover, `deploy plan --offline`",
             Mode::DroverRollingTmpfs => "Drover, rolling 30%, `.drover/` on tmpfs",
             Mode::DroverAllTmpfs => "Drover, all at once, `.drover/` on tmpfs",
+            Mode::DroverFlowing => "Drover, rolling 30%, on-failure \"continue\" (waves flow)",
         }
     }
 
@@ -119,6 +122,7 @@ impl Mode {
             Mode::DroverPlanOffline => "drover-plan-offline",
             Mode::DroverRollingTmpfs => "drover-rolling-tmpfs",
             Mode::DroverAllTmpfs => "drover-all-tmpfs",
+            Mode::DroverFlowing => "drover-flowing",
         }
     }
 
@@ -126,7 +130,7 @@ impl Mode {
         match self {
             Mode::DroverRolling | Mode::DroverAll => "drover",
             Mode::DroverPlan | Mode::DroverPlanOffline => "drover",
-            Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs => "drover",
+            Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs | Mode::DroverFlowing => "drover",
             Mode::AnsibleLinear | Mode::AnsibleFree => "ansible",
             Mode::Pyinfra => "pyinfra",
             Mode::SshRolling | Mode::SshAll | Mode::SshConnect => "ssh",
@@ -501,6 +505,12 @@ impl<'a> Bench<'a> {
             "rolling.kdl",
             "policy \"rolling\" {\n    batch \"30%\"\n    max-failed \"10%\"\n    on-failure \"stop\"\n}\n".into(),
         );
+        // Rolling as above, but a failed host does not stop the rollout (as in pyinfra and
+        // Ansible's defaults): nothing is at stake between waves, so they flow.
+        write(
+            "flowing.kdl",
+            "policy \"flowing\" {\n    batch \"30%\"\n    max-failed \"100%\"\n    on-failure \"continue\"\n}\n".into(),
+        );
         write(
             "all.kdl",
             "policy \"all\" {\n    batch \"100%\"\n    max-failed \"100%\"\n    on-failure \"continue\"\n}\n".into(),
@@ -618,7 +628,8 @@ impl<'a> Bench<'a> {
             Mode::DroverRolling
             | Mode::DroverAll
             | Mode::DroverRollingTmpfs
-            | Mode::DroverAllTmpfs => {
+            | Mode::DroverAllTmpfs
+            | Mode::DroverFlowing => {
                 let (seconds, events, spawned, exited) = self.drover(mode, &logs, &stem, None);
                 let text = fs::read_to_string(&events).unwrap_or_default();
                 (seconds, Phases::of(&text, spawned, exited))
@@ -672,8 +683,11 @@ impl<'a> Bench<'a> {
         stem: &str,
         memory: Option<&mut Memory>,
     ) -> (f64, PathBuf, SystemTime, SystemTime) {
-        let rolling = matches!(mode, Mode::DroverRolling | Mode::DroverRollingTmpfs);
-        let policy = if rolling { "rolling.kdl" } else { "all.kdl" };
+        let policy = match mode {
+            Mode::DroverRolling | Mode::DroverRollingTmpfs => "rolling.kdl",
+            Mode::DroverFlowing => "flowing.kdl",
+            _ => "all.kdl",
+        };
         // `.drover/` (journal, logs, locks) lives where `deploy` runs.
         let cwd = match mode {
             Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs => self.tmpfs.clone().unwrap(),
@@ -1444,6 +1458,7 @@ fn render(
     for &n in &sizes {
         for mode in [
             Mode::DroverRolling,
+            Mode::DroverFlowing,
             Mode::DroverAll,
             Mode::DroverRollingTmpfs,
             Mode::DroverAllTmpfs,
