@@ -22,6 +22,7 @@ mod fleet;
 
 use fleet::{Fleet, FleetHost};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read as _, Write as _};
@@ -1011,7 +1012,10 @@ struct Phases {
 struct Wave {
     hosts: usize,
     seconds: f64,
-    /// From the previous wave's end (or `run-started`) to this wave's start.
+    /// Its number in the service (1-based).
+    number: u64,
+    /// From the end of the wave that finished before it (or `run-started`) to its start;
+    /// negative when it opened before that one ended (waves that flow).
     gap: f64,
     slowest: Step,
 }
@@ -1105,7 +1109,8 @@ impl Phases {
         }
         let mut waves = Vec::new();
         let mut previous_end = run_started;
-        let mut open: Option<(SystemTime, Vec<String>)> = None;
+        // By wave number: waves that flow are open together (and may finish out of order).
+        let mut open: HashMap<u64, (SystemTime, Vec<String>)> = HashMap::new();
         for e in &events {
             match kind(e).as_str() {
                 "wave-started" => {
@@ -1114,10 +1119,11 @@ impl Phases {
                         .iter()
                         .filter_map(|h| h.as_str().map(String::from))
                         .collect();
-                    open = Some((time(e)?, hosts));
+                    open.insert(e["wave"].as_u64()?, (time(e)?, hosts));
                 }
                 "wave-finished" => {
-                    let (start, hosts) = open.take()?;
+                    let number = e["wave"].as_u64()?;
+                    let (start, hosts) = open.remove(&number)?;
                     let end = time(e)?;
                     let slowest = steps
                         .iter()
@@ -1126,6 +1132,7 @@ impl Phases {
                         .map(|s| s.3)
                         .unwrap_or_default();
                     waves.push(Wave {
+                        number,
                         hosts: hosts.len(),
                         seconds: secs(start, end),
                         gap: secs(previous_end, start),
@@ -1487,11 +1494,11 @@ fn render(
                 p.before
             )
             .unwrap();
-            for (i, w) in p.waves.iter().enumerate() {
+            for w in &p.waves {
                 writeln!(
                     out,
                     "- wave {} ({} hosts): {:.2} s after a gap of {:.3} s; its slowest host: {}",
-                    i + 1,
+                    w.number,
                     w.hosts,
                     w.seconds,
                     w.gap,
