@@ -292,6 +292,15 @@ fn svc(name: &str, extra: &str) -> String {
     )
 }
 
+/// Class `app` running `api` and `worker`, each service with its `extra` lines.
+fn api_and_worker(api: &str, worker: &str) -> String {
+    format!(
+        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
+        svc("api", api),
+        svc("worker", worker)
+    )
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
     site: Arc<Site>,
@@ -619,11 +628,7 @@ fn host_refs<'a>(list: &'a [(String, &'static str)]) -> Vec<(&'a str, &'static s
 
 #[tokio::test]
 async fn a_host_runs_one_command_at_a_time_even_with_two_services() {
-    let body = format!(
-        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
-        svc("api", ""),
-        svc("worker", "")
-    );
+    let body = api_and_worker("", "");
     let hs = hosts("app", "app", 3);
     let fx = fixture(&body, &host_refs(&hs), &[], &[]);
     assert!(
@@ -666,11 +671,7 @@ async fn a_host_runs_one_command_at_a_time_even_with_two_services() {
 
 #[tokio::test]
 async fn a_step_waits_for_the_services_it_needs_on_the_same_host() {
-    let body = format!(
-        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
-        svc("api", "policy \"one.kdl\""),
-        svc("worker", "needs \"api\" healthy=1")
-    );
+    let body = api_and_worker("policy \"one.kdl\"", "needs \"api\" healthy=1");
     let hs = hosts("app", "app", 3);
     let fx = fixture(
         &body,
@@ -1116,11 +1117,7 @@ async fn a_partly_healthy_need_that_holds_does_not_block() {
 
 #[tokio::test]
 async fn a_step_is_blocked_on_a_host_where_a_service_it_follows_failed() {
-    let body = format!(
-        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
-        svc("api", "policy \"cont.kdl\""),
-        svc("worker", "needs \"api\" healthy=1")
-    );
+    let body = api_and_worker("policy \"cont.kdl\"", "needs \"api\" healthy=1");
     let hs = hosts("app", "app", 3);
     let fx = fixture(
         &body,
@@ -1399,11 +1396,7 @@ async fn hooks_get_needed_addresses_and_versions_quoted() {
 
 #[tokio::test]
 async fn a_host_gives_its_lock_back_with_its_last_passing_command_only() {
-    let body = format!(
-        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
-        svc("api", ""),
-        svc("worker", "")
-    );
+    let body = api_and_worker("", "");
     let hs = hosts("app", "app", 3);
     let running: Vec<(&str, &str, &str)> = hs
         .iter()
