@@ -377,7 +377,7 @@ impl<T: Transport> FleetLock<T> {
                 Ok(out) => out,
                 Err(e) => return HostLock::Unreachable(e.to_string()),
             };
-            if let Some(rest) = read.and_then(|_| out.stdout.strip_prefix(TAKEN.as_bytes())) {
+            if let Some(rest) = read.and_then(|_| after_taken(&out.stdout)) {
                 let read = Output {
                     code: out.code,
                     stdout: rest.to_vec(),
@@ -570,6 +570,19 @@ async fn futures_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Outp
 
 /// The first line a lock-taking script with a `then` prints once the lock is taken.
 const TAKEN: &str = "drover: lock taken\n";
+
+/// What follows the [`TAKEN`] line in a lock command's output, if the lock was taken. The
+/// line is looked for at the start of any line: a login shell that prints something of its
+/// own first must not make a lock that was taken look refused (it would be left behind).
+fn after_taken(stdout: &[u8]) -> Option<&[u8]> {
+    let marker = TAKEN.as_bytes();
+    let at = stdout
+        .windows(marker.len())
+        .enumerate()
+        .find(|(i, w)| *w == marker && (*i == 0 || stdout[i - 1] == b'\n'))
+        .map(|(i, _)| i)?;
+    Some(&stdout[at + marker.len()..])
+}
 
 /// `mkdir DIR`; on success writes the holder and exits 0 (with `then`: prints [`TAKEN`] and
 /// goes on with `then`, whose exit is the script's); else prints the holder, exits 10.
@@ -897,6 +910,17 @@ mod tests {
         assert_eq!(taken.broken.len(), 1);
         assert!(taken.broken[0].stale);
         block_on(lock_a.release(&a)).unwrap();
+    }
+
+    #[test]
+    fn a_taken_lock_is_told_after_whatever_a_login_shell_printed_first() {
+        let out = format!("Welcome to host\n{TAKEN}{{\"schema\":1}}\n");
+        assert_eq!(after_taken(out.as_bytes()), Some(&b"{\"schema\":1}\n"[..]));
+        assert_eq!(after_taken(TAKEN.as_bytes()), Some(&b""[..]));
+        // Only a whole line counts, and a holder printed on refusal has none.
+        let inside = format!("x{TAKEN}");
+        assert_eq!(after_taken(inside.as_bytes()), None);
+        assert_eq!(after_taken(b"{\"user\":\"a\"}\n"), None);
     }
 
     #[test]
