@@ -462,10 +462,31 @@ fn after_the_controller_dies_apply_stops_its_leftover_hook_and_redoes_the_host()
     wait_until("app1 installs api", Duration::from_secs(60), || {
         whats(&shop, "app1").contains(&"install".to_string())
     });
-    // app2, in the same wave, is done and recorded (else it too would be cut off mid-step).
+    // app2, in the same wave, is done and recorded (else it too would be cut off mid-step):
+    // on the host, and in the run's journal (its result is synced there after the host's
+    // command returns, and takes app1's `hook-started` line, queued before, with it).
     wait_until("app2 records its check", Duration::from_secs(30), || {
         has_state(&shop, "app2") && record(&shop, "app2") == ok_at("1.0")
     });
+    let journal_file = || {
+        let err = std::fs::read_to_string(&run.err).unwrap_or_default();
+        let run = run_id(&err);
+        shop.fleet
+            .dir
+            .join(".drover/runs")
+            .join(run)
+            .join("journal.ndjson")
+    };
+    wait_until(
+        "app2's result is journaled",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(journal_file())
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains("\"step-result\"") && l.contains("\"app2\""))
+        },
+    );
     let pid = run.pid();
     assert!(Command::new("kill")
         .args(["-KILL", &pid.to_string()])
