@@ -1,6 +1,6 @@
 //! `deploy plan` for people: per service, what it waits for, its waves, and who is skipped.
 
-use crate::plan::{Plan, ServicePlan, SkipReason, Wave};
+use crate::plan::{Plan, PlannedPolicy, ServicePlan, SkipReason, Wave};
 use crate::site::OnFailure;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
@@ -77,29 +77,7 @@ fn service(out: &mut String, s: &ServicePlan) {
         s.hosts,
         plural(s.hosts, "host")
     );
-    let mut rules = vec![format!("{} per wave", count(p.batch_hosts, "host"))];
-    if p.canary > 0 {
-        rules.insert(0, format!("canary {}", p.canary));
-    }
-    if let Some(tag) = &p.spread {
-        rules.push(format!("one {tag} at a time"));
-    }
-    rules.push(match p.on_failure {
-        OnFailure::Rollback => format!(
-            "roll back a failed host, no new wave after {} failed",
-            p.max_failed_hosts + 1
-        ),
-        OnFailure::Stop => "leave a failed host as it is, no new wave after a failure".into(),
-        OnFailure::Continue => "roll back a failed host, carry on whatever fails".into(),
-    });
-    if let (Some(q), false) = (p.wave_max_failed, p.on_failure == OnFailure::Continue) {
-        rules.push(format!(
-            "no new step of a wave once more than {q} of its hosts failed"
-        ));
-    }
-    if p.pause != "0s" {
-        rules.push(format!("pause {}", p.pause));
-    }
+    let rules = policy_rules(p, s.waves.len());
     let _ = writeln!(out, "  policy {}: {}", p.name, rules.join(", "));
     if s.waits_for.is_empty() {
         let _ = writeln!(out, "  starts at once");
@@ -138,6 +116,48 @@ fn service(out: &mut String, s: &ServicePlan) {
         wave(out, i + 1, w);
     }
     skips(out, s);
+}
+
+/// The policy in words, for a service of `waves` waves.
+fn policy_rules(p: &PlannedPolicy, waves: usize) -> Vec<String> {
+    let mut rules = vec![format!("{} per wave", count(p.batch_hosts, "host"))];
+    if p.canary > 0 {
+        rules.insert(0, format!("canary {}", p.canary));
+    }
+    if let Some(tag) = &p.spread {
+        rules.push(format!("one {tag} at a time"));
+    }
+    rules.push(match p.on_failure {
+        OnFailure::Rollback => format!(
+            "roll back a failed host, no new wave after {} failed",
+            p.max_failed_hosts + 1
+        ),
+        OnFailure::Stop => "leave a failed host as it is, no new wave after a failure".into(),
+        OnFailure::Continue => "roll back a failed host, carry on whatever fails".into(),
+    });
+    if let (Some(q), false) = (p.wave_max_failed, p.on_failure == OnFailure::Continue) {
+        rules.push(format!(
+            "no new step of a wave once more than {q} of its hosts failed"
+        ));
+    }
+    if p.pause != "0s" {
+        rules.push(format!("pause {}", p.pause));
+    }
+    // Whether a later wave may take a free slot before the whole wave before it has ended
+    // (`rollout/schedule.rs`, `flows`): never across a pause, a spread or the canary.
+    let later_waves = waves > 1 + usize::from(p.canary > 0);
+    let no_pause = crate::site::parse_duration(&p.pause).is_ok_and(|d| d.is_zero());
+    if later_waves && no_pause && p.spread.is_none() {
+        match p.on_failure {
+            OnFailure::Continue => rules.push("a free slot goes to the next wave at once".into()),
+            OnFailure::Rollback if p.max_failed_hosts > 0 => rules.push(format!(
+                "a free slot goes to the next wave while failed + switching ≤ {}",
+                p.max_failed_hosts
+            )),
+            _ => {}
+        }
+    }
+    rules
 }
 
 fn wave(out: &mut String, n: usize, w: &Wave) {
@@ -215,6 +235,62 @@ fn count(n: usize, word: &str) -> String {
 mod tests {
     use super::*;
     use crate::plan::Step;
+
+    fn policy(max_failed_hosts: usize, on_failure: OnFailure) -> PlannedPolicy {
+        PlannedPolicy {
+            name: "p".into(),
+            batch: crate::site::Quota::Count(2),
+            batch_hosts: 2,
+            max_failed: crate::site::Quota::Count(max_failed_hosts as u64),
+            max_failed_hosts,
+            wave_max_failed: None,
+            canary: 0,
+            pause: "0s".into(),
+            spread: None,
+            on_failure,
+        }
+    }
+
+    #[test]
+    fn the_policy_says_when_a_free_slot_goes_to_the_next_wave() {
+        let flows = |p: &PlannedPolicy, waves: usize| {
+            policy_rules(p, waves)
+                .iter()
+                .find(|r| r.starts_with("a free slot"))
+                .cloned()
+        };
+        let budget = policy(2, OnFailure::Rollback);
+        assert_eq!(
+            flows(&budget, 3).as_deref(),
+            Some("a free slot goes to the next wave while failed + switching ≤ 2")
+        );
+        let cont = policy(0, OnFailure::Continue);
+        assert_eq!(
+            flows(&cont, 3).as_deref(),
+            Some("a free slot goes to the next wave at once")
+        );
+        // Waves wait: nothing may fail (the default), a failure stops, a pause, a spread,
+        // one wave only, or only the canary before it.
+        assert_eq!(flows(&policy(0, OnFailure::Rollback), 3), None);
+        assert_eq!(flows(&policy(2, OnFailure::Stop), 3), None);
+        let paused = PlannedPolicy {
+            pause: "10s".into(),
+            ..budget.clone()
+        };
+        assert_eq!(flows(&paused, 3), None);
+        let spread = PlannedPolicy {
+            spread: Some("zone".into()),
+            ..budget.clone()
+        };
+        assert_eq!(flows(&spread, 3), None);
+        assert_eq!(flows(&budget, 1), None);
+        let canary = PlannedPolicy {
+            canary: 1,
+            ..budget.clone()
+        };
+        assert_eq!(flows(&canary, 2), None);
+        assert!(flows(&canary, 3).is_some());
+    }
 
     #[test]
     fn a_wave_groups_hosts_by_starting_version_in_order_of_appearance() {
