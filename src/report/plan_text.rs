@@ -143,19 +143,15 @@ fn policy_rules(p: &PlannedPolicy, waves: usize) -> Vec<String> {
     if p.pause != "0s" {
         rules.push(format!("pause {}", p.pause));
     }
-    // Whether a later wave may take a free slot before the whole wave before it has ended
-    // (`rollout/schedule.rs`, `flows`): never across a pause, a spread or the canary.
+    // Whether a later wave may take a free slot before the whole wave before it has ended,
+    // by the scheduler's own rule (never past the canary either).
     let later_waves = waves > 1 + usize::from(p.canary > 0);
-    let no_pause = crate::site::parse_duration(&p.pause).is_ok_and(|d| d.is_zero());
-    if later_waves && no_pause && p.spread.is_none() {
-        match p.on_failure {
-            OnFailure::Continue => rules.push("a free slot goes to the next wave at once".into()),
-            OnFailure::Rollback if p.max_failed_hosts > 0 => rules.push(format!(
-                "a free slot goes to the next wave while failed + switching ≤ {}",
-                p.max_failed_hosts
-            )),
-            _ => {}
-        }
+    match crate::rollout::flow_limit(p).filter(|_| later_waves) {
+        Some(usize::MAX) => rules.push("a free slot goes to the next wave at once".into()),
+        Some(limit) => rules.push(format!(
+            "a free slot goes to the next wave while failed + switching ≤ {limit}"
+        )),
+        None => {}
     }
     rules
 }

@@ -43,6 +43,23 @@ pub fn wave_exceeded(
     })
 }
 
+/// When a service's next wave may open before its open one has ended (waves that flow): the
+/// most steps that may have failed or still be running then, so that the service's budget
+/// holds whatever the running ones do. `None` when each wave waits for the whole one before
+/// it: a pause or confirmation, a `spread`, `on-failure "stop"`, or `max-failed 0`.
+/// `usize::MAX` under `"continue"`. The scheduler also never flows past the canary.
+pub fn flow_limit(policy: &PlannedPolicy) -> Option<usize> {
+    let no_pause = crate::site::parse_duration(&policy.pause).is_ok_and(|d| d.is_zero());
+    if !no_pause || policy.spread.is_some() {
+        return None;
+    }
+    match policy.on_failure {
+        OnFailure::Continue => Some(usize::MAX),
+        OnFailure::Stop => None,
+        OnFailure::Rollback => Some(policy.max_failed_hosts).filter(|&n| n > 0),
+    }
+}
+
 fn hosts(n: usize) -> &'static str {
     if n == 1 {
         "host"

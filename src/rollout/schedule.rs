@@ -559,10 +559,8 @@ impl<T: Transport> Scheduler<T> {
         let Some(newest) = svc.next_wave.checked_sub(1) else {
             return false;
         };
-        let budget = match sp.policy.on_failure {
-            OnFailure::Continue => usize::MAX,
-            OnFailure::Stop => 0,
-            OnFailure::Rollback => sp.policy.max_failed_hosts,
+        let Some(limit) = super::budget::flow_limit(&sp.policy) else {
+            return false;
         };
         let running: usize = self.svcs.iter().map(|v| v.running).sum();
         let run_holds = self
@@ -573,9 +571,7 @@ impl<T: Transport> Scheduler<T> {
         svc.next_wave < sp.waves.len()
             && svc.running < sp.policy.batch_hosts
             && !sp.waves[newest].canary
-            && sp.policy.spread.is_none()
-            && crate::site::parse_duration(&sp.policy.pause).is_ok_and(|d| d.is_zero())
-            && svc.failed.saturating_add(svc.running) <= budget
+            && svc.failed.saturating_add(svc.running) <= limit
             && run_holds
     }
 
