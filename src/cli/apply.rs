@@ -1,7 +1,7 @@
 //! `deploy apply`: site (or saved plan) → plan → confirmation → rollout → summary.
 
 use super::recovery::RunTransport;
-use super::{code, plan::observe_on, ApplyArgs, Error};
+use super::{code, ApplyArgs, Error};
 use crate::plan::{self, Plan};
 use crate::report;
 use crate::rollout::{self, Gate, Rollout, Sink};
@@ -93,13 +93,7 @@ fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
     let hosts = super::resolve(&site)?;
     let transport = session.lock(&site, &hosts)?;
     selection.hosts = super::plan::on_hosts(on.as_ref(), &site, &hosts)?;
-    let observed = session.block_on(observe_on(
-        transport.clone(),
-        &site,
-        &hosts,
-        args.max_connections,
-        session.take_reads(),
-    ));
+    let observed = session.observe(&transport, &site, &hosts);
     let plan = plan::plan(&site, &hosts, &observed, &selection)?;
     Ok((site, plan, transport))
 }
@@ -147,13 +141,7 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
     }
     let hosts = super::resolve(&site)?;
     let transport = session.lock(&site, &hosts)?;
-    let observed = session.block_on(observe_on(
-        transport.clone(),
-        &site,
-        &hosts,
-        args.max_connections,
-        session.take_reads(),
-    ));
+    let observed = session.observe(&transport, &site, &hosts);
     let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
     drift.extend(plan::drift(&plan.hosts, &hosts, &observed, &class_names));
     if !drift.is_empty() {

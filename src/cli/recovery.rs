@@ -22,6 +22,7 @@ use crate::rollout::{kill_script, Cancel, Level, Sink, Summary};
 use crate::site::Site;
 use crate::state::journal::{self, Journal, Journaled, RunContext, RunRecord, CONTROLLER_DIR};
 use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError};
+use crate::state::Observed;
 use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -56,8 +57,6 @@ pub struct Session {
     site: Mutex<String>,
     /// Closed once the locks are given back.
     transport: OnceLock<RunTransport>,
-    /// The hosts' state files, read in the lock's command: host → the read's output.
-    read: Mutex<std::collections::HashMap<String, crate::transport::Output>>,
 }
 
 impl Session {
@@ -112,7 +111,6 @@ impl Session {
             journal: Mutex::new(None),
             site: Mutex::new(String::new()),
             transport: OnceLock::new(),
-            read: Mutex::new(Default::default()),
         })
     }
 
@@ -227,25 +225,29 @@ impl Session {
                 names.join(", ")
             );
         }
-        let read = fleet.take_reads();
         self.held().fleet = Some(fleet);
         self.carry_on(site, &transport, &targets, &state_dir);
-        // An unfinished run's hooks may have written state files until `carry_on` stopped
-        // them: then every host is read again.
-        if self
-            .resumed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
-        {
-            *self.read.lock().unwrap_or_else(|p| p.into_inner()) = read;
-        }
         Ok(transport)
     }
 
-    /// The hosts' state files as read when they were locked (each host once: taken).
-    pub fn take_reads(&self) -> std::collections::HashMap<String, crate::transport::Output> {
-        std::mem::take(&mut *self.read.lock().unwrap_or_else(|p| p.into_inner()))
+    /// What every host runs, once the site is locked: each host's state file as read in the
+    /// command that locked it, and read now only for hosts not locked. When an unfinished run
+    /// was carried on, its hooks may have written state files until `carry_on` stopped them:
+    /// then every host is read again.
+    pub fn observe(&self, transport: &RunTransport, site: &Site, hosts: &Hosts) -> Vec<Observed> {
+        let carried_on = self
+            .resumed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        let read = {
+            let held = self.held();
+            let read = held.fleet.as_ref().map(FleetLock::take_reads);
+            read.filter(|_| !carried_on).unwrap_or_default()
+        };
+        let state =
+            super::plan::observe_on(transport.clone(), site, hosts, self.max_connections, read);
+        self.block_on(state)
     }
 
     /// Shell text that gives this run's lock back on a host, for the rollout to end a host's
