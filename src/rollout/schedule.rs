@@ -562,17 +562,19 @@ impl<T: Transport> Scheduler<T> {
         let Some(limit) = super::budget::flow_limit(&sp.policy) else {
             return false;
         };
-        let running: usize = self.svcs.iter().map(|v| v.running).sum();
-        let run_holds = self
-            .r
-            .plan
-            .max_failed_hosts
-            .is_none_or(|limit| self.failed_hosts + running <= limit);
+        // Every step running in the run, counted only when the site has a run budget (and
+        // last: it walks every service).
+        let run_holds = || {
+            self.r.plan.max_failed_hosts.is_none_or(|limit| {
+                let running: usize = self.svcs.iter().map(|v| v.running).sum();
+                self.failed_hosts + running <= limit
+            })
+        };
         svc.next_wave < sp.waves.len()
             && svc.running < sp.policy.batch_hosts
             && !sp.waves[newest].canary
             && svc.failed.saturating_add(svc.running) <= limit
-            && run_holds
+            && run_holds()
     }
 
     /// One step of host `h` is over (done, failed or blocked); whether it has none left.
