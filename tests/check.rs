@@ -112,6 +112,7 @@ fixtures! {
     several_problems => INVALID,
     empty_policy => INVALID,
     local_ssh_setting => INVALID,
+    keep_shell_string => INVALID,
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! One SSH connection per host for a whole `deploy apply` (lock, observation, rollout, lock
 //! release), counted in each host's sshd log, which also removes the hooks' pid files; the
-//! state read goes with the lock's command and the lock's release with a host's last hook
-//! (commands counted in the sshd log); and a fleet larger than `--max-connections` still
+//! state read goes with the lock's command, and every later command (each hook, the lock's
+//! release) goes to one shell kept open on the host: two sessions per host, however many
+//! hooks (counted in the sshd log); and a fleet larger than `--max-connections` still
 //! converges, reconnecting between stages.
 
 mod support;
@@ -13,7 +14,7 @@ fn accepted(shop: &Shop) -> Vec<(String, usize)> {
     counted(shop, "Accepted publickey")
 }
 
-/// Commands each host's sshd ran so far (one per command sent over any connection).
+/// Sessions each host's sshd started so far (one per command not sent to a kept shell).
 fn commands(shop: &Shop) -> Vec<(String, usize)> {
     counted(shop, "Starting session: command")
 }
@@ -91,8 +92,8 @@ fn an_apply_connects_to_each_host_once() {
     let site = shop.write(&Spec::default());
     let ones = |v: &[(String, usize)]| v.iter().all(|(_, n)| *n == 1);
 
-    // A fresh install: lock and read state, three services' steps, the last of which
-    // gives the lock back: no command of their own for reading state or unlocking.
+    // A fresh install: lock and read state in the first session, then every hook of three
+    // services' steps in the kept shell, the last of which gives the lock back.
     let before = accepted(&shop);
     let sent = commands(&shop);
     apply(&shop, &site, &[]);
@@ -103,9 +104,8 @@ fn an_apply_connects_to_each_host_once() {
     for ((host, n), (_, hooks)) in sent.iter().zip(&hooks) {
         assert!(*hooks >= 3, "{host} ran its steps: {hooks}");
         assert_eq!(
-            *n,
-            hooks + 1,
-            "{host}: the lock (with the read) and the hooks"
+            *n, 2,
+            "{host}: the lock (with the read), then one shell for its {hooks} hooks"
         );
     }
     // The hooks' pid files went with the lock, over that same connection.
@@ -123,7 +123,7 @@ fn an_apply_connects_to_each_host_once() {
         );
     }
 
-    // Nothing to change: lock and read state in one command, unlock.
+    // Nothing to change: lock and read state in one command, unlock (in the kept shell).
     let before = accepted(&shop);
     let sent = commands(&shop);
     apply(&shop, &site, &[]);
@@ -132,7 +132,7 @@ fn an_apply_connects_to_each_host_once() {
     let sent = since_in(commands(&shop), &sent);
     assert!(
         sent.iter().all(|(_, n)| *n == 2),
-        "two commands per host: {sent:?}"
+        "two sessions per host: {sent:?}"
     );
 
     // An upgrade of one service through every hook.
@@ -141,11 +141,42 @@ fn an_apply_connects_to_each_host_once() {
         api: "2.0",
         ..Spec::default()
     });
+    let sent = commands(&shop);
     apply(&shop, &site, &[]);
     let upgrade = since(&shop, &before);
     assert!(ones(&upgrade), "one connection per host: {upgrade:?}");
+    let sent = since_in(commands(&shop), &sent);
+    assert!(
+        sent.iter().all(|(_, n)| *n == 2),
+        "two sessions per host, every hook in the kept shell: {sent:?}"
+    );
     for host in shop.hosts_of("app") {
         assert_eq!(shop.version(&host, "api"), "2.0", "{host}");
+    }
+}
+
+#[test]
+fn without_the_kept_shell_each_command_has_a_session_and_the_lock_goes_with_the_last_hook() {
+    let shop = Shop::start();
+    let platform = shop.fleet.dir.join("platform.kdl");
+    let text = std::fs::read_to_string(&platform).expect("platform.kdl");
+    assert!(text.contains("transport \"ssh\" "), "{text}");
+    let text = text.replace("transport \"ssh\" ", "transport \"ssh\" keep-shell=#false ");
+    std::fs::write(&platform, text).expect("write platform.kdl");
+    let site = shop.write(&Spec::default());
+    let sent = commands(&shop);
+    apply(&shop, &site, &[]);
+    let sent = since_in(commands(&shop), &sent);
+    let hooks = hooks_run(&shop);
+    for ((host, n), (_, hooks)) in sent.iter().zip(&hooks) {
+        assert!(*hooks >= 3, "{host} ran its steps: {hooks}");
+        // The lock with the state read, then one per hook; no command of their own for
+        // reading state or unlocking.
+        assert_eq!(
+            *n,
+            hooks + 1,
+            "{host}: the lock (with the read) and the hooks"
+        );
     }
 }
 

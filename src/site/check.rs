@@ -621,18 +621,21 @@ fn transport_model(
                 connect_timeout: t
                     .connect_timeout
                     .map_or(DEFAULT_CONNECT_TIMEOUT, |c| c.value),
+                keep_shell: t.keep_shell.is_none_or(|k| k.value),
                 accept_new_host_keys: false,
             }))
         }
         "local" => {
             let port = t.port.as_ref().map(|p| p.span);
             let timeout = t.connect_timeout.as_ref().map(|c| c.span);
+            let keep = t.keep_shell.as_ref().map(|k| k.span);
             let ssh_only = [&t.user, &t.identity, &t.known_hosts, &t.config]
                 .into_iter()
                 .flatten()
                 .map(|s| s.span)
                 .chain(port)
                 .chain(timeout)
+                .chain(keep)
                 .next();
             if let Some(span) = ssh_only {
                 r.bad(

@@ -204,6 +204,9 @@ pub struct SshOptions {
     pub known_hosts: Option<PathBuf>,
     pub config: Option<PathBuf>,
     pub connect_timeout: Duration,
+    /// From a link's second command on, send commands to one shell kept open on the host
+    /// instead of a session each (`keep-shell`, on unless `#false`).
+    pub keep_shell: bool,
     /// Accept and record the key of a host not yet in known_hosts (OpenSSH's
     /// `StrictHostKeyChecking accept-new`); a changed key is still refused. Never set from a
     /// file: only `deploy apply --accept-new-host-keys` turns it on, for one run.

@@ -125,6 +125,7 @@ pub struct RawTransport {
     pub known_hosts: Option<Spanned<String>>,
     pub config: Option<Spanned<String>>,
     pub connect_timeout: Option<Spanned<Duration>>,
+    pub keep_shell: Option<Spanned<bool>>,
     pub root: Option<Spanned<String>>,
 }
 
@@ -158,6 +159,7 @@ const TRANSPORT_PROPS: &[&str] = &[
     "known-hosts",
     "config",
     "connect-timeout",
+    "keep-shell",
     "root",
 ];
 
@@ -445,6 +447,7 @@ fn transport(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawTransport> {
         known_hosts: r.string_prop(n, "known-hosts"),
         config: r.string_prop(n, "config"),
         connect_timeout: r.duration_prop(n, "connect-timeout"),
+        keep_shell: r.bool_prop(n, "keep-shell"),
         root: r.string_prop(n, "root"),
         kind: r.string_arg(n, "the transport (\"ssh\" or \"local\")")?,
     })

@@ -338,6 +338,26 @@ impl Reader<'_> {
         }
     }
 
+    /// An optional boolean property (`#true` / `#false`).
+    pub fn bool_prop(&mut self, node: &KdlNode, key: &str) -> Option<Spanned<bool>> {
+        let e = self.prop(node, key)?;
+        match e.value() {
+            KdlValue::Bool(b) => Some(Spanned {
+                value: *b,
+                span: e.span(),
+            }),
+            other => {
+                self.bad(
+                    e.span(),
+                    format!("`{key}`"),
+                    format!("expected a boolean, found {}", kind(other)),
+                    format!("write `{key}=#true` or `{key}=#false`"),
+                );
+                None
+            }
+        }
+    }
+
     pub fn duration_prop(&mut self, node: &KdlNode, key: &str) -> Option<Spanned<Duration>> {
         let e = self.prop(node, key)?;
         self.duration(e, &format!("`{key}`"))

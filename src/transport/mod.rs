@@ -6,6 +6,7 @@
 mod kept;
 mod local;
 mod quote;
+mod shell;
 mod ssh;
 
 pub use kept::Kept;

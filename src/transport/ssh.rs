@@ -1,8 +1,11 @@
 //! The `ssh` transport: one OpenSSH master per host, every command multiplexed over it.
 
-use super::{Link, Output, Target, Transport, TransportError};
+use super::shell::{self, Shell, ShellError};
+use super::{quote, Link, Output, Target, Transport, TransportError};
 use crate::site::SshOptions;
 use openssh::{KnownHosts, Session, SessionBuilder, Stdio};
+use std::sync::Arc;
+use tokio::sync::Mutex;
 
 /// Reaches hosts with the user's OpenSSH: ssh_config, agent, known_hosts and ProxyJump apply.
 pub struct Ssh {
@@ -101,10 +104,25 @@ impl Ssh {
     }
 }
 
-/// A multiplexed session to one host.
+/// A multiplexed session to one host. Its first command runs in a session of its own; from
+/// the second on, commands go to a shell kept open on the host ([`super::shell`]), unless one
+/// is already running there (a hook being killed) or the host cannot keep one.
 pub struct SshLink {
     host: String,
-    session: Session,
+    session: Arc<Session>,
+    shell: Mutex<Slot>,
+}
+
+/// Where the link's next command goes.
+enum Slot {
+    /// No command ran yet: the next runs in a session of its own.
+    Fresh,
+    /// The next command opens the shell.
+    Idle,
+    Open(Shell),
+    /// The host cannot keep a shell, or the platform says `keep-shell=#false`: a session per
+    /// command.
+    Off,
 }
 
 impl Transport for Ssh {
@@ -117,39 +135,102 @@ impl Transport for Ssh {
             .map_err(|e| self.connect_error(target, &flatten(&e)))?;
         Ok(SshLink {
             host: target.name.clone(),
-            session,
+            session: Arc::new(session),
+            shell: Mutex::new(match self.options.keep_shell {
+                true => Slot::Fresh,
+                false => Slot::Off,
+            }),
         })
     }
 }
 
-impl Link for SshLink {
-    async fn run(&self, script: &str) -> Result<Output, TransportError> {
-        let out = self
-            .session
-            .raw_command(script)
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .map_err(|e| TransportError::Command {
-                host: self.host.clone(),
-                reason: flatten(&e),
-            })?;
-        Ok(Output {
-            code: out.status.code(),
-            stdout: out.stdout,
-            stderr: out.stderr,
-        })
+impl SshLink {
+    /// Runs `script` in the kept shell when it is free, else in a session of its own.
+    async fn command(&self, script: &str, input: Option<&[u8]>) -> Result<Output, TransportError> {
+        let Ok(mut slot) = self.shell.try_lock() else {
+            return self.once(script, input).await;
+        };
+        match &*slot {
+            // A command was cut off (a timeout): that shell may still run it.
+            Slot::Open(shell) if shell.out_of_step() => *slot = Slot::Idle,
+            Slot::Fresh => {
+                *slot = Slot::Idle;
+                drop(slot);
+                return self.once(script, input).await;
+            }
+            Slot::Off => {
+                drop(slot);
+                return self.once(script, input).await;
+            }
+            _ => {}
+        }
+        if matches!(*slot, Slot::Idle) {
+            *slot = match self.open().await {
+                Ok(shell) => Slot::Open(shell),
+                Err(_) => Slot::Off,
+            };
+        }
+        let Slot::Open(shell) = &mut *slot else {
+            drop(slot);
+            return self.once(script, input).await;
+        };
+        match shell.run(script, input).await {
+            Ok(out) => Ok(out),
+            Err(ShellError::Unavailable(_)) => {
+                *slot = Slot::Off;
+                drop(slot);
+                self.once(script, input).await
+            }
+            Err(ShellError::Lost(reason)) => {
+                *slot = Slot::Idle;
+                Err(TransportError::Command {
+                    host: self.host.clone(),
+                    reason,
+                })
+            }
+        }
     }
 
-    async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
+    /// Starts the kept shell.
+    async fn open(&self) -> Result<Shell, openssh::Error> {
+        let token = shell::token();
+        let text = format!("exec /bin/sh -c {}", quote(&shell::loop_script(&token)));
+        let mut child = Session::to_raw_command(self.session.clone(), text)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .await?;
+        let missing = || openssh::Error::ChildIo(std::io::Error::other("pipe not opened"));
+        let stdin = child.stdin().take().ok_or_else(missing)?;
+        let stdout = child.stdout().take().ok_or_else(missing)?;
+        let stderr = child.stderr().take().ok_or_else(missing)?;
+        Ok(Shell::new(
+            token,
+            Box::new(stdin),
+            Box::new(stdout),
+            Box::new(stderr),
+            Box::new(child),
+        ))
+    }
+
+    /// Runs `script` in a session of its own.
+    async fn once(&self, script: &str, input: Option<&[u8]>) -> Result<Output, TransportError> {
         use tokio::io::AsyncWriteExt;
         let error = |e: openssh::Error| TransportError::Command {
             host: self.host.clone(),
             reason: flatten(&e),
         };
-        let mut child = self
-            .session
-            .raw_command(script)
+        let mut command = self.session.raw_command(script);
+        let Some(input) = input else {
+            let out = command.stdin(Stdio::null()).output().await.map_err(error)?;
+            return Ok(Output {
+                code: out.status.code(),
+                stdout: out.stdout,
+                stderr: out.stderr,
+            });
+        };
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -172,9 +253,23 @@ impl Link for SshLink {
             stderr: out.stderr,
         })
     }
+}
+
+impl Link for SshLink {
+    async fn run(&self, script: &str) -> Result<Output, TransportError> {
+        self.command(script, None).await
+    }
+
+    async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
+        self.command(script, Some(input)).await
+    }
 
     async fn close(self) {
-        let _ = self.session.close().await;
+        // The shell ends when its standard input closes; then the session is ours alone.
+        drop(self.shell);
+        if let Ok(session) = Arc::try_unwrap(self.session) {
+            let _ = session.close().await;
+        }
     }
 }
 

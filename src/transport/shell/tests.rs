@@ -1,0 +1,139 @@
+//! The kept shell run by the real `/bin/sh` on this machine.
+
+use super::*;
+use std::process::Stdio;
+use std::time::Duration;
+
+/// A shell started as the `ssh` link starts one, here with a local `/bin/sh`; `path` is its
+/// `PATH`.
+fn open(path: &str) -> Shell {
+    let token = token();
+    let mut child = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(loop_script(&token))
+        .env("PATH", path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sh starts");
+    let stdin = child.stdin.take().expect("stdin");
+    let stdout = child.stdout.take().expect("stdout");
+    let stderr = child.stderr.take().expect("stderr");
+    Shell::new(
+        token,
+        Box::new(stdin),
+        Box::new(stdout),
+        Box::new(stderr),
+        Box::new(child),
+    )
+}
+
+fn shell() -> Shell {
+    open(&std::env::var("PATH").unwrap_or_default())
+}
+
+async fn run(shell: &mut Shell, script: &str) -> Output {
+    shell.run(script, None).await.expect("the shell runs it")
+}
+
+#[tokio::test]
+async fn each_command_gets_its_own_output_and_exit_code() {
+    let mut sh = shell();
+    let a = run(&mut sh, "echo one; echo two >&2; exit 3").await;
+    assert_eq!(
+        (a.code, a.stdout.as_slice(), a.stderr.as_slice()),
+        (Some(3), &b"one\n"[..], &b"two\n"[..])
+    );
+    // No trailing newline, nothing at all, a multi-line script with quotes and a here-document.
+    let b = run(&mut sh, "printf 'no newline'; printf 'err' >&2").await;
+    assert_eq!(
+        (b.stdout.as_slice(), b.stderr.as_slice()),
+        (&b"no newline"[..], &b"err"[..])
+    );
+    let c = run(&mut sh, "true").await;
+    assert_eq!((c.code, c.stdout.len(), c.stderr.len()), (Some(0), 0, 0));
+    let d = run(&mut sh, "x='a b'\ncat <<'E'\n$x \\ 'q'\nE\necho \"$x\"").await;
+    assert_eq!(d.stdout, b"$x \\ 'q'\na b\n");
+    // `exit` ends the command, not the shell.
+    let e = run(&mut sh, "exit 0").await;
+    assert!(e.success());
+    assert_eq!(run(&mut sh, "echo still").await.stdout, b"still\n");
+}
+
+#[tokio::test]
+async fn large_output_on_both_streams_does_not_block() {
+    let mut sh = shell();
+    let out = run(
+        &mut sh,
+        "i=0; while [ $i -lt 20000 ]; do echo 'out line of some length'; echo 'err line' >&2; i=$((i+1)); done",
+    )
+    .await;
+    assert_eq!(out.stdout.len(), 20000 * 24);
+    assert_eq!(out.stderr.len(), 20000 * 9);
+}
+
+#[tokio::test]
+async fn input_reaches_standard_input_and_commands_have_none_otherwise() {
+    let mut sh = shell();
+    let out = sh
+        .run(
+            "eval \"$(cat)\"; echo \"$SECRET\"",
+            Some(b"export SECRET='s3 cr\n et'\n"),
+        )
+        .await
+        .expect("runs");
+    assert_eq!(out.stdout, b"s3 cr\n et\n");
+    // Without input, standard input is empty: the next header is not read as the command's.
+    let out = run(&mut sh, "cat; echo end").await;
+    assert_eq!(out.stdout, b"end\n");
+    assert_eq!(run(&mut sh, "echo next").await.stdout, b"next\n");
+}
+
+#[tokio::test]
+async fn each_command_leads_a_process_group_of_its_own() {
+    let mut sh = shell();
+    let script = "read -r _ _ _ _ g _ </proc/$$/stat; echo \"$$ $g\"";
+    let a = String::from_utf8(run(&mut sh, script).await.stdout).expect("text");
+    let b = String::from_utf8(run(&mut sh, script).await.stdout).expect("text");
+    let ids = |t: &str| -> (String, String) {
+        let mut w = t.split_whitespace().map(str::to_string);
+        (w.next().unwrap_or_default(), w.next().unwrap_or_default())
+    };
+    let ((pid_a, group_a), (pid_b, group_b)) = (ids(&a), ids(&b));
+    assert_eq!(pid_a, group_a, "{a}");
+    assert_eq!(pid_b, group_b, "{b}");
+    assert_ne!(group_a, group_b);
+}
+
+#[tokio::test]
+async fn a_host_without_setsid_runs_nothing_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sh = open(&dir.path().display().to_string());
+    let marker = dir.path().join("ran");
+    let script = format!("/usr/bin/touch {}", marker.display());
+    match sh.run(&script, None).await {
+        Err(ShellError::Unavailable(why)) => assert_eq!(why, "no-setsid"),
+        other => panic!("expected Unavailable, got {:?}", other.map(|o| o.code)),
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!marker.exists(), "the command must not have run");
+}
+
+#[tokio::test]
+async fn a_command_cut_off_leaves_the_shell_out_of_step_and_a_lost_shell_is_an_error() {
+    let mut sh = shell();
+    assert!(!sh.out_of_step());
+    let cut = tokio::time::timeout(Duration::from_millis(200), sh.run("sleep 5", None)).await;
+    assert!(cut.is_err());
+    assert!(sh.out_of_step());
+
+    let mut sh = shell();
+    run(&mut sh, "true").await;
+    // The command kills the shell that runs it.
+    match sh.run("kill -KILL $PPID; sleep 1", None).await {
+        Err(ShellError::Lost(_)) => {}
+        other => panic!("expected Lost, got {:?}", other.map(|o| o.code)),
+    }
+}
