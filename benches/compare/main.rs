@@ -72,10 +72,12 @@ enum Mode {
     DroverRollingTmpfs,
     DroverAllTmpfs,
     DroverFlowing,
+    DroverSessions,
 }
 
-const MODES: [Mode; 13] = [
+const MODES: [Mode; 14] = [
     Mode::DroverRolling,
+    Mode::DroverSessions,
     Mode::DroverFlowing,
     Mode::DroverAll,
     Mode::AnsibleLinear,
@@ -106,6 +108,9 @@ impl Mode {
             Mode::DroverRollingTmpfs => "Drover, rolling 30%, `.drover/` on tmpfs",
             Mode::DroverAllTmpfs => "Drover, all at once, `.drover/` on tmpfs",
             Mode::DroverFlowing => "Drover, rolling 30%, on-failure \"continue\" (waves flow)",
+            Mode::DroverSessions => {
+                "Drover, rolling 30%, a session per command (`keep-shell=#false`)"
+            }
         }
     }
 
@@ -124,6 +129,7 @@ impl Mode {
             Mode::DroverRollingTmpfs => "drover-rolling-tmpfs",
             Mode::DroverAllTmpfs => "drover-all-tmpfs",
             Mode::DroverFlowing => "drover-flowing",
+            Mode::DroverSessions => "drover-sessions",
         }
     }
 
@@ -132,6 +138,7 @@ impl Mode {
             Mode::DroverRolling | Mode::DroverAll => "drover",
             Mode::DroverPlan | Mode::DroverPlanOffline => "drover",
             Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs | Mode::DroverFlowing => "drover",
+            Mode::DroverSessions => "drover",
             Mode::AnsibleLinear | Mode::AnsibleFree => "ansible",
             Mode::Pyinfra => "pyinfra",
             Mode::SshRolling | Mode::SshAll | Mode::SshConnect => "ssh",
@@ -322,6 +329,10 @@ struct Sample {
     load: f64,
     /// SSH connections per host, from the hosts' sshd logs.
     connections: f64,
+    /// SSH sessions (commands) per host, from the hosts' sshd logs.
+    sessions: f64,
+    /// CPU time the whole machine spent during the run (user + system, every process), s.
+    cpu: f64,
     phases: Option<Phases>,
 }
 
@@ -365,7 +376,9 @@ fn main() {
         ..tools
     };
     eprintln!("compare: {}, {}", machine.date, machine.summary());
-    let mut csv = String::from("hosts,mode,run,seconds,load1,connections_per_host\n");
+    let mut csv = String::from(
+        "hosts,mode,run,seconds,load1,connections_per_host,sessions_per_host,machine_cpu_seconds\n",
+    );
     let mut results: Vec<(usize, Mode, Vec<Sample>)> = Vec::new();
     let mut memory: Vec<(usize, Mode, Memory)> = Vec::new();
     let largest = args.hosts.iter().copied().max().unwrap_or(0);
@@ -390,12 +403,14 @@ fn main() {
                 let sample = bench.run(mode, &format!("run{}", r + 1));
                 writeln!(
                     csv,
-                    "{n},{},{},{:.3},{:.2},{:.2}",
+                    "{n},{},{},{:.3},{:.2},{:.2},{:.2},{:.2}",
                     mode.slug(),
                     r + 1,
                     sample.seconds,
                     sample.load,
-                    sample.connections
+                    sample.connections,
+                    sample.sessions,
+                    sample.cpu
                 )
                 .unwrap();
                 eprintln!(
@@ -500,7 +515,14 @@ impl<'a> Bench<'a> {
             &format!("transport \"ssh\" connect-timeout=\"{CONNECT_TIMEOUT_S}s\" "),
             1,
         );
-        fs::write(&platform, text).unwrap();
+        fs::write(&platform, &text).unwrap();
+        // The same platform, every command in an SSH session of its own.
+        let sessions = text.replacen(
+            "transport \"ssh\" ",
+            "transport \"ssh\" keep-shell=#false ",
+            1,
+        );
+        fs::write(platform.with_file_name("platform-sessions.kdl"), sessions).unwrap();
         // Drover: two policies; the sites are written before each run.
         write(
             "rolling.kdl",
@@ -592,12 +614,12 @@ impl<'a> Bench<'a> {
     }
 
     /// The Drover site at the current version under the given policy file.
-    fn write_site(&self, policy: &str) -> PathBuf {
+    fn write_site(&self, policy: &str, platform: &str) -> PathBuf {
         let mut site = format!(
             "site \"compare\" {{\n    version \"{}\"\n    platform \"{}\"\n    policy \"{policy}\"\n}}\n\n\
              class \"web\" {{ service \"web\" }}\n\nservice \"web\" {{\n    port {HTTP_PORT}\n",
             self.version,
-            self.fleet.dir.join("platform.kdl").display(),
+            self.fleet.dir.join(platform).display(),
         );
         for (name, step) in STEPS {
             let text = format!("ADDR=\"$DEPLOY_ADDRESS\"; VERSION=\"$DEPLOY_NEW_VERSION\"; {step}");
@@ -624,13 +646,16 @@ impl<'a> Bench<'a> {
         let logs = self.args.out.join("logs");
         let stem = format!("n{}-{}-{what}", self.n, mode.slug());
         let load = load1();
-        let connections = self.sshd_connections();
+        let connections = self.sshd_lines(ACCEPTED);
+        let sessions = self.sshd_lines(SESSION);
+        let cpu = machine_cpu();
         let (seconds, phases) = match mode {
             Mode::DroverRolling
             | Mode::DroverAll
             | Mode::DroverRollingTmpfs
             | Mode::DroverAllTmpfs
-            | Mode::DroverFlowing => {
+            | Mode::DroverFlowing
+            | Mode::DroverSessions => {
                 let (seconds, events, spawned, exited) = self.drover(mode, &logs, &stem, None);
                 let text = fs::read_to_string(&events).unwrap_or_default();
                 (seconds, Phases::of(&text, spawned, exited))
@@ -642,14 +667,17 @@ impl<'a> Bench<'a> {
             Mode::SshConnect => (self.ssh(self.n, false), None),
             Mode::DroverPlan | Mode::DroverPlanOffline => {
                 let mut cmd = Command::new(&self.tools.deploy);
-                cmd.arg("plan").arg(self.write_site("rolling.kdl"));
+                cmd.arg("plan")
+                    .arg(self.write_site("rolling.kdl", "platform.kdl"));
                 if mode == Mode::DroverPlanOffline {
                     cmd.arg("--offline");
                 }
                 (self.timed(cmd, &logs, &stem, "deploy plan"), None)
             }
         };
-        let c = self.sshd_connections();
+        let cpu = machine_cpu() - cpu;
+        let c = self.sshd_lines(ACCEPTED);
+        let s = self.sshd_lines(SESSION);
         if mode.deploys() {
             self.verify(mode, &stem);
         }
@@ -657,19 +685,22 @@ impl<'a> Bench<'a> {
             seconds,
             load,
             connections: (c - connections) as f64 / self.n as f64,
+            sessions: (s - sessions) as f64 / self.n as f64,
+            cpu,
             phases,
         }
     }
 
-    /// Connections accepted by every host's sshd so far, from their logs.
-    fn sshd_connections(&self) -> usize {
+    /// Lines of every host's sshd log so far that start with `what` ([`ACCEPTED`] or
+    /// [`SESSION`]; the fleet's sshd logs at `LogLevel VERBOSE`).
+    fn sshd_lines(&self, what: &str) -> usize {
         self.addresses
             .iter()
             .map(|(name, _)| {
                 fs::read_to_string(self.fleet.host_root(name).join("sshd.log"))
                     .unwrap_or_default()
                     .lines()
-                    .filter(|l| l.starts_with("Accepted publickey"))
+                    .filter(|l| l.starts_with(what))
                     .count()
             })
             .sum()
@@ -685,7 +716,7 @@ impl<'a> Bench<'a> {
         memory: Option<&mut Memory>,
     ) -> (f64, PathBuf, SystemTime, SystemTime) {
         let policy = match mode {
-            Mode::DroverRolling | Mode::DroverRollingTmpfs => "rolling.kdl",
+            Mode::DroverRolling | Mode::DroverRollingTmpfs | Mode::DroverSessions => "rolling.kdl",
             Mode::DroverFlowing => "flowing.kdl",
             _ => "all.kdl",
         };
@@ -694,7 +725,11 @@ impl<'a> Bench<'a> {
             Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs => self.tmpfs.clone().unwrap(),
             _ => self.work.clone(),
         };
-        let site = self.write_site(policy);
+        let platform = match mode {
+            Mode::DroverSessions => "platform-sessions.kdl",
+            _ => "platform.kdl",
+        };
+        let site = self.write_site(policy, platform);
         let events = logs.join(format!("{stem}.ndjson"));
         let mut cmd = Command::new(&self.tools.deploy);
         cmd.arg("apply")
@@ -899,6 +934,28 @@ fn http_version(address: &str) -> Result<String, String> {
 }
 
 /// The 1-minute load average.
+/// An sshd log line per connection accepted …
+const ACCEPTED: &str = "Accepted publickey";
+/// … and per session (command) started.
+const SESSION: &str = "Starting session: command";
+
+/// CPU time the machine has spent so far, every process: user + nice + system + irq +
+/// softirq from `/proc/stat`, in seconds (Linux counts in USER_HZ, 100 a second).
+fn machine_cpu() -> f64 {
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return f64::NAN;
+    };
+    let ticks: Vec<f64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq …
+    let busy: f64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| ticks.get(i)).sum();
+    busy / 100.0
+}
+
 fn load1() -> f64 {
     fs::read_to_string("/proc/loadavg")
         .ok()
@@ -1294,6 +1351,38 @@ impl Machine {
     }
 }
 
+/// A table of one figure per mode (rows) and fleet size (columns), medians of the runs.
+fn per_mode_table(
+    out: &mut String,
+    title: &str,
+    sizes: &[usize],
+    value: &dyn Fn(usize, Mode) -> Option<f64>,
+    decimals: usize,
+) {
+    write!(out, "\n{title}, median:\n\n| tool, mode |").unwrap();
+    for n in sizes {
+        write!(out, " N = {n} |").unwrap();
+    }
+    write!(out, "\n| --- |").unwrap();
+    for _ in sizes {
+        write!(out, " ---: |").unwrap();
+    }
+    out.push('\n');
+    for mode in MODES {
+        if !sizes.iter().any(|&n| value(n, mode).is_some()) {
+            continue;
+        }
+        write!(out, "| {} |", mode.label()).unwrap();
+        for &n in sizes {
+            match value(n, mode) {
+                Some(v) => write!(out, " {v:.decimals$} |").unwrap(),
+                None => write!(out, " |").unwrap(),
+            }
+        }
+        out.push('\n');
+    }
+}
+
 fn render(
     args: &Args,
     machine: &Machine,
@@ -1413,35 +1502,38 @@ fn render(
         out.push('\n');
         out.push_str(&rows);
     }
-    write!(
-        out,
-        "\nSSH connections per host in one run (`Accepted publickey` lines in the hosts' sshd logs), \
-         median:\n\n| tool, mode |"
-    )
-    .unwrap();
-    for n in &sizes {
-        write!(out, " N = {n} |").unwrap();
-    }
-    write!(out, "\n| --- |").unwrap();
-    for _ in &sizes {
-        write!(out, " ---: |").unwrap();
-    }
-    out.push('\n');
-    for mode in MODES {
-        if !sizes.iter().any(|&n| get(n, mode).is_some()) {
-            continue;
-        }
-        write!(out, "| {} |", mode.label()).unwrap();
-        for &n in &sizes {
-            match get(n, mode) {
-                Some((_, _, samples)) if !samples.is_empty() => {
-                    let c = median(&samples.iter().map(|s| s.connections).collect::<Vec<_>>());
-                    write!(out, " {c:.1} |").unwrap();
-                }
-                _ => write!(out, " |").unwrap(),
-            }
-        }
-        out.push('\n');
+    type Of = fn(&Sample) -> f64;
+    let tables: [(&str, Of, usize); 3] = [
+        (
+            "SSH connections per host in one run (`Accepted publickey` lines in the hosts' sshd logs)",
+            |s| s.connections,
+            1,
+        ),
+        (
+            "SSH sessions per host in one run, one per command not sent to a kept shell \
+             (`Starting session: command` lines in the hosts' sshd logs)",
+            |s| s.sessions,
+            1,
+        ),
+        (
+            "CPU time of the whole machine during one run, s (user + system of every process: \
+             the tool, ssh, sshd and the hosts' own work; `/proc/stat`)",
+            |s| s.cpu,
+            2,
+        ),
+    ];
+    for (title, of, decimals) in tables {
+        per_mode_table(
+            &mut out,
+            title,
+            &sizes,
+            &|n, mode| {
+                get(n, mode)
+                    .filter(|r| !r.2.is_empty())
+                    .map(|r| median(&r.2.iter().map(of).collect::<Vec<_>>()))
+            },
+            decimals,
+        );
     }
     for (n, mode, m) in memory {
         writeln!(
@@ -1465,6 +1557,7 @@ fn render(
     for &n in &sizes {
         for mode in [
             Mode::DroverRolling,
+            Mode::DroverSessions,
             Mode::DroverFlowing,
             Mode::DroverAll,
             Mode::DroverRollingTmpfs,
