@@ -1,9 +1,9 @@
 //! One SSH connection per host for a whole `deploy apply` (lock, observation, rollout, lock
 //! release), counted in each host's sshd log, which also removes the hooks' pid files; the
-//! state read goes with the lock's command, and every later command (each hook, the lock's
-//! release) goes to one shell kept open on the host: two sessions per host, however many
-//! hooks (counted in the sshd log); and a fleet larger than `--max-connections` still
-//! converges, reconnecting between stages.
+//! state read goes with the lock's command, and every command (the lock, each hook, the
+//! lock's release) goes to one shell kept open on the host: one session per host, however
+//! many hooks (counted in the sshd log), one per command with `keep-shell=#false`; and a
+//! fleet larger than `--max-connections` still converges, reconnecting between stages.
 
 mod support;
 
@@ -92,8 +92,8 @@ fn an_apply_connects_to_each_host_once() {
     let site = shop.write(&Spec::default());
     let ones = |v: &[(String, usize)]| v.iter().all(|(_, n)| *n == 1);
 
-    // A fresh install: lock and read state in the first session, then every hook of three
-    // services' steps in the kept shell, the last of which gives the lock back.
+    // A fresh install: lock and read state, then every hook of three services' steps, the
+    // last of which gives the lock back, all in the one shell kept on the host.
     let before = accepted(&shop);
     let sent = commands(&shop);
     apply(&shop, &site, &[]);
@@ -104,8 +104,8 @@ fn an_apply_connects_to_each_host_once() {
     for ((host, n), (_, hooks)) in sent.iter().zip(&hooks) {
         assert!(*hooks >= 3, "{host} ran its steps: {hooks}");
         assert_eq!(
-            *n, 2,
-            "{host}: the lock (with the read), then one shell for its {hooks} hooks"
+            *n, 1,
+            "{host}: one session (the kept shell) for the lock and its {hooks} hooks"
         );
     }
     // The hooks' pid files went with the lock, over that same connection.
@@ -123,7 +123,7 @@ fn an_apply_connects_to_each_host_once() {
         );
     }
 
-    // Nothing to change: lock and read state in one command, unlock (in the kept shell).
+    // Nothing to change: lock and read state in one command, unlock, in the kept shell.
     let before = accepted(&shop);
     let sent = commands(&shop);
     apply(&shop, &site, &[]);
@@ -131,8 +131,8 @@ fn an_apply_connects_to_each_host_once() {
     assert!(ones(&idle), "one connection per host: {idle:?}");
     let sent = since_in(commands(&shop), &sent);
     assert!(
-        sent.iter().all(|(_, n)| *n == 2),
-        "two sessions per host: {sent:?}"
+        sent.iter().all(|(_, n)| *n == 1),
+        "one session per host: {sent:?}"
     );
 
     // An upgrade of one service through every hook.
@@ -147,8 +147,8 @@ fn an_apply_connects_to_each_host_once() {
     assert!(ones(&upgrade), "one connection per host: {upgrade:?}");
     let sent = since_in(commands(&shop), &sent);
     assert!(
-        sent.iter().all(|(_, n)| *n == 2),
-        "two sessions per host, every hook in the kept shell: {sent:?}"
+        sent.iter().all(|(_, n)| *n == 1),
+        "one session per host, every hook in the kept shell: {sent:?}"
     );
     for host in shop.hosts_of("app") {
         assert_eq!(shop.version(&host, "api"), "2.0", "{host}");

@@ -47,7 +47,11 @@ impl<T: Transport> Kept<T> {
             let (kept, target) = (self.clone(), target.clone());
             tasks.spawn(async move {
                 match kept.inner.connect(&target).await {
-                    Ok(link) => kept.park(&target.name, link).await,
+                    Ok(link) => {
+                        // Every stage's commands go over this link: get it ready for many.
+                        link.prepare().await;
+                        kept.park(&target.name, link).await
+                    }
                     Err(e) => {
                         kept.lock().entry(target.name.clone()).or_insert(Err(e));
                     }
@@ -111,14 +115,18 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Counts connections and closes.
+    /// Counts connections, links prepared and closes.
     #[derive(Default)]
     struct Counting {
         connects: AtomicUsize,
+        prepared: Arc<AtomicUsize>,
         closes: Arc<AtomicUsize>,
     }
 
-    struct CountingLink(Arc<AtomicUsize>);
+    struct CountingLink {
+        prepared: Arc<AtomicUsize>,
+        closes: Arc<AtomicUsize>,
+    }
 
     impl Transport for Counting {
         type Link = CountingLink;
@@ -131,7 +139,10 @@ mod tests {
                     reason: "refused".into(),
                 });
             }
-            Ok(CountingLink(self.closes.clone()))
+            Ok(CountingLink {
+                prepared: self.prepared.clone(),
+                closes: self.closes.clone(),
+            })
         }
     }
 
@@ -139,8 +150,11 @@ mod tests {
         async fn run(&self, _s: &str) -> Result<super::super::Output, TransportError> {
             Ok(Default::default())
         }
+        async fn prepare(&self) {
+            self.prepared.fetch_add(1, Ordering::SeqCst);
+        }
         async fn close(self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
+            self.closes.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -178,6 +192,8 @@ mod tests {
             kept.park(&t.name, link).await;
         }
         assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 3);
+        // Each warmed link was made ready for the stages' many commands, once.
+        assert_eq!(kept.inner.prepared.load(Ordering::SeqCst), 3);
         // Over the cap, nothing is warmed.
         let over = Arc::new(Kept::new(Counting::default(), 3, 2));
         over.warm(&targets).await;

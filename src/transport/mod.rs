@@ -97,6 +97,11 @@ pub trait Link: Send + Sync + 'static {
         let script = here_document(script, input);
         async move { self.run(&script).await }
     }
+    /// Gets ready for many commands, ahead of the first: the `ssh` link opens the shell it
+    /// keeps on the host (`transport/shell.rs`). By default nothing.
+    fn prepare(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
     fn close(self) -> impl Future<Output = ()> + Send;
 }
 
@@ -157,6 +162,11 @@ impl Link for AnyLink {
         match self {
             AnyLink::Ssh(l) => l.run_input(script, input).await,
             AnyLink::Local(l) => l.run_input(script, input).await,
+        }
+    }
+    async fn prepare(&self) {
+        if let AnyLink::Ssh(l) = self {
+            l.prepare().await
         }
     }
     async fn close(self) {

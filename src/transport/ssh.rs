@@ -105,8 +105,9 @@ impl Ssh {
 }
 
 /// A multiplexed session to one host. Its first command runs in a session of its own; from
-/// the second on, commands go to a shell kept open on the host ([`super::shell`]), unless one
-/// is already running there (a hook being killed) or the host cannot keep one.
+/// the second on (from the first, once [`Link::prepare`]d), commands go to a shell kept open
+/// on the host ([`super::shell`]), unless one is already running there (a hook being killed)
+/// or the host cannot keep one.
 pub struct SshLink {
     host: String,
     session: Arc<Session>,
@@ -262,6 +263,16 @@ impl Link for SshLink {
 
     async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
         self.command(script, Some(input)).await
+    }
+
+    async fn prepare(&self) {
+        let mut slot = self.shell.lock().await;
+        if matches!(*slot, Slot::Fresh | Slot::Idle) {
+            *slot = match self.open().await {
+                Ok(shell) => Slot::Open(shell),
+                Err(_) => Slot::Off,
+            };
+        }
     }
 
     async fn close(self) {

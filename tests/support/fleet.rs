@@ -119,6 +119,9 @@ pub struct Fleet {
     /// Removed on drop unless `DROVER_FLEET_KEEP` is set.
     pub dir: PathBuf,
     hosts: Vec<Host>,
+    /// The port each host's sshd listens on: [`SSH_PORT`], unless something else (a relay
+    /// that delays traffic, `benches/compare/delay.py`) listens there and forwards to it.
+    sshd_port: u16,
     _tempdir: Option<tempfile::TempDir>,
 }
 
@@ -140,6 +143,13 @@ impl Fleet {
     /// listens. Panics naming the host and showing its sshd log if one exits
     /// or does not listen within 20 s.
     pub fn start(hosts: &[FleetHost]) -> Fleet {
+        Fleet::start_behind(hosts, SSH_PORT)
+    }
+
+    /// As [`Fleet::start`], but each sshd listens on `sshd_port`: the caller puts what
+    /// reaches it on [`SSH_PORT`], which every client is told (a relay, say).
+    #[allow(dead_code)]
+    pub fn start_behind(hosts: &[FleetHost], sshd_port: u16) -> Fleet {
         check_environment();
         validate(hosts);
         let tempdir = tempfile::Builder::new()
@@ -158,7 +168,7 @@ impl Fleet {
              (set TMPDIR to e.g. /tmp)"
         );
         let keep = std::env::var_os("DROVER_FLEET_KEEP").is_some();
-        let addresses = allocate_addresses(hosts.len());
+        let addresses = allocate_addresses(hosts.len(), sshd_port);
         let fleet = Fleet {
             dir: dir.clone(),
             hosts: hosts
@@ -170,6 +180,7 @@ impl Fleet {
                     process: Mutex::new(None),
                 })
                 .collect(),
+            sshd_port,
             _tempdir: if keep {
                 eprintln!("fleet: keeping {dir_text}");
                 let _ = tempdir.keep();
@@ -367,7 +378,7 @@ impl Fleet {
                 fs::create_dir_all(root.join(sub)).unwrap();
             }
             let sshd_config = format!(
-                "ListenAddress {}:{SSH_PORT}\nAddressFamily inet\nHostKey {}\nAuthorizedKeysFile {}\n\
+                "ListenAddress {}:{}\nAddressFamily inet\nHostKey {}\nAuthorizedKeysFile {}\n\
                  PidFile none\nPermitRootLogin prohibit-password\nPubkeyAuthentication yes\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
                  MaxStartups 500\nMaxSessions 100\nUseDNS no\nPrintMotd no\nPrintLastLog no\n\
@@ -377,6 +388,7 @@ impl Fleet {
                  # the post-quantum default key exchange costs ~25% of a connection's CPU\n\
                  KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org\n",
                 host.address,
+                self.sshd_port,
                 path_text(&host_key),
                 path_text(&self.dir.join("authorized_keys")),
             );
@@ -423,8 +435,8 @@ impl Fleet {
                 let log = fs::read_to_string(self.host_root(&host.spec.name).join("sshd.log"))
                     .unwrap_or_default();
                 if log.contains(&format!(
-                    "Server listening on {} port {SSH_PORT}",
-                    host.address
+                    "Server listening on {} port {}",
+                    host.address, self.sshd_port
                 )) {
                     continue;
                 }
@@ -510,7 +522,7 @@ fn stop(name: &str, child: &mut Child) {
 /// `b` from a process-global counter (one block of 250 hosts per value),
 /// `c` = index in the block + 1. Skips a range if any address's port 2222 is
 /// taken.
-fn allocate_addresses(n: usize) -> Vec<Ipv4Addr> {
+fn allocate_addresses(n: usize, sshd_port: u16) -> Vec<Ipv4Addr> {
     let blocks = n.div_ceil(BLOCK).max(1) as u32;
     assert!(blocks <= 254, "a fleet holds at most {} hosts", 254 * BLOCK);
     let pid = std::process::id();
@@ -531,10 +543,9 @@ fn allocate_addresses(n: usize) -> Vec<Ipv4Addr> {
                 )
             })
             .collect();
-        if addresses
-            .iter()
-            .all(|a| TcpListener::bind((*a, SSH_PORT)).is_ok())
-        {
+        if addresses.iter().all(|a| {
+            TcpListener::bind((*a, SSH_PORT)).is_ok() && TcpListener::bind((*a, sshd_port)).is_ok()
+        }) {
             return addresses;
         }
     }
