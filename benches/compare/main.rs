@@ -163,12 +163,15 @@ struct Args {
     memory: bool,
     /// `deploy` to run instead of the one cargo built with this driver.
     deploy: Option<PathBuf>,
+    /// A round trip added to every SSH connection (`benches/compare/delay.py`), ms; 0: none.
+    rtt_ms: u64,
     command: String,
 }
 
 const USAGE: &str = "\
 usage: bash benches/compare/run.sh [--smoke] [--hosts 50,200] [--runs 3]
            [--tools drover,ansible,pyinfra,ssh] [--out DIR] [--no-memory] [--deploy PATH]
+           [--rtt MS]
 (the script passes --run or --smoke to this driver, which does nothing without one)";
 
 impl Args {
@@ -186,6 +189,7 @@ impl Args {
             out: Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/compare/out"),
             memory: true,
             deploy: None,
+            rtt_ms: 0,
             command: String::new(),
         };
         let (mut run, mut hosts_given, mut runs_given) = (false, false, false);
@@ -231,6 +235,11 @@ impl Args {
                 "--deploy" => {
                     let v = value("--deploy")?;
                     args.deploy = Some(PathBuf::from(&v));
+                    shown.extend([arg.clone(), v]);
+                }
+                "--rtt" => {
+                    let v = value("--rtt")?;
+                    args.rtt_ms = v.parse().map_err(|_| format!("--rtt {v}"))?;
                     shown.extend([arg.clone(), v]);
                 }
                 "--no-memory" => {
@@ -461,6 +470,41 @@ struct Bench<'a> {
     version: u64,
     started_in: f64,
     ansible_runs: usize,
+    /// The relay that delays SSH traffic (`--rtt`), killed with the bench.
+    _relay: Option<Relay>,
+}
+
+/// `benches/compare/delay.py` relaying every host's SSH port to its sshd.
+struct Relay(std::process::Child);
+
+impl Relay {
+    /// Relays `SSH_PORT` to `sshd_port` on each address, each way delayed by `rtt_ms / 2`.
+    fn start(addresses: &[(String, String)], sshd_port: u16, rtt_ms: u64) -> Relay {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/compare/delay.py");
+        let mut child = Command::new("/usr/bin/python3")
+            .arg(script)
+            .arg(format!("{}", rtt_ms as f64 / 2.0))
+            .arg(fleet::SSH_PORT.to_string())
+            .arg(sshd_port.to_string())
+            .args(addresses.iter().map(|(_, a)| a))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start benches/compare/delay.py");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("relay stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("read from the relay");
+        assert_eq!(line.trim(), "ready", "the relay did not start");
+        Relay(child)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 impl<'a> Bench<'a> {
@@ -469,7 +513,9 @@ impl<'a> Bench<'a> {
             .map(|i| FleetHost::new(&format!("web{i}"), "web"))
             .collect();
         let started = Instant::now();
-        let fleet = Fleet::start(&hosts);
+        // With `--rtt`, each sshd listens on the next port, behind a relay on the usual one.
+        let sshd_port = fleet::SSH_PORT + u16::from(args.rtt_ms > 0);
+        let fleet = Fleet::start_behind(&hosts, sshd_port);
         let started_in = started.elapsed().as_secs_f64();
         let work = fleet.dir.join("compare");
         fs::create_dir_all(&work).unwrap();
@@ -477,7 +523,8 @@ impl<'a> Bench<'a> {
             .names()
             .into_iter()
             .map(|h| (h.to_string(), fleet.address(h)))
-            .collect();
+            .collect::<Vec<_>>();
+        let relay = (args.rtt_ms > 0).then(|| Relay::start(&addresses, sshd_port, args.rtt_ms));
         let shm_dir = shm().map(|dir| {
             tempfile::Builder::new()
                 .prefix("drover-compare-")
@@ -496,6 +543,7 @@ impl<'a> Bench<'a> {
             version: 0,
             started_in,
             ansible_runs: 0,
+            _relay: relay,
         };
         bench.write_inputs();
         bench
@@ -1406,6 +1454,16 @@ fn render(
         });
     writeln!(out, "### Results of {}\n", machine.date).unwrap();
     writeln!(out, "- command: `{}`", args.command).unwrap();
+    if args.rtt_ms > 0 {
+        writeln!(
+            out,
+            "- every SSH connection through `benches/compare/delay.py`: {} ms added to each round \
+             trip ({} ms each way); the hosts' own traffic (the `curl` checks) is not delayed",
+            args.rtt_ms,
+            args.rtt_ms as f64 / 2.0
+        )
+        .unwrap();
+    }
     writeln!(out, "- machine: {}", machine.summary()).unwrap();
     writeln!(
         out,
