@@ -148,6 +148,39 @@ service "api" {
     );
 }
 
+/// A hook that leaves a process holding its output has not ended, as with a session of its
+/// own, though its commands go to the shell kept on the host: it times out (rather than pass
+/// and leave that process to die writing to a closed pipe once the run ends).
+#[test]
+fn a_hook_that_leaves_a_process_holding_its_output_times_out() {
+    let fleet = fleet(&[("app1", "app")]);
+    let body = r####"class "app" { service "api" }
+service "api" {
+    install #"echo installed"#
+    start #"sleep 300 & echo $! > /srv/child; echo started"#
+}
+"####;
+    let site = write_site(&fleet, "hook-timeout \"2s\"", "batch 1; max-failed 0", body);
+    let out = deploy(&fleet, &["apply", &site, "--yes"]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("start timed out after 2s"), "{all}");
+    let _ = fleet.ssh("app1", "kill $(cat /srv/child)");
+    // The same hook with its process's output sent elsewhere passes at once.
+    let body = body.replace("sleep 300 &", "sleep 300 >/dev/null 2>&1 &");
+    let site = write_site(
+        &fleet,
+        "hook-timeout \"20s\"",
+        "batch 1; max-failed 0",
+        &body,
+    );
+    let started = std::time::Instant::now();
+    let out = deploy(&fleet, &["apply", &site, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let _ = fleet.ssh("app1", "kill $(cat /srv/child)");
+}
+
 #[test]
 fn the_sites_failure_budget_stops_new_waves_of_every_service() {
     let fleet = fleet(&[

@@ -10,11 +10,12 @@
 //! standard error; the output before each marker is the command's. The token is random, so
 //! no command prints it by chance.
 //!
-//! What differs from a session per command: a process a command leaves running that still
-//! holds the output is not waited for (its later output is read as the next command's), an
-//! exit by signal reads as `128 + signal`, and the input must be text (it is read line by
-//! line). Hosts without `setsid` say so at once and the link goes on with a session per
-//! command.
+//! As with a session per command, a command ends once the processes it leaves in its group
+//! no longer hold its output ([`LOOP`]). What differs: a process that left the command's
+//! group (a daemon that calls `setsid` itself) and still holds the output is not waited for
+//! (its later output is read as the next command's), an exit by signal reads as
+//! `128 + signal`, and the input must be text (it is read line by line). Hosts without
+//! `setsid` say so at once and the link goes on with a session per command.
 
 use super::Output;
 use std::hash::{BuildHasher, Hasher};
@@ -61,20 +62,38 @@ impl std::fmt::Display for ShellError {
 
 /// The text the shell runs, given its token: a `/bin/sh` loop (see the module's documentation).
 pub fn loop_script(token: &str) -> String {
-    format!(
-        "T={token}; N='\n'; command -v setsid >/dev/null 2>&1 || {{ echo \"$T no-setsid\"; exit 0; }}; \
-         echo \"$T ready\"; \
-         while IFS= read -r h; do \
-         b=; while IFS= read -r l && [ \"$l\" != \"$T\" ]; do b=\"$b$l$N\"; done; \
-         case $h in \
-         *' input') i=; while IFS= read -r l && [ \"$l\" != \"$T\" ]; do i=\"$i$l$N\"; done; \
-         printf %s \"$i\" | setsid /bin/sh -c \"$b\";; \
-         *) setsid /bin/sh -c \"$b\" </dev/null;; \
-         esac; \
-         r=$?; printf '\\n%s %s %s\\n' \"$T\" \"${{h%% *}}\" \"$r\"; printf '\\n%s %s\\n' \"$T\" \"${{h%% *}}\" >&2; \
-         done"
-    )
+    LOOP.replace("TOKEN", token)
 }
+
+/// The loop. After a command ends, it waits while a process of the command's group still
+/// holds the shell's output (found under `/proc`), as a session per command waits for its
+/// output to close: a hook that leaves a process writing there is timed out as it would be
+/// without the shell, not cut off from its output once the run ends.
+const LOOP: &str = r#"T=TOKEN; N='
+'
+command -v setsid >/dev/null 2>&1 || { echo "$T no-setsid"; exit 0; }
+held() {
+  g=$1
+  for d in /proc/[0-9]*; do
+    { read -r l <"$d/stat"; } 2>/dev/null || continue
+    l=${l##*) }; set -- $l
+    [ "$3" = "$g" ] || continue
+    for f in 1 2; do [ "$d/fd/$f" -ef "/proc/$$/fd/$f" ] && return 0; done
+  done
+  return 1
+}
+echo "$T ready"
+while IFS= read -r h; do
+  b=; while IFS= read -r l && [ "$l" != "$T" ]; do b="$b$l$N"; done
+  case $h in
+  *' input') i=; while IFS= read -r l && [ "$l" != "$T" ]; do i="$i$l$N"; done
+    printf %s "$i" | setsid /bin/sh -c "$b" & ;;
+  *) setsid /bin/sh -c "$b" </dev/null & ;;
+  esac
+  p=$!; wait $p; r=$?
+  while kill -0 -$p 2>/dev/null && held $p; do sleep 0.05 2>/dev/null || sleep 1; done
+  printf '\n%s %s %s\n' "$T" "${h%% *}" "$r"; printf '\n%s %s\n' "$T" "${h%% *}" >&2
+done"#;
 
 /// A fresh random token (letters and digits).
 pub fn token() -> String {

@@ -137,3 +137,28 @@ async fn a_command_cut_off_leaves_the_shell_out_of_step_and_a_lost_shell_is_an_e
         other => panic!("expected Lost, got {:?}", other.map(|o| o.code)),
     }
 }
+
+#[tokio::test]
+async fn a_command_ends_once_what_it_left_running_lets_go_of_its_output() {
+    let mut sh = shell();
+    // Left holding standard output, then standard error: waited for, as a session would be,
+    // and what it wrote is the command's.
+    let out = run(&mut sh, "(sleep 0.3; echo late) & echo now").await;
+    assert_eq!(out.stdout, b"now\nlate\n");
+    let out = run(&mut sh, "(sleep 0.3; echo late >&2) >/dev/null &").await;
+    assert_eq!(out.stderr, b"late\n");
+    // Left running with its output elsewhere: not waited for.
+    let out = run(&mut sh, "sleep 30 >/dev/null 2>&1 & echo $!").await;
+    let pid = String::from_utf8(out.stdout).expect("text");
+    let pid = pid.trim();
+    let alive = std::process::Command::new("kill")
+        .args(["-0", pid])
+        .status()
+        .expect("kill runs");
+    let _ = std::process::Command::new("kill").arg(pid).status();
+    assert!(
+        alive.success(),
+        "the command came back while {pid} still ran"
+    );
+    assert_eq!(run(&mut sh, "echo next").await.stdout, b"next\n");
+}
