@@ -151,25 +151,15 @@ impl SshLink {
         let Ok(mut slot) = self.shell.try_lock() else {
             return self.once(script, input).await;
         };
-        match &*slot {
-            // A command was cut off (a timeout): that shell may still run it.
-            Slot::Open(shell) if shell.out_of_step() => *slot = Slot::Idle,
-            Slot::Fresh => {
-                *slot = Slot::Idle;
-                drop(slot);
-                return self.once(script, input).await;
-            }
-            Slot::Off => {
-                drop(slot);
-                return self.once(script, input).await;
-            }
-            _ => {}
+        // A command was cut off (a timeout): that shell may still run it.
+        if matches!(&*slot, Slot::Open(shell) if shell.out_of_step()) {
+            *slot = Slot::Idle;
         }
-        if matches!(*slot, Slot::Idle) {
-            *slot = match self.open().await {
-                Ok(shell) => Slot::Open(shell),
-                Err(_) => Slot::Off,
-            };
+        match *slot {
+            // The first command runs on its own; the next opens the shell.
+            Slot::Fresh => *slot = Slot::Idle,
+            Slot::Idle => *slot = self.opened().await,
+            Slot::Open(_) | Slot::Off => {}
         }
         let Slot::Open(shell) = &mut *slot else {
             drop(slot);
@@ -189,6 +179,14 @@ impl SshLink {
                     reason,
                 })
             }
+        }
+    }
+
+    /// The slot once the kept shell is started: open, or off if it cannot be.
+    async fn opened(&self) -> Slot {
+        match self.open().await {
+            Ok(shell) => Slot::Open(shell),
+            Err(_) => Slot::Off,
         }
     }
 
@@ -268,10 +266,7 @@ impl Link for SshLink {
     async fn prepare(&self) {
         let mut slot = self.shell.lock().await;
         if matches!(*slot, Slot::Fresh | Slot::Idle) {
-            *slot = match self.open().await {
-                Ok(shell) => Slot::Open(shell),
-                Err(_) => Slot::Off,
-            };
+            *slot = self.opened().await;
         }
     }
 
