@@ -1399,15 +1399,9 @@ impl Machine {
     }
 }
 
-/// A table of one figure per mode (rows) and fleet size (columns), medians of the runs.
-fn per_mode_table(
-    out: &mut String,
-    title: &str,
-    sizes: &[usize],
-    value: &dyn Fn(usize, Mode) -> Option<f64>,
-    decimals: usize,
-) {
-    write!(out, "\n{title}, median:\n\n| tool, mode |").unwrap();
+/// A markdown table's header: `first`, then a column per fleet size.
+fn header(out: &mut String, first: &str, sizes: &[usize]) {
+    write!(out, "| {first} |").unwrap();
     for n in sizes {
         write!(out, " N = {n} |").unwrap();
     }
@@ -1416,16 +1410,20 @@ fn per_mode_table(
         write!(out, " ---: |").unwrap();
     }
     out.push('\n');
+}
+
+/// A table of a cell per mode (rows) and fleet size (columns); modes without a cell are left
+/// out.
+fn per_mode_table(out: &mut String, sizes: &[usize], cell: &dyn Fn(usize, Mode) -> Option<String>) {
+    header(out, "tool, mode", sizes);
     for mode in MODES {
-        if !sizes.iter().any(|&n| value(n, mode).is_some()) {
+        let cells: Vec<Option<String>> = sizes.iter().map(|&n| cell(n, mode)).collect();
+        if cells.iter().all(Option::is_none) {
             continue;
         }
         write!(out, "| {} |", mode.label()).unwrap();
-        for &n in sizes {
-            match value(n, mode) {
-                Some(v) => write!(out, " {v:.decimals$} |").unwrap(),
-                None => write!(out, " |").unwrap(),
-            }
+        for c in cells {
+            write!(out, " {} |", c.unwrap_or_default()).unwrap();
         }
         out.push('\n');
     }
@@ -1491,34 +1489,14 @@ fn render(
         args.runs
     )
     .unwrap();
-    write!(out, "| tool, mode |").unwrap();
-    for n in &sizes {
-        write!(out, " N = {n} |").unwrap();
-    }
-    write!(out, "\n| --- |").unwrap();
-    for _ in &sizes {
-        write!(out, " ---: |").unwrap();
-    }
-    out.push('\n');
-    for mode in MODES {
-        if !sizes.iter().any(|&n| get(n, mode).is_some()) {
-            continue;
-        }
-        write!(out, "| {} |", mode.label()).unwrap();
-        for &n in &sizes {
-            match get(n, mode) {
-                Some((_, _, samples)) if !samples.is_empty() => {
-                    let s: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
-                    let (min, max) = s
-                        .iter()
-                        .fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
-                    write!(out, " {:.2} s ({min:.2} to {max:.2}) |", median(&s)).unwrap();
-                }
-                _ => write!(out, " |").unwrap(),
-            }
-        }
-        out.push('\n');
-    }
+    per_mode_table(&mut out, &sizes, &|n, mode| {
+        let samples = &get(n, mode)?.2;
+        let s: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
+        let (min, max) = s
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
+        (!s.is_empty()).then(|| format!("{:.2} s ({min:.2} to {max:.2})", median(&s)))
+    });
     let targets = [
         (Mode::DroverRolling, Mode::AnsibleLinear, 0.15),
         (Mode::DroverRolling, Mode::AnsibleFree, 0.15),
@@ -1549,15 +1527,8 @@ fn render(
         }
     }
     if !rows.is_empty() {
-        write!(out, "\n| target (ratio of medians) |").unwrap();
-        for n in &sizes {
-            write!(out, " N = {n} |").unwrap();
-        }
-        write!(out, "\n| --- |").unwrap();
-        for _ in &sizes {
-            write!(out, " ---: |").unwrap();
-        }
         out.push('\n');
+        header(&mut out, "target (ratio of medians)", &sizes);
         out.push_str(&rows);
     }
     type Of = fn(&Sample) -> f64;
@@ -1581,17 +1552,12 @@ fn render(
         ),
     ];
     for (title, of, decimals) in tables {
-        per_mode_table(
-            &mut out,
-            title,
-            &sizes,
-            &|n, mode| {
-                get(n, mode)
-                    .filter(|r| !r.2.is_empty())
-                    .map(|r| median(&r.2.iter().map(of).collect::<Vec<_>>()))
-            },
-            decimals,
-        );
+        write!(out, "\n{title}, median:\n\n").unwrap();
+        per_mode_table(&mut out, &sizes, &|n, mode| {
+            let samples = &get(n, mode)?.2;
+            let v = || median(&samples.iter().map(of).collect::<Vec<_>>());
+            (!samples.is_empty()).then(|| format!("{:.decimals$}", v()))
+        });
     }
     for (n, mode, m) in memory {
         writeln!(
