@@ -12,6 +12,8 @@
 //! DEPLOY_…='…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
 //! ```
 //!
+//! `deploy apply` takes the host's lock first, and that makes `D/hooks`: the test in front
+//! only makes it for a hook run without that lock, so a host's first hook starts no `mkdir`.
 //! The pid file is emptied, not removed, when the hook ends (no `rm` process per hook); the
 //! lock's release at the end of the run removes it ([`crate::state::lock`]).
 //!
@@ -146,8 +148,8 @@ pub fn pid_file(state_dir: &str) -> String {
             .map_or(0, |d| d.as_nanos())
     });
     format!(
-        "{}/hooks/{}-{start}.pid",
-        state_dir.trim_end_matches('/'),
+        "{}/{}-{start}.pid",
+        crate::state::lock::hooks_dir(state_dir),
         std::process::id()
     )
 }
@@ -161,7 +163,7 @@ pub fn script(
     pid_file: &str,
     stdin_secrets: bool,
 ) -> String {
-    let dir = quote(&format!("{}/hooks", state_dir.trim_end_matches('/')));
+    let dir = quote(&crate::state::lock::hooks_dir(state_dir));
     let file = quote(pid_file);
     let mut out = format!(
         "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ echo $$ >{file}; }} 2>/dev/null; ",

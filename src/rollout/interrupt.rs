@@ -33,7 +33,7 @@ while [ -n "$live" ] && [ "$i" -lt 50 ]; do
 done
 for p in $live; do kill -s KILL -- "-$p" 2>/dev/null; done
 echo "$n""#,
-        d = quote(&format!("{}/hooks", state_dir.trim_end_matches('/')))
+        d = quote(&crate::state::lock::hooks_dir(state_dir))
     )
 }
 

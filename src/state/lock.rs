@@ -584,18 +584,25 @@ fn after_taken(stdout: &[u8]) -> Option<&[u8]> {
     Some(&stdout[at + marker.len()..])
 }
 
+/// Where a host keeps the run's hook pid files (`rollout::hook_run`): `<state-dir>/hooks`.
+pub fn hooks_dir(state_dir: &str) -> String {
+    format!("{}/hooks", state_dir.trim_end_matches('/'))
+}
+
 /// `mkdir DIR`; on success writes the holder and exits 0 (with `then`: prints [`TAKEN`] and
 /// goes on with `then`, whose exit is the script's); else prints the holder, exits 10.
+/// The state directory is made with its `hooks` directory in the same `mkdir -p`, so that a
+/// host's first hook finds it and starts no `mkdir` of its own.
 fn acquire_script(state_dir: &str, dir: &str, me: &str, then: Option<&str>) -> String {
     let taken = then.map_or("exit 0".to_string(), |then| {
         format!("printf {}; {then}; exit $?", quote(TAKEN))
     });
     format!(
-        "umask 077; d={d}; {{ [ -d {s} ] || mkdir -p {s}; }} || exit 12; \
+        "umask 077; d={d}; {{ [ -d {h} ] || mkdir -p {h}; }} || exit 12; \
          if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {taken}; fi; \
          cat \"$d/holder.json\" 2>/dev/null; exit {HELD}",
         d = quote(dir),
-        s = quote(state_dir),
+        h = quote(&hooks_dir(state_dir)),
         me = quote(me)
     )
 }
@@ -620,7 +627,7 @@ fn release_script(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
 
 /// [`release_script`] without its `exit`, to end another command with; it ends in success.
 fn release_body(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
-    let hooks = format!("{state_dir}/hooks");
+    let hooks = hooks_dir(state_dir);
     format!(
         "d={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
          if [ \"$h\" = {me} ]; then rm -rf \"$d\" {hooks}/{pid}-*.pid; \
@@ -724,6 +731,7 @@ pub fn sync_dir(dir: Option<&Path>) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::transport::Local;
+    use std::os::unix::fs::PermissionsExt;
 
     fn block_on<F: Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
@@ -854,6 +862,10 @@ mod tests {
                 std::fs::read_to_string(holder_file(h)).unwrap().trim(),
                 a.json()
             );
+            // The hooks' directory is made with the lock, private (the first hook's `mkdir`).
+            let hooks = dir.path().join(h).join("var/lib/drover/hooks");
+            let mode = std::fs::metadata(&hooks).map(|m| m.permissions().mode() & 0o777);
+            assert_eq!(mode.ok(), Some(0o700), "{h}");
         }
         // Another laptop: refused, naming the holder, and nothing of it is left behind.
         let b = Holder {

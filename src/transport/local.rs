@@ -25,13 +25,12 @@ impl Transport for Local {
     type Link = LocalLink;
     async fn connect(&self, target: &Target) -> Result<LocalLink, TransportError> {
         let dir = self.root.join(&target.name);
-        tokio::fs::create_dir_all(&dir)
-            .await
-            .map_err(|e| TransportError::Connect {
-                host: target.name.clone(),
-                address: dir.display().to_string(),
-                reason: e.to_string(),
-            })?;
+        // One `mkdir` syscall or two: not worth a blocking-pool thread for each host.
+        std::fs::create_dir_all(&dir).map_err(|e| TransportError::Connect {
+            host: target.name.clone(),
+            address: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
         Ok(LocalLink {
             host: target.name.clone(),
             dir,
