@@ -16,7 +16,10 @@
 //! in plan order, each class's hosts one step at a time), which can be longer than the path.
 //! Each layout runs once untimed, then `--runs` times (3), each from fresh hosts and a fresh
 //! `.drover/`: `deploy apply SITE --yes --json` as a child process, timed from spawn to exit.
-//! Its NDJSON events say where the time went: before the rollout (load, observe, plan), the
+//! After each, the same rollout by a minimal scheduler in this process (the floor), twice: with
+//! bare `sh -c 'sleep X'` hooks, and with each host locked first and its state written durably
+//! after `start` and `check` as `deploy` does ([`Keep::State`]). The NDJSON events of
+//! `deploy` say where its time went: before the rollout (load, observe, plan), the
 //! scheduling latency of each service (needs met → first step started), the launch offset of
 //! its last host, each step's time beyond its sleeps, and what follows the last step.
 //!
@@ -535,16 +538,64 @@ fn spawn_floor(dir: &Path) -> (f64, f64) {
     (time("sleep 0.050"), time(&hooked))
 }
 
+/// What a host must do besides its hooks in a floor run: nothing, or lock and record state.
+#[derive(Clone, Copy)]
+enum Keep<'a> {
+    /// Bare hooks: no lock, no state.
+    Nothing,
+    /// Under this directory, each host (one directory each) is first locked (`mkdir -p` of its
+    /// state directory, `mkdir` of the lock, the holder written), and each step writes the
+    /// host's state durably after `start` and after `check` (`printf` to a temporary file,
+    /// `sync`, `mv`), in the hook's own command; a host's last step then removes the lock
+    /// (`rm -rf`). That is what `deploy` does on a host, without its wrapper shell, pid file
+    /// and journal: the least any tool that locks each host and records each step must do.
+    State(&'a Path),
+}
+
+/// Shell text that locks one host of a [`Keep::State`] floor.
+fn floor_lock(dir: &Path) -> String {
+    format!(
+        "umask 077; mkdir -p {d}/hooks && mkdir {d}/lock && printf '%s\\n' '{{\"run\":\"floor\"}}' > {d}/lock/holder.json",
+        d = dir.display()
+    )
+}
+
+/// Shell text that writes a [`Keep::State`] floor host's state, as `deploy` does.
+fn floor_write(dir: &Path, service: &str, release: bool) -> String {
+    let json = format!(
+        "{{\"schema\":1,\"services\":{{\"{service}\":{{\"version\":\"2\",\"configured\":{{\"outcome\":\"success\"}}}}}}}}"
+    );
+    let d = dir.display();
+    let mut text = format!(
+        " && printf '%s\\n' '{json}' > {d}/.state.json.tmp && {{ sync {d}/.state.json.tmp || true; }} && mv -f {d}/.state.json.tmp {d}/state.json"
+    );
+    if release {
+        text.push_str(&format!(" && rm -rf {d}/lock"));
+    }
+    text
+}
+
 /// The floor: the same rollout by a minimal scheduler in this process, with Drover's rule (a
 /// service starts once every host of its needs is done; a host runs one step at a time, the
 /// first waiting service in plan order first), each hook a bare `/bin/sh -c 'sleep X'`, no
-/// journal, no state file: what starting the hooks alone costs on this machine. Its wall time
-/// and the CPU time of the processes it started, in seconds.
-fn floor_run(g: &Graph, layout: &Layout, order: &[usize], tick: f64) -> (f64, f64) {
+/// journal; with [`Keep::Nothing`] no state file either: what starting the hooks alone costs
+/// on this machine. Its wall time and the CPU time of the processes it started, in seconds.
+fn floor_run(g: &Graph, layout: &Layout, order: &[usize], tick: f64, keep: Keep) -> (f64, f64) {
     let n = g.services.len();
     let class_of = layout.class_of(n);
     let hosts_of = |s: usize| layout.classes[class_of[s]].hosts;
     let mut left: Vec<usize> = (0..n).map(hosts_of).collect();
+    // Steps still to come on each host (its last one gives the lock back).
+    let mut steps_left: Vec<Vec<usize>> = layout
+        .classes
+        .iter()
+        .enumerate()
+        .map(|(c, cl)| vec![(0..n).filter(|&s| class_of[s] == c).count(); cl.hosts])
+        .collect();
+    let host_dir = |c: usize, h: usize| match keep {
+        Keep::Nothing => None,
+        Keep::State(root) => Some(root.join(format!("c{c}h{h}"))),
+    };
     let mut done = vec![false; n];
     let mut opened = vec![false; n];
     let mut pending: Vec<(usize, usize)> = Vec::new();
@@ -556,6 +607,24 @@ fn floor_run(g: &Graph, layout: &Layout, order: &[usize], tick: f64) -> (f64, f6
     let (tx, rx) = std::sync::mpsc::channel::<(usize, usize)>();
     let cpu_before = children_cpu(tick);
     let started = Instant::now();
+    if let Keep::State(root) = keep {
+        let _ = fs::remove_dir_all(root);
+        let locks: Vec<_> = (0..layout.classes.len())
+            .flat_map(|c| (0..layout.classes[c].hosts).map(move |h| (c, h)))
+            .filter_map(|(c, h)| host_dir(c, h))
+            .map(|d| {
+                fs::create_dir_all(&d).expect("a floor host");
+                Command::new("/bin/sh")
+                    .args(["-c", &floor_lock(&d)])
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .expect("sh runs")
+            })
+            .collect();
+        for mut child in locks {
+            assert!(child.wait().is_ok_and(|st| st.success()), "a floor lock");
+        }
+    }
     let mut running = 0;
     loop {
         for &s in order {
@@ -573,15 +642,26 @@ fn floor_run(g: &Graph, layout: &Layout, order: &[usize], tick: f64) -> (f64, f6
             }
             busy[c][h] = true;
             running += 1;
+            steps_left[c][h] -= 1;
             let (tx, ms) = (tx.clone(), g.services[s].ms);
+            let (dir, name, last) = (
+                host_dir(c, h),
+                g.services[s].name.clone(),
+                steps_left[c][h] == 0,
+            );
             std::thread::spawn(move || {
-                for m in ms {
+                for (i, m) in ms.into_iter().enumerate() {
+                    let mut text = format!("sleep {}", secs(m));
+                    // After `start` and `check` (the last stage), as `deploy` writes them.
+                    if let (Some(dir), true) = (&dir, i > 0) {
+                        text.push_str(&floor_write(dir, &name, last && i == 2));
+                    }
                     let ok = Command::new("/bin/sh")
-                        .args(["-c", &format!("sleep {}", secs(m))])
+                        .args(["-c", &text])
                         .stdin(Stdio::null())
                         .status()
                         .is_ok_and(|st| st.success());
-                    assert!(ok, "sleep fails");
+                    assert!(ok, "the floor's hook fails: {text}");
                 }
                 let _ = tx.send((s, h));
             });
@@ -974,6 +1054,9 @@ struct Measured {
     /// Median of the minimal scheduler's runs ([`floor_run`]).
     floor: f64,
     floor_cpu: f64,
+    /// Median of the minimal scheduler's runs that also lock and record state
+    /// ([`Keep::State`]).
+    floor_state: f64,
     runs: Vec<Run>,
     /// The run of median wall time, analysed.
     analysis: Analysis,
@@ -1045,23 +1128,28 @@ fn main() {
         );
         let warm = apply(&deploy, &dir, tick, "warm-up");
         eprintln!("graph: {} warm-up: {:.2} s", variant.name(), warm.wall);
-        floor_run(&g, &layout, &order, tick);
-        let (mut runs, mut floors) = (Vec::new(), Vec::new());
+        let kept = dir.join("floor-hosts");
+        floor_run(&g, &layout, &order, tick, Keep::Nothing);
+        floor_run(&g, &layout, &order, tick, Keep::State(&kept));
+        let (mut runs, mut floors, mut stated) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..args.runs {
             let run = apply(&deploy, &dir, tick, &format!("run{}", r + 1));
-            let floor = floor_run(&g, &layout, &order, tick);
+            let floor = floor_run(&g, &layout, &order, tick, Keep::Nothing);
+            let state = floor_run(&g, &layout, &order, tick, Keep::State(&kept));
             eprintln!(
-                "graph: {} run {}: {:.2} s (CPU {:.2} s, `deploy` itself {:.2} s, load {:.2}); floor {:.2} s",
+                "graph: {} run {}: {:.2} s (CPU {:.2} s, `deploy` itself {:.2} s, load {:.2}); floor {:.2} s, with lock and state {:.2} s",
                 variant.name(),
                 r + 1,
                 run.wall,
                 run.cpu,
                 run.own,
                 run.load,
-                floor.0
+                floor.0,
+                state.0
             );
             runs.push(run);
             floors.push(floor);
+            stated.push(state.0);
         }
         let mut by_wall: Vec<usize> = (0..runs.len()).collect();
         by_wall.sort_by(|&a, &b| runs[a].wall.total_cmp(&runs[b].wall));
@@ -1078,6 +1166,7 @@ fn main() {
             busiest: layout.busiest(&g) as f64 / 1000.0,
             floor: median(floors.iter().map(|f| f.0).collect()),
             floor_cpu: median(floors.iter().map(|f| f.1).collect()),
+            floor_state: median(stated),
             runs,
             analysis,
         });
@@ -1139,15 +1228,15 @@ fn report(
     )
     .unwrap();
     w.push_str(
-        "| layout | services | depth | classes | hosts | steps | critical path | bound | Drover, median (each run) | ratio (target ≤ 1.1) | floor: minimal scheduler, bare `sh -c` hooks | floor ratio |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n",
+        "| layout | services | depth | classes | hosts | steps | critical path | bound | Drover, median (each run) | ratio (target ≤ 1.1) | floor: minimal scheduler, bare `sh -c` hooks | floor ratio | floor with lock and state | its ratio |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in results {
         let walls: Vec<f64> = r.runs.iter().map(|x| x.wall).collect();
         let wall = median(walls.clone());
         writeln!(
             w,
-            "| {} ({}) | {} | {} | {} | {} | {} | {:.2} s | {:.2} s | {:.2} s ({}) | **{:.2}** | {:.2} s | {:.2} |",
+            "| {} ({}) | {} | {} | {} | {} | {} | {:.2} s | {:.2} s | {:.2} s ({}) | **{:.2}** | {:.2} s | {:.2} | {:.2} s | {:.2} |",
             r.variant.name(),
             r.variant.describe(),
             r.services,
@@ -1162,6 +1251,8 @@ fn report(
             wall / r.bound,
             r.floor,
             r.floor / r.bound,
+            r.floor_state,
+            r.floor_state / r.bound,
         )
         .unwrap();
     }
