@@ -3,7 +3,7 @@
 use clap::Parser;
 use drover::cli::{self, Cli};
 use drover::report::{render_diagnostic, Style};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -12,7 +12,9 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
             let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            eprint!(
+            // Not `eprint!`: a closed stderr must not turn the error into a panic.
+            let _ = write!(
+                std::io::stderr(),
                 "{}",
                 render_diagnostic(
                     &error,

@@ -275,3 +275,26 @@ fn the_example_site_is_valid() {
     assert_eq!(run.code, OK, "{}", run.stderr);
     assert!(run.stderr.is_empty());
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_check_and_graph_quietly() {
+    // `deploy check SITE | head -1`: the pipe closes before anything is written. A failed
+    // write was a panic ("failed printing to stdout"), exit 101.
+    for args in [
+        ["check", "sites/webshop.kdl"],
+        ["graph", "sites/webshop.kdl"],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run deploy");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("deploy ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(OK), "deploy {args:?}: {stderr}");
+        assert!(stderr.is_empty(), "deploy {args:?}: {stderr}");
+    }
+}

@@ -44,18 +44,55 @@ impl Running {
         }
     }
 
+    /// Started as from a terminal that then goes away: its output goes to pipes whose reading
+    /// ends are closed at once, so every write fails (`EPIPE`), as writes to a hung-up
+    /// terminal fail (`EIO`). With `nohup`, started by `nohup` (SIGHUP ignored).
+    fn start_hung_up(shop: &Shop, args: &[&str], nohup: bool) -> Running {
+        let deploy = env!("CARGO_BIN_EXE_deploy");
+        let mut command = match nohup {
+            true => Command::new("nohup"),
+            false => Command::new(deploy),
+        };
+        if nohup {
+            command.arg(deploy);
+        }
+        let mut child = command
+            .args(args)
+            .current_dir(&shop.fleet.dir)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run deploy");
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let nowhere = shop.fleet.dir.join("nowhere");
+        Running {
+            child,
+            out: nowhere.clone(),
+            err: nowhere,
+            started: Instant::now(),
+        }
+    }
+
     fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// `kill -INT PID`, as an operator's Ctrl-C reaches `deploy`.
-    fn interrupt(&self) {
+    /// `kill -<signal> PID`.
+    fn signal(&self, signal: &str) {
         let ok = Command::new("kill")
-            .args(["-INT", &self.pid().to_string()])
+            .args([&format!("-{signal}"), &self.pid().to_string()])
             .status()
             .unwrap()
             .success();
-        assert!(ok, "kill -INT");
+        assert!(ok, "kill -{signal}");
+    }
+
+    /// `kill -INT PID`, as an operator's Ctrl-C reaches `deploy`.
+    fn interrupt(&self) {
+        self.signal("INT");
     }
 
     /// Waits for the exit (at most `limit`); returns its code and how long the run took.
@@ -346,6 +383,83 @@ fn ctrl_c_lets_running_steps_finish_and_apply_carries_on_without_redoing_anythin
     let status = status_json(&shop, &site);
     assert!(status["unfinished_run"].is_null(), "{status}");
     assert_eq!(status["converged"], 12);
+}
+
+/// The runs journaled under `.drover/runs`, oldest first.
+fn runs(shop: &Shop) -> Vec<String> {
+    let mut runs: Vec<String> = std::fs::read_dir(shop.fleet.dir.join(".drover/runs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    runs.sort();
+    runs
+}
+
+#[test]
+fn a_hangup_stops_the_run_as_ctrl_c_does_and_a_dead_terminal_loses_nothing() {
+    let shop = Shop::start();
+    let site = site_with_pauses(&shop, &Spec::default());
+    for h in ["app1", "app2"] {
+        pause(&shop, h, "api", "install", "1.5");
+    }
+    // Every line it prints (the plan, progress, the summary) fails to be written.
+    let run = Running::start_hung_up(&shop, &["apply", &site, "--yes"], false);
+    wait_until("app1 and app2 install api", Duration::from_secs(60), || {
+        ["app1", "app2"]
+            .iter()
+            .all(|h| whats(&shop, h).contains(&"install".to_string()))
+    });
+    run.signal("HUP");
+    // Not killed by the signal, not a panic on a failed write (101): stopped, exit 130.
+    let (code, _, _) = run.wait(Duration::from_secs(60));
+    assert_eq!(code, 130);
+
+    // As after one Ctrl-C: the steps in flight finished and were recorded, nothing else began.
+    for h in ["db1", "db2", "db3", "app1", "app2"] {
+        assert_eq!(whats(&shop, h), ["install", "start", "checked"], "{h}");
+        assert_eq!(record(&shop, h), ok_at("1.0"), "{h}");
+    }
+    for h in ["app3", "app4", "app5", "app6", "lb1", "lb2", "lb3"] {
+        assert!(whats(&shop, h).is_empty(), "{h} was started");
+        assert!(!has_state(&shop, h), "{h} has a state file");
+    }
+    let first = runs(&shop).pop().expect("a journaled run");
+    let j = journal(&shop, &first);
+    let stopped = entries(&j, "interrupted");
+    assert_eq!(stopped.len(), 1);
+    assert_eq!(stopped[0]["reason"], "SIGHUP");
+    assert_eq!(stopped[0]["abort"], false);
+    assert_eq!(entries(&j, "run-finished")[0]["interrupted"], true);
+    // Every lock was given back: no host and no controller lock is left.
+    for h in shop.fleet.names() {
+        let lock = shop.fleet.host_root(h).join("var-lib/drover/lock");
+        assert!(!lock.exists(), "{h} is still locked");
+    }
+
+    // The next apply carries on from there. Started under `nohup`, a hangup leaves it going.
+    for h in ["app1", "app2"] {
+        unpause(&shop, h, "api", "install");
+    }
+    pause(&shop, "app3", "api", "install", "1.5");
+    let run = Running::start_hung_up(&shop, &["apply", &site, "--yes"], true);
+    wait_until("app3 installs api", Duration::from_secs(60), || {
+        whats(&shop, "app3").contains(&"install".to_string())
+    });
+    run.signal("HUP");
+    let (code, _, _) = run.wait(Duration::from_secs(60));
+    assert_eq!(code, 0);
+    for h in shop.fleet.names() {
+        assert_eq!(whats(&shop, h), ["install", "start", "checked"], "{h}");
+        assert_eq!(record(&shop, h), ok_at("1.0"), "{h}");
+    }
+    let second = runs(&shop).pop().expect("a second run");
+    assert_ne!(second, first);
+    assert_eq!(
+        entries(&journal(&shop, &second), "run-started")[0]["resumes"],
+        first.as_str()
+    );
 }
 
 /// The pid at the end of a run id (`<time>-<pid>`).

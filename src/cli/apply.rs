@@ -25,13 +25,13 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     let secrets = Arc::new(crate::secrets::Secrets::load(&site)?);
     let steps = plan.steps();
     if !args.json {
-        print!("{}", report::plan_text(&plan));
+        out!("{}", report::plan_text(&plan));
     }
     let unreachable = plan.hosts.iter().filter(|h| !h.observed.known()).count();
     if steps == 0 {
         session.nothing_to_do(unreachable == 0);
         if !args.json {
-            println!("Nothing to change.");
+            outln!("Nothing to change.");
         }
         return Ok(if unreachable > 0 {
             code::FAILED
@@ -69,7 +69,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     let summary = session.block_on(rollout::run(rollout));
     if !args.json {
         for (host, service, log) in &summary.failures {
-            eprintln!("failed: {service} on {host}, log: {log}");
+            errln!("failed: {service} on {host}, log: {log}");
         }
     }
     if let Some(code) = session.finish(&summary) {
@@ -194,7 +194,7 @@ fn confirm(args: &ApplyArgs, plan: &Plan) -> Result<(), Error> {
 }
 
 fn ask(question: &str) -> bool {
-    eprint!("{question} [y/N] ");
+    err!("{question} [y/N] ");
     let _ = std::io::stderr().flush();
     let answer = super::recovery::read_answer();
     matches!(answer.trim(), "y" | "Y" | "yes")

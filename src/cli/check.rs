@@ -10,7 +10,7 @@ pub fn run(path: &Path) -> Result<u8, Error> {
         crate::site::InventorySpec::Static { hosts } => format!("{} hosts", hosts.len()),
         _ => "hosts resolved when planning".to_string(),
     };
-    println!(
+    outln!(
         "{}: ok — site {}, {} classes, {} services, {hosts}",
         path.display(),
         site.name,

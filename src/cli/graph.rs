@@ -10,6 +10,6 @@ pub fn run(path: &Path, format: GraphFormat) -> Result<u8, Error> {
         GraphFormat::Text => report::graph_text(&site),
         GraphFormat::Dot => report::graph_dot(&site),
     };
-    print!("{text}");
+    out!("{text}");
     Ok(code::OK)
 }

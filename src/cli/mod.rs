@@ -1,5 +1,21 @@
 //! Command-line arguments, and which stages each subcommand connects. No orchestration here.
 
+/// `print!`, `println!`, `eprint!` and `eprintln!` that never panic: a terminal that hung up
+/// or a pipe closed early (`deploy plan | head`) must not end a command, least of all an
+/// `apply` that is still recording its hosts' state. What cannot be written is dropped.
+macro_rules! out {
+    ($($t:tt)*) => {{ use std::io::Write as _; let _ = write!(std::io::stdout(), $($t)*); }};
+}
+macro_rules! outln {
+    ($($t:tt)*) => {{ use std::io::Write as _; let _ = writeln!(std::io::stdout(), $($t)*); }};
+}
+macro_rules! err {
+    ($($t:tt)*) => {{ use std::io::Write as _; let _ = write!(std::io::stderr(), $($t)*); }};
+}
+macro_rules! errln {
+    ($($t:tt)*) => {{ use std::io::Write as _; let _ = writeln!(std::io::stderr(), $($t)*); }};
+}
+
 mod apply;
 mod check;
 mod graph;
@@ -245,7 +261,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 fn resolve(site: &crate::site::Site) -> Result<crate::inventory::Hosts, Error> {
     let hosts = crate::inventory::resolve(site)?;
     for w in &hosts.warnings {
-        eprintln!("warning: {w}");
+        errln!("warning: {w}");
     }
     Ok(hosts)
 }

@@ -3,10 +3,13 @@
 //! this: it is told to stop through a [`Cancel`] handle and emits events, which the journal
 //! records.
 //!
-//! - **Signals**: from the start of `apply`, SIGINT and SIGTERM no longer kill `deploy`. The
-//!   first one stops the run from starting new steps (running ones finish, everything is
-//!   recorded, exit 130); the second aborts the running steps (their hooks' process groups
-//!   are killed on the hosts, the steps recorded as interrupted); a third exits at once.
+//! - **Signals**: from the start of `apply`, SIGINT, SIGTERM and SIGHUP no longer kill
+//!   `deploy`. The first one stops the run from starting new steps (running ones finish,
+//!   everything is recorded, exit 130); the second aborts the running steps (their hooks'
+//!   process groups are killed on the hosts, the steps recorded as interrupted); a third exits
+//!   at once. SIGHUP is the terminal going away (an SSH session to a jump host that drops):
+//!   what `deploy` then prints is dropped ([`crate::cli`]'s `out!`), what it records is not.
+//!   Started with SIGHUP ignored (`nohup`), it leaves SIGHUP ignored and carries on.
 //! - **Locks**: `.drover/locks/<site>.lock` on the controller, then `<state-dir>/lock` on every
 //!   host of the site ([`crate::state::lock`]), both taken before any host's state is read and
 //!   released when `apply` ends, however it ends (but a third signal).
@@ -59,19 +62,37 @@ pub struct Session {
     transport: OnceLock<RunTransport>,
 }
 
+/// Whether this process was started with SIGHUP ignored (`nohup deploy apply …`): the
+/// `SigIgn` mask of `/proc/self/status`, whose lowest bit is SIGHUP. Where there is no `/proc`
+/// (macOS), `false`: a hangup then stops the run.
+fn hangup_ignored() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & 1 == 1)
+}
+
 impl Session {
-    /// Takes SIGINT and SIGTERM over; nothing is locked yet.
+    /// Takes SIGINT, SIGTERM and SIGHUP over; nothing is locked yet.
     pub fn begin(args: &ApplyArgs) -> Result<Session, Error> {
         let runtime = super::runtime()?;
         let cancel = INTERRUPTS.get_or_init(Cancel::new).clone();
         let signals = cancel.clone();
         // Registered before returning: from here on a signal does not kill the process.
-        let (mut int, mut term) = runtime
+        let (mut int, mut term, mut hup) = runtime
             .block_on(async {
                 use tokio::signal::unix::{signal, SignalKind};
+                // Under `nohup` a hangup stays ignored: the run goes on after the terminal.
+                let hup = match hangup_ignored() {
+                    true => None,
+                    false => Some(signal(SignalKind::hangup())?),
+                };
                 Ok::<_, std::io::Error>((
                     signal(SignalKind::interrupt())?,
                     signal(SignalKind::terminate())?,
+                    hup,
                 ))
             })
             .map_err(Error::Runtime)?;
@@ -80,9 +101,10 @@ impl Session {
                 let name = tokio::select! {
                     _ = int.recv() => "SIGINT",
                     _ = term.recv() => "SIGTERM",
+                    Some(_) = async { hup.as_mut()?.recv().await } => "SIGHUP",
                 };
                 if signals.aborting() {
-                    eprintln!("{name} a third time: exiting now, without recording anything more");
+                    errln!("{name} a third time: exiting now, without recording anything more");
                     std::process::exit(i32::from(code::INTERRUPTED));
                 }
                 signals.escalate(name);
@@ -122,7 +144,7 @@ impl Session {
     /// `Some(130)` if a signal came before the rollout started (nothing was changed).
     pub fn interrupted(&self) -> Option<u8> {
         self.stopping().then(|| {
-            eprintln!("interrupted before anything was changed");
+            errln!("interrupted before anything was changed");
             code::INTERRUPTED
         })
     }
@@ -220,7 +242,7 @@ impl Session {
         report_broken(&taken.broken);
         if !taken.unreachable.is_empty() {
             let names: Vec<&str> = taken.unreachable.iter().map(|(h, _)| h.as_str()).collect();
-            eprintln!(
+            errln!(
                 "warning: not locked, since they do not answer: {}",
                 names.join(", ")
             );
@@ -265,18 +287,16 @@ impl Session {
             Ok(Some(rec)) => rec,
             Ok(None) => return,
             Err(e) => {
-                eprintln!(
+                errln!(
                     "warning: the unfinished run of {} cannot be read: {e}",
                     site.name
                 );
                 return;
             }
         };
-        eprintln!("carrying on: run {}", rec.describe());
+        errln!("carrying on: run {}", rec.describe());
         if rec.site_digest.as_deref().is_some_and(|d| d != site.digest) {
-            eprintln!(
-                "note: the site files changed since that run started; the new site is applied"
-            );
+            errln!("note: the site files changed since that run started; the new site is applied");
         }
         let Some(holder) = rec
             .holder
@@ -309,15 +329,16 @@ impl Session {
             });
             match killed {
                 Some(0) => {}
-                Some(n) => eprintln!(
+                Some(n) => errln!(
                     "stopped {n} hook{} that run {} left running on {}",
                     if n == 1 { "" } else { "s" },
                     rec.run,
                     target.name
                 ),
-                None => eprintln!(
+                None => errln!(
                     "warning: could not check {} for hooks run {} left running",
-                    target.name, rec.run
+                    target.name,
+                    rec.run
                 ),
             }
         }
@@ -348,7 +369,7 @@ impl Session {
         if let (Some(rec), true) = (resumed, every_host_answered) {
             let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
             if journal::clear_unfinished(&self.root, &site).is_ok() {
-                eprintln!("run {} has nothing left to do: it is finished", rec.run);
+                errln!("run {} has nothing left to do: it is finished", rec.run);
             }
         }
     }
@@ -404,18 +425,18 @@ impl Session {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(error) = journaled.as_ref().and_then(|j| j.error()) {
-            eprintln!("error: {error}; the run stopped starting steps");
+            errln!("error: {error}; the run stopped starting steps");
             return Some(code::ENVIRONMENT);
         }
         let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if self.cancel.level() == Level::Running {
             if let Err(e) = journal::clear_unfinished(&self.root, &site) {
-                eprintln!("warning: cannot mark the run finished: {e}");
+                errln!("warning: cannot mark the run finished: {e}");
             }
             return None;
         }
         let journal = journaled.map(|j| j.path().display().to_string());
-        eprintln!(
+        errln!(
             "interrupted: {} ok, {} failed, {} not started; journal {}. Run `deploy apply` \
              again to carry on; `deploy status` shows where it stopped.",
             summary.succeeded,
@@ -451,7 +472,7 @@ impl Drop for Session {
             if let Err(LockError::Failed { reason, .. } | LockError::Held { place: reason, .. }) =
                 self.runtime.block_on(fleet.release(&held.holder))
             {
-                eprintln!(
+                errln!(
                     "warning: the site's lock is left behind: {reason}; the next `deploy apply` \
                      from this machine takes it over"
                 );
@@ -462,7 +483,7 @@ impl Drop for Session {
         }
         if let Some(file) = held.file {
             if let Err(e) = self.runtime.block_on(file.release(&held.holder)) {
-                eprintln!("warning: {e}");
+                errln!("warning: {e}");
             }
         }
     }
@@ -473,7 +494,7 @@ pub fn unfinished(site: &str) -> Option<RunRecord> {
     match journal::unfinished(Path::new(CONTROLLER_DIR), site) {
         Ok(rec) => rec,
         Err(e) => {
-            eprintln!("warning: the unfinished run of {site} cannot be read: {e}");
+            errln!("warning: the unfinished run of {site} cannot be read: {e}");
             None
         }
     }
@@ -512,9 +533,9 @@ fn report_broken(broken: &[Broken]) {
             places.join(", ")
         };
         if stale {
-            eprintln!("took over {whose}: its process is gone ({places})");
+            errln!("took over {whose}: its process is gone ({places})");
         } else {
-            eprintln!("--break-lock: broke {whose} ({places})");
+            errln!("--break-lock: broke {whose} ({places})");
         }
     }
 }
@@ -535,7 +556,7 @@ pub fn read_answer() -> String {
     });
     loop {
         if cancel.stopping() {
-            eprintln!();
+            errln!();
             return String::new();
         }
         match rx.recv_timeout(Duration::from_millis(100)) {

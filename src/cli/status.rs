@@ -14,12 +14,12 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     let mut status = state::status(&site, &hosts, &observed);
     status.unfinished_run = super::recovery::unfinished(&site.name);
     if args.site.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&status).unwrap_or_default()
         );
     } else {
-        print!("{}", report::status_text(&status));
+        out!("{}", report::status_text(&status));
     }
     Ok(code::OK)
 }

@@ -46,17 +46,17 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     problems.dedup();
     if args.json {
         let out = serde_json::json!({ "schema": 1, "ok": problems.is_empty(), "problems": problems, "checks": checks });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else if problems.is_empty() {
-        println!(
+        outln!(
             "verified: {} host services at their desired version, {} checks passed",
             status.total,
             checks.len()
         );
     } else {
-        println!("{} problems:", problems.len());
+        outln!("{} problems:", problems.len());
         for p in &problems {
-            println!("  {p}");
+            outln!("  {p}");
         }
     }
     Ok(if problems.is_empty() {
