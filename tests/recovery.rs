@@ -283,6 +283,28 @@ fn hostname() -> String {
         .to_string()
 }
 
+/// Waits until api's first wave (app1, app2, paused in `install`) is installing.
+fn wait_for_apis_first_wave(shop: &Shop) {
+    wait_until("app1 and app2 install api", Duration::from_secs(60), || {
+        ["app1", "app2"]
+            .iter()
+            .all(|h| whats(shop, h).contains(&"install".to_string()))
+    });
+}
+
+/// After a stop during api's first wave: the steps in flight (db's, api's first wave) finished
+/// and were recorded at 1.0; nothing else started.
+fn assert_stopped_after_apis_first_wave(shop: &Shop) {
+    for h in ["db1", "db2", "db3", "app1", "app2"] {
+        assert_eq!(whats(shop, h), ["install", "start", "checked"], "{h}");
+        assert_eq!(record(shop, h), ok_at("1.0"), "{h}");
+    }
+    for h in ["app3", "app4", "app5", "app6", "lb1", "lb2", "lb3"] {
+        assert!(whats(shop, h).is_empty(), "{h} was started");
+        assert!(!has_state(shop, h), "{h} has a state file");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // (a) Ctrl-C once, then carry on
 
@@ -295,11 +317,7 @@ fn ctrl_c_lets_running_steps_finish_and_apply_carries_on_without_redoing_anythin
         pause(&shop, h, "api", "install", "1.5");
     }
     let run = Running::start(&shop, &["apply", &site, "--yes"]);
-    wait_until("app1 and app2 install api", Duration::from_secs(60), || {
-        ["app1", "app2"]
-            .iter()
-            .all(|h| whats(&shop, h).contains(&"install".to_string()))
-    });
+    wait_for_apis_first_wave(&shop);
     run.interrupt();
     let (code, _, stderr) = run.wait(Duration::from_secs(60));
     assert_eq!(code, 130, "{stderr}");
@@ -310,14 +328,7 @@ fn ctrl_c_lets_running_steps_finish_and_apply_carries_on_without_redoing_anythin
     let first = run_id(&stderr);
 
     // The steps in flight finished; nothing else started.
-    for h in ["db1", "db2", "db3", "app1", "app2"] {
-        assert_eq!(whats(&shop, h), ["install", "start", "checked"], "{h}");
-        assert_eq!(record(&shop, h), ok_at("1.0"), "{h}");
-    }
-    for h in ["app3", "app4", "app5", "app6", "lb1", "lb2", "lb3"] {
-        assert!(whats(&shop, h).is_empty(), "{h} was started");
-        assert!(!has_state(&shop, h), "{h} has a state file");
-    }
+    assert_stopped_after_apis_first_wave(&shop);
 
     // The journal and the status tell where it stopped.
     let j = journal(&shop, &first);
@@ -406,25 +417,14 @@ fn a_hangup_stops_the_run_as_ctrl_c_does_and_a_dead_terminal_loses_nothing() {
     }
     // Every line it prints (the plan, progress, the summary) fails to be written.
     let run = Running::start_hung_up(&shop, &["apply", &site, "--yes"], false);
-    wait_until("app1 and app2 install api", Duration::from_secs(60), || {
-        ["app1", "app2"]
-            .iter()
-            .all(|h| whats(&shop, h).contains(&"install".to_string()))
-    });
+    wait_for_apis_first_wave(&shop);
     run.signal("HUP");
     // Not killed by the signal, not a panic on a failed write (101): stopped, exit 130.
     let (code, _, _) = run.wait(Duration::from_secs(60));
     assert_eq!(code, 130);
 
-    // As after one Ctrl-C: the steps in flight finished and were recorded, nothing else began.
-    for h in ["db1", "db2", "db3", "app1", "app2"] {
-        assert_eq!(whats(&shop, h), ["install", "start", "checked"], "{h}");
-        assert_eq!(record(&shop, h), ok_at("1.0"), "{h}");
-    }
-    for h in ["app3", "app4", "app5", "app6", "lb1", "lb2", "lb3"] {
-        assert!(whats(&shop, h).is_empty(), "{h} was started");
-        assert!(!has_state(&shop, h), "{h} has a state file");
-    }
+    // As after one Ctrl-C.
+    assert_stopped_after_apis_first_wave(&shop);
     let first = runs(&shop).pop().expect("a journaled run");
     let j = journal(&shop, &first);
     let stopped = entries(&j, "interrupted");
