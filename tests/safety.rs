@@ -164,8 +164,15 @@ service "api" {
     let out = deploy(&fleet, &["apply", &site, "--yes"]);
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
+    // Timed out, and killed with its group though the hook's shell had ended.
     assert!(all.contains("start timed out after 2s"), "{all}");
-    let _ = fleet.ssh("app1", "kill $(cat /srv/child)");
+    assert!(!all.contains("could not kill it"), "{all}");
+    let ps = fleet.ssh("app1", "ps -e -o args= | grep -c '^sleep 300' || true");
+    assert_eq!(
+        String::from_utf8_lossy(&ps.stdout).trim(),
+        "0",
+        "the process the hook left was killed"
+    );
     // The same hook with its process's output sent elsewhere passes at once.
     let body = body.replace("sleep 300 &", "sleep 300 >/dev/null 2>&1 &");
     let site = write_site(

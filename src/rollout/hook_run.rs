@@ -4,18 +4,23 @@
 //!
 //! The script a hook runs as (one line; `F` is this run's pid file on the host,
 //! `<state-dir>/hooks/<controller pid>-<controller start>.pid`, one per run and host since a
-//! host runs one hook at a time):
+//! host runs one hook at a time; `N` numbers the hook among all this process runs):
 //!
 //! ```text
-//! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null; trap ': >F' EXIT;
-//! { echo $$ >F; } 2>/dev/null; [eval "$(cat)" || exit 125; exec </dev/null;]
+//! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null;
+//! trap 'echo "$$ N ended" >F' EXIT; { echo "$$ N" >F; } 2>/dev/null;
+//! [eval "$(cat)" || exit 125; exec </dev/null;]
 //! DEPLOY_…='…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
 //! ```
 //!
 //! `deploy apply` takes the host's lock first, and that makes `D/hooks`: the test in front
 //! only makes it for a hook run without that lock, so a host's first hook starts no `mkdir`.
-//! The pid file is emptied, not removed, when the hook ends (no `rm` process per hook); the
-//! lock's release at the end of the run removes it ([`crate::state::lock`]).
+//! When the hook's shell ends, the pid file is marked `ended`, not removed (no `rm` process
+//! per hook); the lock's release at the end of the run removes it ([`crate::state::lock`]).
+//! A hook may end while a process it started in the background still holds its output: the
+//! command has then not ended ([`Link`]), and if it outlives its timeout, [`kill_script`]
+//! still finds its group by `N`. An abort ([`super::interrupt`]) kills only groups not marked
+//! `ended`, since it cannot tell a group that still runs from one that is gone.
 //!
 //! The shell running it leads a process group of its own (see [`Link`]), so `$$` is the
 //! group's id. On timeout the controller runs [`kill_script`] over the same link: `TERM` to the
@@ -24,6 +29,7 @@
 
 use crate::secrets::Secrets;
 use crate::transport::{env_prefix, quote, Link, Output, TransportError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -85,13 +91,18 @@ impl Ran {
 
 /// Runs the hook; on timeout, kills its process group.
 pub async fn run<L: Link>(link: &L, call: &Call<'_>) -> Ran {
+    static HOOKS: AtomicU64 = AtomicU64::new(1);
+    let number = HOOKS.fetch_add(1, Ordering::Relaxed);
     let pid_file = pid_file(call.state_dir);
     let input = call.secrets.input(call.service);
     let mut script = script(
         call.env,
         call.command,
         call.state_dir,
-        &pid_file,
+        &Recorded {
+            file: &pid_file,
+            number,
+        },
         input.is_some(),
     );
     if let Some(then) = call.then {
@@ -107,7 +118,7 @@ pub async fn run<L: Link>(link: &L, call: &Call<'_>) -> Ran {
         Some(t) => match tokio::time::timeout(t, run).await {
             Ok(result) => result,
             Err(_) => {
-                let killed = kill(link, &pid_file).await;
+                let killed = kill(link, &pid_file, number).await;
                 return Ran::TimedOut { after: t, killed };
             }
         },
@@ -154,20 +165,26 @@ pub fn pid_file(state_dir: &str) -> String {
     )
 }
 
+/// Where a hook records its process group: the run's pid file, and the hook's number in it.
+pub struct Recorded<'a> {
+    pub file: &'a str,
+    pub number: u64,
+}
+
 /// The script a hook runs as (see the module's documentation). It ends with the hook itself,
 /// `env … /bin/sh -c '<hook>'`.
 pub fn script(
     env: &[(String, String)],
     command: &str,
     state_dir: &str,
-    pid_file: &str,
+    pid: &Recorded,
     stdin_secrets: bool,
 ) -> String {
     let dir = quote(&crate::state::lock::hooks_dir(state_dir));
-    let file = quote(pid_file);
+    let (file, n) = (quote(pid.file), pid.number);
     let mut out = format!(
-        "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ echo $$ >{file}; }} 2>/dev/null; ",
-        quote(&format!("{{ : >{file}; }} 2>/dev/null"))
+        "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ echo \"$$ {n}\" >{file}; }} 2>/dev/null; ",
+        quote(&format!("{{ echo \"$$ {n} ended\" >{file}; }} 2>/dev/null"))
     );
     if stdin_secrets {
         out.push_str("eval \"$(cat)\" || exit 125; exec </dev/null; ");
@@ -184,13 +201,17 @@ pub fn followed_by(then: &str) -> String {
     )
 }
 
-/// Kills the process group recorded in `pid_file`: `TERM`, up to a second for it to go, then
-/// `KILL`. Waits up to two seconds for the file (a hook that timed out before it even
-/// started). Never signals group 0 or 1.
-pub fn kill_script(pid_file: &str) -> String {
+/// Kills the process group that hook `number` recorded in `pid_file`, even once its shell has
+/// ended (a process it left may hold its output, so its command has not ended): `TERM`, up to
+/// a second for it to go, then `KILL`. Waits up to two seconds for the hook to record itself
+/// (one that timed out before it even started); another hook's group is never signalled, nor
+/// group 0 or 1. The file is read by the shell's `read`, without a process.
+pub fn kill_script(pid_file: &str, number: u64) -> String {
     format!(
-        "f={}; i=0; while [ ! -s \"$f\" ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done; \
-         p=$(cat \"$f\" 2>/dev/null); rm -f \"$f\"; \
+        "f={}; i=0; while :; do p=; n=; {{ read -r p n e <\"$f\"; }} 2>/dev/null; \
+         [ \"$n\" = {number} ] && break; \
+         [ $i -ge 20 ] && {{ echo 'no process group recorded' >&2; exit 3; }}; \
+         sleep 0.1; i=$((i+1)); done; rm -f \"$f\"; \
          case $p in ''|*[!0-9]*|0|1) echo 'no process group recorded' >&2; exit 3;; esac; \
          kill -TERM \"-$p\" 2>/dev/null || exit 0; \
          i=0; while kill -0 \"-$p\" 2>/dev/null && [ $i -lt 10 ]; do sleep 0.1; i=$((i+1)); done; \
@@ -199,8 +220,8 @@ pub fn kill_script(pid_file: &str) -> String {
     )
 }
 
-async fn kill<L: Link>(link: &L, pid_file: &str) -> Result<(), String> {
-    match link.run(&kill_script(pid_file)).await {
+async fn kill<L: Link>(link: &L, pid_file: &str, number: u64) -> Result<(), String> {
+    match link.run(&kill_script(pid_file, number)).await {
         Ok(out) if out.success() => Ok(()),
         Ok(out) => Err(format!(
             "could not kill it: {}",
@@ -218,7 +239,12 @@ mod tests {
     fn run(hook: &str, then: &str) -> Output {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().display().to_string();
-        let mut text = script(&[], hook, &state, &pid_file(&state), false);
+        let file = pid_file(&state);
+        let pid = Recorded {
+            file: &file,
+            number: 1,
+        };
+        let mut text = script(&[], hook, &state, &pid, false);
         text.push_str(&followed_by(then));
         let out = std::process::Command::new("/bin/sh")
             .arg("-c")

@@ -14,13 +14,15 @@ use crate::transport::{quote, Link};
 use std::time::{Duration, Instant};
 
 /// Kills every hook process group recorded on the host by controller process `pid`, removes
-/// their pid files, and prints how many groups it signalled.
+/// their pid files, and prints how many groups it signalled. A group marked `ended` (its
+/// hook's shell is gone, `hook_run.rs`) is left: it may be gone too, and its id reused.
 pub fn kill_script(state_dir: &str, pid: u32) -> String {
     format!(
         r#"d={d}; n=0; live=
 for f in "$d"/{pid}-*.pid; do
   [ -f "$f" ] || continue
-  p=$(cat "$f" 2>/dev/null); rm -f "$f"
+  p=; e=; {{ read -r p _k e <"$f"; }} 2>/dev/null; rm -f "$f"
+  [ -z "$e" ] || continue
   case $p in ''|*[!0-9]*|0|1) continue;; esac
   kill -s TERM -- "-$p" 2>/dev/null && {{ n=$((n+1)); live="$live $p"; }}
 done
@@ -126,15 +128,18 @@ mod tests {
         let state = dir.path().join("st ate");
         std::fs::create_dir_all(state.join("hooks")).unwrap();
         let state = state.display().to_string();
-        // Two hooks as hook_run.rs runs them: pid file of the group, a child, then a wait.
-        let spawn = |file: &str| {
+        // Hooks as hook_run.rs runs them: pid file of the group (its id, the hook's number), a
+        // child, then a wait.
+        let spawn = |file: &str, mark: &str| {
             let script = format!(
-                "echo $$ > '{state}/hooks/{file}'; sleep 300 & echo $! > '{state}/{file}.child'; sleep 300"
+                "echo \"$$ 7{mark}\" > '{state}/hooks/{file}'; sleep 300 & echo $! > '{state}/{file}.child'; sleep 300"
             );
             sh(&script).spawn().expect("sh")
         };
-        let mut mine = spawn("4242-1-0.pid");
-        let mut other = spawn("4243-1-0.pid");
+        let mut mine = spawn("4242-1-0.pid", "");
+        let mut other = spawn("4243-1-0.pid", "");
+        // Marked ended (its shell gone, as far as the file says): left alone, not counted.
+        let mut ended = spawn("4242-2-0.pid", " ended");
         let t0 = Instant::now();
         let child = |file: &str| loop {
             if let Ok(p) = std::fs::read_to_string(format!("{state}/{file}.child")) {
@@ -146,6 +151,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         };
         let (mine_child, other_child) = (child("4242-1-0.pid"), child("4243-1-0.pid"));
+        let ended_child = child("4242-2-0.pid");
         let out = sh(&kill_script(&state, 4242)).output().expect("sh");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
         assert_eq!(mine.wait().unwrap().signal(), Some(15));
@@ -160,9 +166,13 @@ mod tests {
             "another controller's hook is left alone"
         );
         assert!(other.try_wait().unwrap().is_none());
+        assert!(alive(&ended_child), "a group marked ended is left alone");
         let out = sh(&kill_script(&state, 4242)).output().expect("sh");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
         let _ = sh(&kill_script(&state, 4243)).output();
         let _ = other.wait();
+        let group = format!("-{}", ended.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = ended.wait();
     }
 }

@@ -30,11 +30,14 @@ fn alive(pid: &str) -> bool {
         .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").starts_with(" Z"))
 }
 
-/// Pid files that name a process group: a hook's is emptied when it ends.
+/// Pid files that name a running process group: a hook's is marked `ended` when it ends.
 fn pid_files(host: &Path) -> usize {
     std::fs::read_dir(host.join(STATE_DIR).join("hooks")).map_or(0, |d| {
         d.flatten()
-            .filter(|f| f.metadata().is_ok_and(|m| m.len() > 0))
+            .filter(|f| {
+                std::fs::read_to_string(f.path())
+                    .is_ok_and(|t| !t.trim().is_empty() && !t.trim_end().ends_with(" ended"))
+            })
             .count()
     })
 }
@@ -72,7 +75,44 @@ async fn a_hook_that_hangs_is_killed_with_its_children() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(!alive(&child), "the hook's child {child} was killed too");
-    assert_eq!(pid_files(&host), 0, "the pid file is removed or emptied");
+    assert_eq!(
+        pid_files(&host),
+        0,
+        "the pid file is removed or marked ended"
+    );
+}
+
+#[tokio::test]
+async fn a_hook_whose_leftover_holds_its_output_is_killed_with_it_on_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = link(dir.path()).await;
+    let secrets = Secrets::none();
+    // The hook's shell ends at once; the process it leaves holds its output, so the command
+    // has not ended (as a session would not end) and the hook times out.
+    let call = Call {
+        env: &[],
+        command: "sleep 300 & echo $! > child",
+        state_dir: STATE_DIR,
+        service: "api",
+        secrets: &secrets,
+        timeout: Some(Duration::from_millis(500)),
+        then: None,
+    };
+    let Ran::TimedOut { killed, .. } = hook_run::run(&link, &call).await else {
+        panic!("the hook must time out");
+    };
+    assert_eq!(
+        killed,
+        Ok(()),
+        "its group is still found once its shell is gone"
+    );
+    let host = dir.path().join("h1");
+    let child = written(&host, "child").trim().to_string();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while alive(&child) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!alive(&child), "the leftover {child} was killed");
 }
 
 #[tokio::test]
@@ -127,13 +167,13 @@ async fn a_hook_that_ends_keeps_its_code_gets_its_secrets_and_leaves_nothing() {
 
 #[test]
 fn the_kill_script_never_signals_group_0_or_1() {
-    for bad in ["1", "0", "-1", "1 2", "x"] {
+    for bad in ["1 5", "0 5", "-1 5", "x 5", "1 5 ended"] {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("p.pid");
         std::fs::write(&f, bad).unwrap();
         let out = std::process::Command::new("/bin/sh")
             .arg("-c")
-            .arg(hook_run::kill_script(&f.display().to_string()))
+            .arg(hook_run::kill_script(&f.display().to_string(), 5))
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(3), "{bad:?}");
