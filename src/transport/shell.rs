@@ -47,6 +47,9 @@ pub enum ShellError {
     /// The shell cannot run commands here (it said so or ended before its first line); the
     /// command did not run and may be sent another way.
     Unavailable(String),
+    /// This command cannot go through the shell (input that is not text, a NUL byte); it did
+    /// not run and may be sent another way; the shell stays in step for the next one.
+    Unsuitable(String),
     /// The shell was lost while it ran the command.
     Lost(String),
 }
@@ -55,6 +58,7 @@ impl std::fmt::Display for ShellError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ShellError::Unavailable(why) => write!(f, "no shell kept on the host: {why}"),
+            ShellError::Unsuitable(why) => write!(f, "not for the kept shell: {why}"),
             ShellError::Lost(why) => write!(f, "the host's shell was lost: {why}"),
         }
     }
@@ -177,12 +181,12 @@ impl Shell {
                 std::str::from_utf8(bytes)
                     .ok()
                     .filter(|t| !t.contains('\0'))
-                    .ok_or_else(|| ShellError::Unavailable("input is not text".into()))?,
+                    .ok_or_else(|| ShellError::Unsuitable("input is not text".into()))?,
             ),
             None => None,
         };
         if script.contains('\0') {
-            return Err(ShellError::Unavailable("command holds a NUL byte".into()));
+            return Err(ShellError::Unsuitable("command holds a NUL byte".into()));
         }
         self.sent += 1;
         let mut text = match input {

@@ -172,6 +172,11 @@ impl SshLink {
                 drop(slot);
                 self.once(script, input).await
             }
+            // This command alone goes to a session; the shell stays for the next.
+            Err(ShellError::Unsuitable(_)) => {
+                drop(slot);
+                self.once(script, input).await
+            }
             Err(ShellError::Lost(reason)) => {
                 *slot = Slot::Idle;
                 Err(TransportError::Command {

@@ -122,6 +122,29 @@ async fn a_host_without_setsid_runs_nothing_and_says_so() {
 }
 
 #[tokio::test]
+async fn a_command_the_shell_cannot_carry_is_refused_unrun_and_the_shell_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sh = shell();
+    let marker = dir.path().join("ran");
+    let script = format!("cat > {}", marker.display());
+    for (script, input) in [
+        (script.as_str(), Some(&b"\xff\xfe not text"[..])),
+        (script.as_str(), Some(&b"a\0b"[..])),
+        ("echo a\0b", None),
+    ] {
+        match sh.run(script, input).await {
+            Err(ShellError::Unsuitable(_)) => {}
+            other => panic!("expected Unsuitable, got {:?}", other.map(|o| o.code)),
+        }
+        assert!(!sh.out_of_step());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!marker.exists(), "nothing was run");
+    let out = run(&mut sh, "echo still here").await;
+    assert_eq!(out.stdout, b"still here\n");
+}
+
+#[tokio::test]
 async fn a_command_cut_off_leaves_the_shell_out_of_step_and_a_lost_shell_is_an_error() {
     let mut sh = shell();
     assert!(!sh.out_of_step());
