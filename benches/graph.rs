@@ -28,7 +28,11 @@
 //! Without `--run` it prints how to run it and exits, so that `cargo test --benches` stays fast.
 //! The method and the latest figures are in `book/src/performance.md`.
 
+#[path = "common/stats.rs"]
+mod stats;
+
 use serde_json::Value;
+use stats::{load1, median};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
@@ -475,13 +479,6 @@ struct Run {
     events: Vec<Ev>,
 }
 
-fn load1() -> f64 {
-    fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 /// CPU seconds from a `/proc/PID/stat`: the process's own (`utime + stime`, all its threads)
 /// and its waited-for children's (`cutime + cstime`).
 fn cpu_of(stat: &str, tick: f64) -> (f64, f64) {
@@ -532,7 +529,7 @@ fn spawn_floor(dir: &Path) -> (f64, f64) {
                 assert!(ok, "the floor's script fails: {script}");
                 t.elapsed().as_secs_f64() - 0.050
             })
-            .collect();
+            .collect::<Vec<f64>>();
         median(runs)
     };
     (time("sleep 0.050"), time(&hooked))
@@ -800,19 +797,6 @@ struct Analysis {
     hook_spawn: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 fn analyse(g: &Graph, run: &Run) -> Analysis {
     let index: HashMap<&str, usize> = g
         .services
@@ -940,7 +924,7 @@ fn analyse(g: &Graph, run: &Run) -> Analysis {
         offset,
         overhead,
         trail: run_finished - end,
-        latency_median: median(latencies.clone()),
+        latency_median: median(&latencies),
         latency_max: latencies.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         spacing_median: median(spacing),
         step_overhead,
@@ -1164,8 +1148,8 @@ fn main() {
             critical: critical_ms as f64 / 1000.0,
             bound: bound as f64 / 1000.0,
             busiest: layout.busiest(&g) as f64 / 1000.0,
-            floor: median(floors.iter().map(|f| f.0).collect()),
-            floor_cpu: median(floors.iter().map(|f| f.1).collect()),
+            floor: median(floors.iter().map(|f| f.0)),
+            floor_cpu: median(floors.iter().map(|f| f.1)),
             floor_state: median(stated),
             runs,
             analysis,
@@ -1233,7 +1217,7 @@ fn report(
     );
     for r in results {
         let walls: Vec<f64> = r.runs.iter().map(|x| x.wall).collect();
-        let wall = median(walls.clone());
+        let wall = median(&walls);
         writeln!(
             w,
             "| {} ({}) | {} | {} | {} | {} | {} | {:.2} s | {:.2} s | {:.2} s ({}) | **{:.2}** | {:.2} s | {:.2} | {:.2} s | {:.2} |",
@@ -1264,18 +1248,13 @@ fn report(
          | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in results {
-        let rollout = median(
-            r.runs
-                .iter()
-                .map(|x| {
-                    let t = |k: &str| x.events.iter().find(|e| e.kind == k).map_or(0.0, |e| e.at);
-                    t("run-finished") - t("run-started")
-                })
-                .collect(),
-        );
-        let wall = median(r.runs.iter().map(|x| x.wall).collect());
-        let cpu = median(r.runs.iter().map(|x| x.cpu).collect());
-        let own = median(r.runs.iter().map(|x| x.own).collect());
+        let rollout = median(r.runs.iter().map(|x| {
+            let t = |k: &str| x.events.iter().find(|e| e.kind == k).map_or(0.0, |e| e.at);
+            t("run-finished") - t("run-started")
+        }));
+        let wall = median(r.runs.iter().map(|x| x.wall));
+        let cpu = median(r.runs.iter().map(|x| x.cpu));
+        let own = median(r.runs.iter().map(|x| x.own));
         writeln!(
             w,
             "| {} | {:.2} s | {:.2} | {:.0} ms | {:.0} ms | {:.1} / {:.1} s | {:.0} / {:.1} / {:.0} ms |",

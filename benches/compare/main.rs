@@ -19,9 +19,12 @@
 
 #[path = "../../tests/support/fleet.rs"]
 mod fleet;
+#[path = "../common/stats.rs"]
+mod stats;
 
 use fleet::{Fleet, FleetHost};
 use serde_json::Value;
+use stats::{load1, median};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
@@ -1004,13 +1007,6 @@ fn machine_cpu() -> f64 {
     busy / 100.0
 }
 
-fn load1() -> f64 {
-    fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(f64::NAN)
-}
-
 /// Peak controller memory of a Drover run: `deploy` and the ssh masters it started.
 #[derive(Default)]
 struct Memory {
@@ -1248,7 +1244,7 @@ impl Phases {
                 _ => {}
             }
         }
-        let med = |f: fn(&Step) -> f64| median(&steps.iter().map(|s| f(&s.3)).collect::<Vec<_>>());
+        let med = |f: fn(&Step) -> f64| median(steps.iter().map(|s| f(&s.3)));
         Some(Phases {
             before: secs(spawned, run_started),
             after: secs(run_finished, exited),
@@ -1264,20 +1260,6 @@ impl Phases {
                 hooks: 0,
             },
         })
-    }
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
     }
 }
 
@@ -1438,9 +1420,7 @@ fn render(
     let mut out = String::new();
     let sizes: Vec<usize> = args.hosts.clone();
     let get = |n: usize, mode: Mode| results.iter().find(|r| r.0 == n && r.1 == mode);
-    let med = |n: usize, mode: Mode| {
-        get(n, mode).map(|r| median(&r.2.iter().map(|s| s.seconds).collect::<Vec<_>>()))
-    };
+    let med = |n: usize, mode: Mode| get(n, mode).map(|r| median(r.2.iter().map(|s| s.seconds)));
     let loads: Vec<f64> = results
         .iter()
         .flat_map(|r| r.2.iter().map(|s| s.load))
@@ -1555,7 +1535,7 @@ fn render(
         write!(out, "\n{title}, median:\n\n").unwrap();
         per_mode_table(&mut out, &sizes, &|n, mode| {
             let samples = &get(n, mode)?.2;
-            let v = || median(&samples.iter().map(of).collect::<Vec<_>>());
+            let v = || median(samples.iter().map(of));
             (!samples.is_empty()).then(|| format!("{:.decimals$}", v()))
         });
     }
@@ -1590,7 +1570,7 @@ fn render(
             let Some((_, _, samples)) = get(n, mode) else {
                 continue;
             };
-            let m = median(&samples.iter().map(|s| s.seconds).collect::<Vec<_>>());
+            let m = median(samples.iter().map(|s| s.seconds));
             let Some(s) = samples
                 .iter()
                 .min_by(|a, b| (a.seconds - m).abs().total_cmp(&(b.seconds - m).abs()))
