@@ -4,7 +4,7 @@
 //!
 //! The script a hook runs as (one line; `F` is this run's pid file on the host,
 //! `<state-dir>/hooks/<controller pid>-<controller start>.pid`, one per run and host since a
-//! host runs one hook at a time; `N` numbers the hook among all this process runs):
+//! host runs one hook at a time; `N` numbers the hook among all the hooks this process runs):
 //!
 //! ```text
 //! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null;
