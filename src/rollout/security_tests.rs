@@ -42,25 +42,49 @@ fn pid_files(host: &Path) -> usize {
     })
 }
 
+/// Runs `command` as a hook without secrets, which must outlive `timeout`: how long it was
+/// given, and whether its process group was killed.
+async fn timed_out(
+    link: &AnyLink,
+    command: &str,
+    timeout: Duration,
+) -> (Duration, Result<(), String>) {
+    let secrets = Secrets::none();
+    let call = Call {
+        env: &[],
+        command,
+        state_dir: STATE_DIR,
+        service: "api",
+        secrets: &secrets,
+        timeout: Some(timeout),
+        then: None,
+    };
+    let Ran::TimedOut { after, killed } = hook_run::run(link, &call).await else {
+        panic!("the hook must time out");
+    };
+    (after, killed)
+}
+
+/// The pid a hook wrote to `child` on `host`, once that process is gone (or 3 s passed), and
+/// whether it is.
+async fn child_gone(host: &Path) -> (String, bool) {
+    let child = written(host, "child").trim().to_string();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while alive(&child) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gone = !alive(&child);
+    (child, gone)
+}
+
 #[tokio::test]
 async fn a_hook_that_hangs_is_killed_with_its_children() {
     let dir = tempfile::tempdir().unwrap();
     let link = link(dir.path()).await;
-    let secrets = Secrets::none();
     // The hook starts a child that would outlive it, records the child's pid, and hangs.
-    let call = Call {
-        env: &[],
-        command: "sleep 300 & echo $! > child; sleep 300",
-        state_dir: STATE_DIR,
-        service: "api",
-        secrets: &secrets,
-        timeout: Some(Duration::from_millis(300)),
-        then: None,
-    };
     let started = Instant::now();
-    let Ran::TimedOut { after, killed } = hook_run::run(&link, &call).await else {
-        panic!("the hook must time out");
-    };
+    let command = "sleep 300 & echo $! > child; sleep 300";
+    let (after, killed) = timed_out(&link, command, Duration::from_millis(300)).await;
     assert_eq!(killed, Ok(()));
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(
@@ -68,13 +92,8 @@ async fn a_hook_that_hangs_is_killed_with_its_children() {
         "start timed out after 300ms"
     );
     let host = dir.path().join("h1");
-    let child = std::fs::read_to_string(host.join("child")).unwrap();
-    let child = child.trim().to_string();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while alive(&child) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(!alive(&child), "the hook's child {child} was killed too");
+    let (child, gone) = child_gone(&host).await;
+    assert!(gone, "the hook's child {child} was killed too");
     assert_eq!(
         pid_files(&host),
         0,
@@ -86,33 +105,17 @@ async fn a_hook_that_hangs_is_killed_with_its_children() {
 async fn a_hook_whose_leftover_holds_its_output_is_killed_with_it_on_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let link = link(dir.path()).await;
-    let secrets = Secrets::none();
     // The hook's shell ends at once; the process it leaves holds its output, so the command
     // has not ended (as a session would not end) and the hook times out.
-    let call = Call {
-        env: &[],
-        command: "sleep 300 & echo $! > child",
-        state_dir: STATE_DIR,
-        service: "api",
-        secrets: &secrets,
-        timeout: Some(Duration::from_millis(500)),
-        then: None,
-    };
-    let Ran::TimedOut { killed, .. } = hook_run::run(&link, &call).await else {
-        panic!("the hook must time out");
-    };
+    let command = "sleep 300 & echo $! > child";
+    let (_, killed) = timed_out(&link, command, Duration::from_millis(500)).await;
     assert_eq!(
         killed,
         Ok(()),
         "its group is still found once its shell is gone"
     );
-    let host = dir.path().join("h1");
-    let child = written(&host, "child").trim().to_string();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while alive(&child) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(!alive(&child), "the leftover {child} was killed");
+    let (child, gone) = child_gone(&dir.path().join("h1")).await;
+    assert!(gone, "the leftover {child} was killed");
 }
 
 #[tokio::test]
