@@ -283,6 +283,16 @@ fn hostname() -> String {
         .to_string()
 }
 
+/// A fleet and its site (the path) where api's first wave (app1, app2) takes 1.5 s to install.
+fn apis_first_wave_paused() -> (Shop, String) {
+    let shop = Shop::start();
+    let site = site_with_pauses(&shop, &Spec::default());
+    for h in ["app1", "app2"] {
+        pause(&shop, h, "api", "install", "1.5");
+    }
+    (shop, site)
+}
+
 /// Waits until api's first wave (app1, app2, paused in `install`) is installing.
 fn wait_for_apis_first_wave(shop: &Shop) {
     wait_until("app1 and app2 install api", Duration::from_secs(60), || {
@@ -310,12 +320,7 @@ fn assert_stopped_after_apis_first_wave(shop: &Shop) {
 
 #[test]
 fn ctrl_c_lets_running_steps_finish_and_apply_carries_on_without_redoing_anything() {
-    let shop = Shop::start();
-    let site = site_with_pauses(&shop, &Spec::default());
-    // api's first wave (app1, app2) takes a while to install.
-    for h in ["app1", "app2"] {
-        pause(&shop, h, "api", "install", "1.5");
-    }
+    let (shop, site) = apis_first_wave_paused();
     let run = Running::start(&shop, &["apply", &site, "--yes"]);
     wait_for_apis_first_wave(&shop);
     run.interrupt();
@@ -410,11 +415,7 @@ fn runs(shop: &Shop) -> Vec<String> {
 
 #[test]
 fn a_hangup_stops_the_run_as_ctrl_c_does_and_a_dead_terminal_loses_nothing() {
-    let shop = Shop::start();
-    let site = site_with_pauses(&shop, &Spec::default());
-    for h in ["app1", "app2"] {
-        pause(&shop, h, "api", "install", "1.5");
-    }
+    let (shop, site) = apis_first_wave_paused();
     // Every line it prints (the plan, progress, the summary) fails to be written.
     let run = Running::start_hung_up(&shop, &["apply", &site, "--yes"], false);
     wait_for_apis_first_wave(&shop);
