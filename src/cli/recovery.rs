@@ -85,9 +85,10 @@ impl Session {
             .block_on(async {
                 use tokio::signal::unix::{signal, SignalKind};
                 // Under `nohup` a hangup stays ignored: the run goes on after the terminal.
-                let hup = match hangup_ignored() {
-                    true => None,
-                    false => Some(signal(SignalKind::hangup())?),
+                let hup = if hangup_ignored() {
+                    None
+                } else {
+                    Some(signal(SignalKind::hangup())?)
                 };
                 Ok::<_, std::io::Error>((
                     signal(SignalKind::interrupt())?,
