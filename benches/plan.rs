@@ -46,6 +46,9 @@ const POLICIES: [(&str, &str); 4] = [
     ),
 ];
 
+/// The template every host renders: its own facts and a line per needed pool.
+const TEMPLATE: &str = "# {{ service }} {{ version }} on {{ host }} ({{ address }}, zone {{ tags.zone }})\n{% for name, pool in needs|items %}{% if pool %}{{ name }}: {{ pool|length }} hosts, first {{ pool[0].host }} {{ pool[0].address }}:{{ pool[0].port }}\n{% endif %}{% endfor %}";
+
 /// The files of the generated site.
 struct Generated {
     site: PathBuf,
@@ -128,6 +131,13 @@ fn generate(dir: &Path, hosts: usize) -> Generated {
                 s,
                 "    install \"/opt/{name}/fetch \\\"$DEPLOY_NEW_VERSION\\\"\" timeout=\"5m\""
             );
+            // One service of every class renders a template on each of its hosts: every one of
+            // the fleet's hosts renders it once.
+            if k == 0 {
+                s.push_str(
+                    "    file \"../templates/hosts.j2\" to=\"/etc/app/hosts.conf\" template=#true\n",
+                );
+            }
             let _ = writeln!(s, "    stop \"systemctl stop {name}\"");
             let _ = writeln!(s, "    start \"systemctl start {name}\"");
             let _ = writeln!(
@@ -137,6 +147,9 @@ fn generate(dir: &Path, hosts: usize) -> Generated {
             s.push_str("}\n");
         }
     }
+    std::fs::create_dir_all(dir.join("templates")).unwrap();
+    let template = dir.join("templates/hosts.j2");
+    std::fs::write(&template, TEMPLATE).unwrap();
     let site = dir.join("sites/big.kdl");
     std::fs::write(&site, &s).unwrap();
     files.insert(0, site.clone());
@@ -336,7 +349,9 @@ fn main() {
         });
         let observed = vec![Observed::Fresh; hosts.hosts.len()];
         let the_plan = time(&mut t.plan, || {
-            plan::plan(&site, &hosts, &observed, &Selection::default()).expect("plans")
+            let secrets = drover::secrets::Secrets::none();
+            let desired = drover::desired::resolve(&site, &hosts, &secrets).expect("renders");
+            plan::plan(&site, &hosts, &observed, &desired, &Selection::default()).expect("plans")
         });
         let rendered = time(&mut t.text, || drover::report::plan_text(&the_plan));
         steps = the_plan

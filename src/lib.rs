@@ -1,10 +1,11 @@
 //! Drover: a push-model, declarative site deployer.
 //!
 //! The pipeline, one module per stage: [`site`] (KDL → checked model) → [`inventory`]
-//! (class → hosts) → [`plan`] (graph, observed state, waves; pure) → `rollout` → `transport`
+//! (class → hosts) → [`desired`] (what each host must run) → [`plan`] (graph, observed state, waves; pure) → `rollout` → `transport`
 //! → [`state`] → [`report`]. [`cli`] only connects the stages.
 
 pub mod cli;
+pub mod desired;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inventory;

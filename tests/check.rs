@@ -113,6 +113,8 @@ fixtures! {
     empty_policy => INVALID,
     local_ssh_setting => INVALID,
     keep_shell_string => INVALID,
+    file_problems => INVALID,
+    template_problems => INVALID,
 }
 
 #[test]

@@ -2,9 +2,11 @@
 
 use super::recovery::RunTransport;
 use super::{code, ApplyArgs, Error};
+use crate::desired::Desired;
 use crate::plan::{self, Plan};
 use crate::report;
 use crate::rollout::{self, Gate, Rollout, Sink};
+use crate::secrets::Secrets;
 use crate::site::{self, Site};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -13,7 +15,13 @@ use std::sync::Arc;
 pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     // Signals, the site's locks (released when `session` drops), the journal (`recovery.rs`).
     let session = super::recovery::Session::begin(args)?;
-    let (site, plan, transport) = if is_saved_plan(&args.target) {
+    let Ready {
+        site,
+        plan,
+        transport,
+        desired,
+        secrets,
+    } = if is_saved_plan(&args.target) {
         saved(args, &session)?
     } else {
         fresh(args, &session)?
@@ -21,8 +29,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     if let Some(code) = session.interrupted() {
         return Ok(code);
     }
-    // Secrets are read now, before anything runs: a missing one stops the run here.
-    let secrets = Arc::new(crate::secrets::Secrets::load(&site)?);
+    let secrets = Arc::new(secrets);
     let steps = plan.steps();
     if !args.json {
         out!("{}", report::plan_text(&plan));
@@ -63,6 +70,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         log_dir,
         max_connections: args.max_connections,
         secrets,
+        desired: Arc::new(desired),
         cancel: session.cancel.clone(),
         release: session.release_text(),
     };
@@ -82,20 +90,36 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     })
 }
 
-/// The site, its plan, and the transport the rollout goes on with.
-type Ready = (Site, Plan, RunTransport);
+/// The site, its plan, what each host must run, the run's secrets, and the transport the
+/// rollout goes on with.
+struct Ready {
+    site: Site,
+    plan: Plan,
+    transport: RunTransport,
+    desired: Desired,
+    secrets: Secrets,
+}
 
 fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, Error> {
     let mut site = site::load(&args.target)?;
     super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
     let mut selection = super::plan::selection(&site, &args.only)?;
     let on = super::plan::selector(&args.on)?;
+    // Secrets are read now, before anything runs: a missing one stops the run here.
+    let secrets = Secrets::load(&site)?;
     let hosts = super::resolve(&site)?;
+    let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let transport = session.lock(&site, &hosts)?;
     selection.hosts = super::plan::on_hosts(on.as_ref(), &site, &hosts)?;
     let observed = session.observe(&transport, &site, &hosts);
-    let plan = plan::plan(&site, &hosts, &observed, &selection)?;
-    Ok((site, plan, transport))
+    let plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
+    Ok(Ready {
+        site,
+        plan,
+        transport,
+        desired,
+        secrets,
+    })
 }
 
 /// A saved plan is carried out as saved, once the site, inventory and host state are shown
@@ -139,7 +163,9 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
             plan.site_file
         ));
     }
+    let secrets = Secrets::load(&site)?;
     let hosts = super::resolve(&site)?;
+    let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let transport = session.lock(&site, &hosts)?;
     let observed = session.observe(&transport, &site, &hosts);
     let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
@@ -151,7 +177,13 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
             changes: drift.join("\n  "),
         });
     }
-    Ok((site, plan, transport))
+    Ok(Ready {
+        site,
+        plan,
+        transport,
+        desired,
+        secrets,
+    })
 }
 
 fn is_saved_plan(path: &Path) -> bool {

@@ -188,6 +188,9 @@ pub enum Error {
     Secret(#[from] crate::secrets::SecretError),
     #[error(transparent)]
     #[diagnostic(transparent)]
+    Desired(#[from] crate::desired::DesiredErrors),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
     Select(#[from] SelectError),
     #[error("{reason}")]
     #[diagnostic(code(drover::cli::usage), help("{help}"))]
@@ -231,7 +234,7 @@ impl Error {
     /// The documented exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Site(_) | Error::BadPlan { .. } => code::INVALID,
+            Error::Site(_) | Error::BadPlan { .. } | Error::Desired(_) => code::INVALID,
             Error::UnknownService { .. } | Error::Usage { .. } | Error::Select(_) => code::USAGE,
             Error::Refused { .. } | Error::Drift { .. } => code::REFUSED,
             Error::Read { .. } => code::ENVIRONMENT,

@@ -16,8 +16,10 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let on = selector(&args.on)?;
     let hosts = super::resolve(&site)?;
     selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
+    let secrets = crate::secrets::Secrets::load(&site)?;
+    let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let observed = observe(&site, &hosts, args.offline, args.max_connections)?;
-    let plan = plan::plan(&site, &hosts, &observed, &selection)?;
+    let plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
     if let Some(path) = &args.out {
         save(&plan, path)?;
     }

@@ -12,9 +12,10 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     // The checks get the site's secrets, as during apply.
     let secrets = Arc::new(crate::secrets::Secrets::load(&site)?);
     let hosts = super::resolve(&site)?;
+    let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
-    let status = state::status(&site, &hosts, &observed);
-    let plan = plan::plan(&site, &hosts, &observed, &Selection::default())?;
+    let status = state::status(&site, &hosts, &observed, &desired);
+    let plan = plan::plan(&site, &hosts, &observed, &desired, &Selection::default())?;
     let transport = Arc::new(AnyTransport::for_platform(&site.platform));
     let checks = super::runtime()?.block_on(rollout::verify(
         Arc::new(site),
@@ -27,6 +28,9 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     for h in &status.hosts {
         for s in h.services.iter().filter(|s| !s.ok) {
             let why = match s.running.as_deref() {
+                _ if !s.diverged.is_empty() => {
+                    format!("diverged from the site: {}", s.diverged.join("; "))
+                }
                 None => format!("runs nothing, desired {}", s.desired),
                 Some(v) if v == s.desired => {
                     format!("runs {v}, but its last switch-over did not pass its check")

@@ -131,6 +131,7 @@ mod tests {
                     version: version.into(),
                     configured: None,
                     validated: None,
+                    inputs: None,
                 },
             )]),
         }

@@ -45,6 +45,11 @@ impl RuntimeClosure {
         RuntimeClosure { needs, rank, names }
     }
 
+    /// Whether `service` needs `other` at runtime, directly or through others.
+    pub fn needs(&self, service: ServiceId, other: ServiceId) -> bool {
+        self.needs[service][other / 64] & (1 << (other % 64)) != 0
+    }
+
     /// The name of `service`, shared.
     pub fn name(&self, service: ServiceId) -> Arc<str> {
         self.names[service].clone()

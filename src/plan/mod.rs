@@ -11,6 +11,7 @@ mod waves;
 
 pub use drift::drift;
 
+use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::site::{ClassId, OnFailure, Pause, Quota, Round, ServiceId, Site};
 use crate::state::Observed;
@@ -20,7 +21,8 @@ use std::sync::Arc;
 use thiserror::Error;
 
 /// Version of the plan's JSON schema; bumped on any incompatible change.
-pub const SCHEMA: u32 = 1;
+/// 2: steps have a `kind`, `reasons` and `waits`; hosts' records have `inputs`.
+pub const SCHEMA: u32 = 2;
 
 /// Everything `deploy apply` needs to carry out a change, and everything it was derived from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,15 +123,47 @@ pub struct Wave {
     pub steps: Vec<Step>,
 }
 
-/// One host going from one version to another.
+/// One host going from one version to another, or reconfigured at the same version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     pub host: Arc<str>,
     /// `None`: a fresh install.
     pub from: Option<Arc<str>>,
     pub to: Arc<str>,
+    pub kind: StepKind,
+    /// Why a reconfigure: what differs from what the host records (`hooks: start`,
+    /// `env: MODE`, `needs api: +app8 -app3`, `file: /etc/x`, `secret: TOKEN`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
     /// Services on the same host whose steps must finish first (runtime needs).
     pub after: Vec<Arc<str>>,
+    /// Steps on other hosts that must have ended first: the needed services' steps on hosts
+    /// this run adds to them, so that this host never lists a member before it serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<HostStep>,
+}
+
+/// What a step does to its host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepKind {
+    /// Nothing recorded: the whole switch-over, without `stop` and `migrate`.
+    Install,
+    /// Another version: the whole switch-over.
+    Upgrade,
+    /// The desired version, but its last switch-over or check failed: the whole switch-over
+    /// again.
+    Retry,
+    /// The desired version with other inputs: files, then `reload` (or the whole switch-over
+    /// with the old version equal to the new), then `check`.
+    Reconfigure,
+}
+
+/// A service's step on a host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostStep {
+    pub service: Arc<str>,
+    pub host: Arc<str>,
 }
 
 /// A host that runs the service but is left alone, and why.
@@ -143,7 +177,7 @@ pub struct Skip {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SkipReason {
-    /// Already runs the desired version.
+    /// Already runs the desired version with exactly the desired inputs.
     AtVersion,
     /// Left out by `--only` or `--on`.
     NotSelected,
@@ -175,11 +209,13 @@ pub enum PlanError {
     ObservedMismatch { got: usize, want: usize },
 }
 
-/// Plans the change from what `observed` runs to what `site` declares, for `selection`.
+/// Plans the change from what `observed` runs to what `site` and `desired` declare, for
+/// `selection`.
 pub fn plan(
     site: &Site,
     hosts: &Hosts,
     observed: &[Observed],
+    desired: &Desired,
     selection: &Selection,
 ) -> Result<Plan, PlanError> {
     if observed.len() != hosts.hosts.len() {
@@ -193,18 +229,39 @@ pub fn plan(
         .iter()
         .map(|s| Arc::from(s.version.as_str()))
         .collect();
+    // First what every service does on each host, then the waves: a step may wait for another
+    // service's step on another host, whichever comes first in dependency order.
     let mut changing = host_order::Changing::new(hosts.hosts.len());
-    let after = host_order::RuntimeClosure::new(site);
-    let mut services = Vec::with_capacity(site.services.len());
+    let mut sorted: Vec<Option<Sorted>> = (0..site.services.len()).map(|_| None).collect();
     for &sid in &site.order {
-        services.push(service_plan(
+        let s = sort(
             site,
             hosts,
             observed,
+            desired,
             selection,
             sid,
             &versions[sid],
-            &mut changing,
+        );
+        for t in &s.todo {
+            changing.add(t.host, sid);
+        }
+        sorted[sid] = Some(s);
+    }
+    let after = host_order::RuntimeClosure::new(site);
+    let mut services = Vec::with_capacity(site.services.len());
+    for &sid in &site.order {
+        let Some(s) = sorted[sid].take() else {
+            continue;
+        };
+        services.push(service_plan(
+            site,
+            hosts,
+            desired,
+            sid,
+            &versions[sid],
+            s,
+            &changing,
             &after,
         ));
     }
@@ -238,58 +295,172 @@ pub fn plan(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn service_plan(
+/// A service's hosts sorted into those with a step and those left alone.
+struct Sorted {
+    members: Vec<HostId>,
+    /// In host id order.
+    todo: Vec<Todo>,
+    skipped: Vec<Skip>,
+}
+
+/// A host that gets a step.
+struct Todo {
+    host: HostId,
+    from: Option<Arc<str>>,
+    kind: StepKind,
+    reasons: Vec<String>,
+    /// The needed services' hosts this step's host does not list yet: `(service, hosts)`.
+    added: Vec<(ServiceId, Vec<String>)>,
+}
+
+/// What `sid` does on each of its hosts, and why.
+fn sort(
     site: &Site,
     hosts: &Hosts,
     observed: &[Observed],
+    desired: &Desired,
     selection: &Selection,
     sid: ServiceId,
     version: &Arc<str>,
-    changing: &mut host_order::Changing,
-    closure: &host_order::RuntimeClosure,
-) -> ServicePlan {
+) -> Sorted {
     let service = &site.services[sid];
     let members = service_hosts(site, hosts, sid);
     let mut todo = Vec::new();
     let mut skipped = Vec::new();
-    let mut from_versions = Vec::new();
     for &h in &members {
         let record = observed[h].service(&service.name);
-        let running = record.map(|r| r.version.as_str());
-        let reason = if !selection.has(sid, h) {
-            Some(SkipReason::NotSelected)
-        } else if !observed[h].known() {
-            Some(SkipReason::Unreachable)
-        } else if record.is_some_and(|r| *r.version == **version && r.healthy()) {
-            Some(SkipReason::AtVersion)
-        } else {
-            None
-        };
-        let running: Option<Arc<str>> = running.map(|v| {
-            if v == &**version {
+        let running: Option<Arc<str>> = record.map(|r| {
+            if *r.version == **version {
                 version.clone()
             } else {
-                Arc::from(v)
+                Arc::from(r.version.as_str())
             }
         });
-        match reason {
-            Some(reason) => skipped.push(Skip {
-                host: hosts.hosts[h].name.clone(),
-                version: running,
-                reason,
-            }),
-            None => {
-                todo.push(h);
-                from_versions.push(running);
+        let skip = |reason| Skip {
+            host: hosts.hosts[h].name.clone(),
+            version: running.clone(),
+            reason,
+        };
+        if !selection.has(sid, h) {
+            skipped.push(skip(SkipReason::NotSelected));
+            continue;
+        }
+        if !observed[h].known() {
+            skipped.push(skip(SkipReason::Unreachable));
+            continue;
+        }
+        let mut added = Vec::new();
+        let (kind, reasons) = match record {
+            None => (StepKind::Install, Vec::new()),
+            Some(r) if *r.version != **version => (StepKind::Upgrade, Vec::new()),
+            Some(r) if !r.healthy() => (StepKind::Retry, Vec::new()),
+            Some(r) => match &r.inputs {
+                None => (
+                    StepKind::Reconfigure,
+                    vec!["configuration unknown (recorded by an older deploy)".to_string()],
+                ),
+                Some(was) if desired.matches(sid, h, was) => {
+                    skipped.push(skip(SkipReason::AtVersion));
+                    continue;
+                }
+                Some(_) => (StepKind::Reconfigure, Vec::new()),
+            },
+        };
+        let mut reasons = reasons;
+        if let Some(was) = record.and_then(|r| r.inputs.as_ref()) {
+            let now = desired.inputs(sid, h);
+            if kind == StepKind::Reconfigure {
+                reasons = now.reasons(was);
+            }
+            for need in &service.needs {
+                let name = &site.services[need.service].name;
+                let new = now.added_members(was, name);
+                if !new.is_empty() && !added.iter().any(|(t, _)| *t == need.service) {
+                    added.push((need.service, new));
+                }
             }
         }
+        todo.push(Todo {
+            host: h,
+            from: running,
+            kind,
+            reasons,
+            added,
+        });
     }
+    Sorted {
+        members,
+        todo,
+        skipped,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn service_plan(
+    site: &Site,
+    hosts: &Hosts,
+    desired: &Desired,
+    sid: ServiceId,
+    version: &Arc<str>,
+    sorted: Sorted,
+    changing: &host_order::Changing,
+    closure: &host_order::RuntimeClosure,
+) -> ServicePlan {
+    let _ = desired;
+    let service = &site.services[sid];
+    let Sorted {
+        members,
+        todo,
+        skipped,
+    } = sorted;
+    // A step waits for the needed service's steps on the hosts it adds, unless that service
+    // needs this one at runtime (it could then never start first).
+    let waits_of = |t: &Todo| -> Vec<HostStep> {
+        let mut out = Vec::new();
+        for (x, added) in &t.added {
+            if *x == sid || closure.needs(*x, sid) {
+                continue;
+            }
+            for name in added {
+                if let Some(n) = hosts.find(name) {
+                    if changing.has(n, *x) {
+                        out.push(HostStep {
+                            service: closure.name(*x),
+                            host: hosts.hosts[n].name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    };
+    let waits: Vec<Vec<HostStep>> = todo.iter().map(waits_of).collect();
+    // Steps that wait go in waves after every step that does not: what they wait for never
+    // waits in turn, so no wave can hold up the wave it waits on.
+    let plain: Vec<HostId> = todo
+        .iter()
+        .zip(&waits)
+        .filter(|(_, w)| w.is_empty())
+        .map(|(t, _)| t.host)
+        .collect();
+    let waiting: Vec<HostId> = todo
+        .iter()
+        .zip(&waits)
+        .filter(|(_, w)| !w.is_empty())
+        .map(|(t, _)| t.host)
+        .collect();
     let policy = &service.policy;
     let batch_hosts = policy.batch.of(members.len(), Round::Down).max(1);
-    let groups = waves::waves(hosts, &todo, policy, batch_hosts);
-    // `todo` is in host id order, as `members`: a step finds where it starts by search.
-    debug_assert!(todo.windows(2).all(|w| w[0] < w[1]));
+    let mut groups = waves::waves(hosts, &plain, policy, batch_hosts);
+    if !waiting.is_empty() {
+        let later = crate::site::Policy {
+            canary: if groups.is_empty() { policy.canary } else { 0 },
+            ..(**policy).clone()
+        };
+        groups.extend(waves::waves(hosts, &waiting, &later, batch_hosts));
+    }
+    // `todo` is in host id order, as `members`: a step finds its entry by search.
+    debug_assert!(todo.windows(2).all(|w| w[0].host < w[1].host));
     // Per class of these hosts, the services on the same host this one follows, found once.
     let mut classes_here: Vec<ClassId> = service.classes.clone();
     for &h in members
@@ -304,6 +475,12 @@ fn service_plan(
         .iter()
         .map(|&c| (c, closure.after(site, c, sid)))
         .collect();
+    let mut todo: Vec<Option<(Todo, Vec<HostStep>)>> =
+        todo.into_iter().zip(waits).map(Some).collect();
+    let hosts_of_todo: Vec<HostId> = todo
+        .iter()
+        .map(|t| t.as_ref().map_or(usize::MAX, |(t, _)| t.host))
+        .collect();
     let waves = groups
         .into_iter()
         .map(|g| Wave {
@@ -312,7 +489,7 @@ fn service_plan(
             steps: g
                 .hosts
                 .into_iter()
-                .map(|h| {
+                .filter_map(|h| {
                     let host = &hosts.hosts[h];
                     let of_class = |c: ClassId| {
                         afters
@@ -342,22 +519,21 @@ fn service_plan(
                         }
                         after.push(closure.name(t));
                     }
-                    Step {
+                    let at = hosts_of_todo.binary_search(&h).ok()?;
+                    let (t, waits) = todo[at].take()?;
+                    Some(Step {
                         host: host.name.clone(),
-                        from: todo
-                            .binary_search(&h)
-                            .ok()
-                            .and_then(|i| from_versions[i].clone()),
+                        from: t.from,
                         to: version.clone(),
+                        kind: t.kind,
+                        reasons: t.reasons,
                         after,
-                    }
+                        waits,
+                    })
                 })
                 .collect(),
         })
         .collect();
-    for &h in &todo {
-        changing.add(h, sid);
-    }
     ServicePlan {
         name: service.name.clone(),
         version: version.clone(),

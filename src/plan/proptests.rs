@@ -251,6 +251,8 @@ fn build(spec: &Spec) -> Built {
             }),
             hooks: Default::default(),
             secrets: Vec::new(),
+            env: Vec::new(),
+            files: Vec::new(),
         });
     }
     let mut services: Vec<Service> = services.into_iter().map(Option::unwrap).collect();
@@ -349,6 +351,7 @@ fn build(spec: &Spec) -> Built {
                                 version,
                                 configured: None,
                                 validated: failed,
+                                inputs: None,
                             },
                         )
                     })
@@ -423,7 +426,11 @@ fn plan_with(b: &Built, list: Vec<Host>) -> (Hosts, Vec<Observed>, Selection, Pl
                 .collect()
         }),
     };
-    let p = plan(&b.site, &hosts, &observed, &selection).expect("observed matches hosts");
+    let desired = crate::desired::resolve(&b.site, &hosts, &crate::secrets::Secrets::none())
+        .expect("no files to read");
+    let mut observed = observed;
+    desired.stamp(&b.site, &mut observed);
+    let p = plan(&b.site, &hosts, &observed, &desired, &selection).expect("observed matches hosts");
     (hosts, observed, selection, p)
 }
 

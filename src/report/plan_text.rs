@@ -1,6 +1,6 @@
 //! `deploy plan` for people: per service, what it waits for, its waves, and who is skipped.
 
-use crate::plan::{Plan, PlannedPolicy, ServicePlan, SkipReason, Wave};
+use crate::plan::{Plan, PlannedPolicy, ServicePlan, SkipReason, StepKind, Wave};
 use crate::site::OnFailure;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
@@ -164,29 +164,29 @@ fn wave(out: &mut String, n: usize, w: &Wave) {
     if let Some(v) = &w.spread {
         label.push_str(&format!(" [{v}]"));
     }
-    // One line per distinct starting version (in order of first appearance), hosts in plan
-    // order. A wave of thousands of hosts may start from as many versions: look them up in
-    // a map once there are more than a few.
-    let mut froms: Vec<(Option<&str>, Vec<&str>)> = Vec::new();
-    let mut index: HashMap<Option<&str>, usize> = HashMap::new();
+    // One line per distinct starting version and reason (in order of first appearance),
+    // hosts in plan order. A wave of thousands of hosts may start from as many versions: look
+    // them up in a map once there are more than a few.
+    let mut lines: Vec<(String, Vec<&str>)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let to = w.steps.first().map(|st| &*st.to).unwrap_or("");
     for st in &w.steps {
-        let f = st.from.as_deref();
-        let found = if froms.len() <= 8 {
-            froms.iter().position(|(g, _)| *g == f)
+        let what = step_words(st, to);
+        let found = if lines.len() <= 8 {
+            lines.iter().position(|(g, _)| *g == what)
         } else {
-            index.get(&f).copied()
+            index.get(&what).copied()
         };
         let i = found.unwrap_or_else(|| {
-            froms.push((f, Vec::new()));
-            index.insert(f, froms.len() - 1);
-            froms.len() - 1
+            index.insert(what.clone(), lines.len());
+            lines.push((what, Vec::new()));
+            lines.len() - 1
         });
-        froms[i].1.push(&st.host);
+        lines[i].1.push(&st.host);
     }
-    let to = w.steps.first().map(|st| &*st.to).unwrap_or("");
-    for (i, (f, hosts)) in froms.iter().enumerate() {
+    for (i, (what, hosts)) in lines.iter().enumerate() {
         let lead = if i == 0 { label.as_str() } else { "" };
-        let _ = write!(out, "  {lead:<18} {} → {to}: ", f.unwrap_or("fresh"));
+        let _ = write!(out, "  {lead:<18} {what}: ");
         for (j, host) in hosts.iter().enumerate() {
             if j > 0 {
                 out.push_str(", ");
@@ -197,9 +197,31 @@ fn wave(out: &mut String, n: usize, w: &Wave) {
     }
 }
 
+/// What a step does, in words: `1.0 → 2.0`, `fresh → 2.0`, or
+/// `reconfigure 2.0 (env: MODE; after api on app8)`.
+fn step_words(st: &crate::plan::Step, to: &str) -> String {
+    let mut notes: Vec<String> = st.reasons.clone();
+    if !st.waits.is_empty() {
+        let on: Vec<String> = st
+            .waits
+            .iter()
+            .map(|w| format!("{} on {}", w.service, w.host))
+            .collect();
+        notes.push(format!("after {}", on.join(", ")));
+    }
+    let mut what = match st.kind {
+        StepKind::Reconfigure => format!("reconfigure {to}"),
+        _ => format!("{} → {to}", st.from.as_deref().unwrap_or("fresh")),
+    };
+    if !notes.is_empty() {
+        what.push_str(&format!(" ({})", notes.join("; ")));
+    }
+    what
+}
+
 fn skips(out: &mut String, s: &ServicePlan) {
     for (reason, text) in [
-        (SkipReason::AtVersion, "already at version"),
+        (SkipReason::AtVersion, "converged"),
         (SkipReason::NotSelected, "not selected"),
         (SkipReason::Unreachable, "unreachable or state unreadable"),
     ] {
@@ -296,7 +318,10 @@ mod tests {
                 host: format!("h{i}").into(),
                 from: (i % 13 != 0).then(|| format!("0.{}", i % 12).into()),
                 to: "1.0".into(),
+                kind: crate::plan::StepKind::Upgrade,
+                reasons: Vec::new(),
                 after: Vec::new(),
+                waits: Vec::new(),
             })
             .collect();
         let w = Wave {

@@ -49,6 +49,23 @@ pub fn status_text(s: &Status) -> String {
     if !failed.is_empty() {
         let _ = writeln!(out, "\nfailed:\n{}", failed.join("\n"));
     }
+    let diverged: Vec<String> = s
+        .hosts
+        .iter()
+        .flat_map(|h| {
+            h.services
+                .iter()
+                .filter(|sv| !sv.diverged.is_empty())
+                .map(move |sv| format!("  {} {}: {}", h.host, sv.service, sv.diverged.join("; ")))
+        })
+        .collect();
+    if !diverged.is_empty() {
+        let _ = writeln!(
+            out,
+            "\ndiverged (at the desired version, given other inputs than the site says):\n{}",
+            diverged.join("\n")
+        );
+    }
     if !s.unaccounted.is_empty() {
         let _ = writeln!(out, "\nunaccounted:");
         for u in &s.unaccounted {
@@ -66,7 +83,7 @@ pub fn status_text(s: &Status) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{} of {} host services at their desired version and healthy.",
+        "\n{} of {} host services converged (desired version and inputs, healthy).",
         s.converged, s.total
     );
     out

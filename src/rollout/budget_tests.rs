@@ -20,11 +20,16 @@ fn with_site_settings(fx: Fixture, settings: &str) -> Fixture {
     };
     let resolved = crate::inventory::resolve(&site).expect("inventory");
     let observed: Vec<Observed> = fx.plan.hosts.iter().map(|h| h.observed.clone()).collect();
-    let plan = plan::plan(&site, &resolved, &observed, &Selection::default()).expect("plan");
+    let desired = crate::desired::resolve(&site, &resolved, &Default::default()).expect("desired");
+    let mut observed = observed;
+    desired.stamp(&site, &mut observed);
+    let plan =
+        plan::plan(&site, &resolved, &observed, &desired, &Selection::default()).expect("plan");
     Fixture {
         dir: fx.dir,
         site: Arc::new(site),
         plan: Arc::new(plan),
+        desired: Arc::new(desired),
         release: None,
     }
 }

@@ -4,6 +4,7 @@
 mod budget;
 mod cancel;
 mod event;
+mod files;
 mod hook;
 mod hook_run;
 mod interrupt;
@@ -45,6 +46,8 @@ pub struct Rollout<T> {
     pub max_connections: usize,
     /// Read at apply time; handed to hooks, redacted from logs and events.
     pub secrets: Arc<crate::secrets::Secrets>,
+    /// What each host must run: the inputs a step records, the files it delivers.
+    pub desired: Arc<crate::desired::Desired>,
     /// Set by whoever handles signals: stop starting steps, or abort the running ones.
     pub cancel: Cancel,
     /// Shell text that gives the run's lock back on a host: it ends the last command of a host

@@ -5,7 +5,7 @@ use super::hook::{service_env, step_env};
 use super::links::Links;
 use super::step::{self, ServiceJob, StepJob, StepResult};
 use super::{initial_record, Rollout, Summary};
-use crate::plan::SkipReason;
+use crate::plan::{SkipReason, StepKind};
 use crate::site::{OnFailure, Pause};
 use crate::state::HostRecord;
 use crate::transport::{Target, Transport};
@@ -402,7 +402,21 @@ impl<T: Transport> Scheduler<T> {
                 launched = true;
                 continue;
             }
+            // Steps on other hosts this one waits for (pool members this run adds) have ended,
+            // however they ended.
+            let waited = st.waits.iter().all(|w| {
+                match (
+                    self.service_index.get(&*w.service),
+                    self.host_index.get(&w.host),
+                ) {
+                    (Some(&t), Some(&n)) => {
+                        self.hosts[n].done.contains(&t) || self.hosts[n].broken.contains(&t)
+                    }
+                    _ => true,
+                }
+            });
             if self.hosts[h].busy
+                || !waited
                 || !after.iter().all(|a| self.hosts[h].done.contains(a))
                 || self.svcs[s].running >= slots
             {
@@ -429,12 +443,35 @@ impl<T: Transport> Scheduler<T> {
         if let Some(open) = self.svcs[s].open.iter_mut().find(|o| o.wave == w) {
             open.running += 1;
         }
+        let sid = self.r.site.service(&sp.name);
+        let inputs = sid.map_or_else(Default::default, |sid| self.r.desired.inputs(sid, h));
+        let files = match sid {
+            Some(sid) if !self.r.site.services[sid].files.is_empty() => crate::desired::deliveries(
+                &self.r.site,
+                sid,
+                &planned_host(&self.r.site, host),
+                self.r.desired.needs(sid),
+                &self.r.secrets,
+            ),
+            _ => Ok(Vec::new()),
+        };
+        let files = files.map(|list| {
+            list.into_iter()
+                .map(|mut d| {
+                    d.to = self.r.site.platform.host_path(&d.to);
+                    d
+                })
+                .collect()
+        });
         let job = StepJob {
             service: self.svcs[s].job.clone(),
             host: host.name.to_string(),
             env: step_env(&self.svcs[s].job.env, host, st.from.as_deref(), &st.to),
             from: st.from.as_ref().map(|f| f.to_string()),
             to: st.to.to_string(),
+            kind: st.kind,
+            inputs,
+            files,
             record: self.hosts[h].record.clone(),
             log: self
                 .r
@@ -517,7 +554,10 @@ impl<T: Transport> Scheduler<T> {
         }
         if ok {
             svc.succeeded += 1;
-            svc.healthy += 1;
+            // A host reconfigured at its version was counted healthy already.
+            if st.kind != StepKind::Reconfigure {
+                svc.healthy += 1;
+            }
             host.done.insert(s);
         } else {
             svc.failed += 1;
@@ -735,6 +775,16 @@ impl<T: Transport> Scheduler<T> {
             ms,
         });
         sum
+    }
+}
+
+/// A planned host as the inventory gave it (class names back to ids).
+fn planned_host(site: &crate::site::Site, h: &crate::plan::PlannedHost) -> crate::inventory::Host {
+    crate::inventory::Host {
+        name: h.name.clone(),
+        address: h.address.clone(),
+        classes: h.classes.iter().filter_map(|c| site.class(c)).collect(),
+        tags: h.tags.clone(),
     }
 }
 

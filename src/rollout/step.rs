@@ -1,11 +1,14 @@
-//! One host's switch-over for one service: stop old → install → migrate → start → check,
-//! with rollback on failure and the host's record written after each stage.
+//! One host's step for one service: the switch-over (stop old → files → install → migrate →
+//! start → check) or a reconfigure (files → reload → check), with the previous files put back
+//! and rollback run on failure, and the host's record written after each stage.
 
 use super::event::{Event, EventKind, Sink};
 use super::hook_run::{self, Ran};
+use crate::desired::Delivery;
+use crate::plan::StepKind;
 use crate::secrets::Secrets;
 use crate::site::{Hook, Hooks, OnFailure};
-use crate::state::{write_script, HostRecord, Mark, Outcome, ServiceRecord};
+use crate::state::{write_script, HostRecord, Inputs, Mark, Outcome, ServiceRecord};
 use crate::transport::{Link, Output, TransportError};
 use std::io::Write;
 use std::path::PathBuf;
@@ -33,6 +36,11 @@ pub struct StepJob {
     pub env: Vec<(String, String)>,
     pub from: Option<String>,
     pub to: String,
+    pub kind: StepKind,
+    /// What the service is given now: recorded once it is configured.
+    pub inputs: Inputs,
+    /// The files to deliver, or why they cannot be.
+    pub files: Result<Vec<Delivery>, String>,
     pub record: HostRecord,
     pub log: PathBuf,
     /// The host's last step: this shell text ends its last command if every hook passes.
@@ -57,11 +65,18 @@ impl StepResult {
 
 /// Runs the step over `link`.
 pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult {
+    let previous = job
+        .record
+        .services
+        .get(&job.service.name)
+        .and_then(|r| r.inputs.clone());
     let mut step = Running {
         job,
         link,
         sink,
         released: false,
+        placed: false,
+        previous,
     };
     match step.switch().await {
         Ok(()) => StepResult {
@@ -81,6 +96,10 @@ struct Running<'a, L> {
     sink: &'a dyn Sink,
     /// The command that wrote the last record also gave the host's lock back.
     released: bool,
+    /// This step put files in place (a failure puts the previous ones back).
+    placed: bool,
+    /// The inputs the host recorded before this step.
+    previous: Option<Inputs>,
 }
 
 type Failure = (&'static str, String);
@@ -89,21 +108,32 @@ impl<L: Link> Running<'_, L> {
     async fn switch(&mut self) -> Result<(), Failure> {
         let hooks = self.job.service.hooks.clone();
         let fresh = self.job.from.is_none();
+        let reload = self.job.kind == StepKind::Reconfigure && hooks.reload.is_some();
         let stages: Vec<(&'static str, &Hook)> = [
-            ("stop", hooks.stop.as_ref(), !fresh),
-            ("install", hooks.install.as_ref(), true),
-            ("migrate", hooks.migrate.as_ref(), !fresh),
-            ("start", hooks.start.as_ref(), true),
+            ("stop", hooks.stop.as_ref(), !fresh && !reload),
+            ("install", hooks.install.as_ref(), !reload),
+            ("migrate", hooks.migrate.as_ref(), !fresh && !reload),
+            ("start", hooks.start.as_ref(), !reload),
+            ("reload", hooks.reload.as_ref(), reload),
         ]
         .into_iter()
         .filter_map(|(name, hook, applies)| hook.filter(|_| applies).map(|h| (name, h)))
         .collect();
+        // Files go in right after `stop` (the old version no longer runs), before `install`
+        // or `reload`.
+        let files_at = stages.iter().position(|(n, _)| *n != "stop");
         // The last stage writes the record (configured) in the same command, when it succeeds.
         for (i, (name, hook)) in stages.iter().enumerate() {
+            if files_at == Some(i) {
+                self.deliver().await?;
+            }
             let then =
                 (i + 1 == stages.len()).then(|| self.marked(Some(Outcome::Success), None, None));
             self.hook(name, &hook.command, hook.timeout, then.as_ref(), false)
                 .await?;
+        }
+        if files_at.is_none() {
+            self.deliver().await?;
         }
         if stages.is_empty() {
             self.write(self.marked(Some(Outcome::Success), None, None), false)
@@ -270,11 +300,15 @@ impl<L: Link> Running<'_, L> {
                 version: version.clone(),
                 configured: None,
                 validated: None,
+                inputs: None,
             });
         entry.version = version;
         if let Some(c) = configured {
             entry.configured = Some(mark(c));
             entry.validated = None;
+            if c == Outcome::Success {
+                entry.inputs = Some(self.job.inputs.clone());
+            }
         }
         if let Some(v) = validated {
             entry.validated = Some(mark(v));
@@ -316,6 +350,17 @@ impl<L: Link> Running<'_, L> {
             && !matches!(hook, "stop" | "interrupted")
             && svc.on_failure != OnFailure::Stop;
         let mut rolled_back = false;
+        // The previous files go back first, so that `rollback` finds them.
+        let restored = self.placed
+            && !matches!(hook, "interrupted")
+            && svc.on_failure != OnFailure::Stop
+            && self.restore().await;
+        if restored {
+            let previous = self.previous.clone();
+            if let Some(r) = self.job.record.services.get_mut(&svc.name) {
+                r.inputs = previous;
+            }
+        }
         if let (true, Some(rollback)) = (may_roll_back, &svc.hooks.rollback) {
             rolled_back = self
                 .hook("rollback", &rollback.command, rollback.timeout, None, false)
@@ -350,6 +395,89 @@ impl<L: Link> Running<'_, L> {
             rolled_back,
             released: false,
         }
+    }
+
+    /// Delivers the step's files: sends the contents the host's store lacks (streamed, over
+    /// the host's connection), then puts every file in place atomically. Logged and reported
+    /// as a stage named `files`.
+    async fn deliver(&mut self) -> Result<(), Failure> {
+        let files = match &self.job.files {
+            Ok(files) if files.is_empty() => return Ok(()),
+            Ok(files) => files.clone(),
+            Err(reason) => {
+                log_line(&self.job.log, &format!("== files: {reason}"));
+                return Err(("files", reason.clone()));
+            }
+        };
+        let svc = self.job.service.clone();
+        if let Some(aborted) = super::interrupt::interrupted(&svc, "files", false) {
+            return Err(aborted);
+        }
+        self.sink.emit(Event::now(EventKind::HookStarted {
+            service: svc.name.clone(),
+            host: self.job.host.clone(),
+            hook: "files".into(),
+        }));
+        let started = Instant::now();
+        let result = super::files::deliver(
+            self.link,
+            &svc.state_dir,
+            &svc.name,
+            &files,
+            self.previous.as_ref(),
+        )
+        .await;
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // Even a failed placement may have put some files in place.
+        self.placed = !matches!(result, Err((false, _)));
+        let (ok, text) = match &result {
+            Ok(sent) => (true, sent.describe(files.len())),
+            Err((_, reason)) => (false, reason.clone()),
+        };
+        log_line(
+            &self.job.log,
+            &format!("== files: {} after {ms} ms", svc.secrets.redact_str(&text)),
+        );
+        self.sink.emit(Event::now(EventKind::HookFinished {
+            service: svc.name.clone(),
+            host: self.job.host.clone(),
+            hook: "files".into(),
+            ok,
+            code: Some(if ok { 0 } else { 1 }),
+            ms,
+        }));
+        if ok {
+            Ok(())
+        } else {
+            Err(("files", svc.secrets.redact_str(&text)))
+        }
+    }
+
+    /// Puts back the files this step replaced; whether that worked.
+    async fn restore(&mut self) -> bool {
+        let svc = self.job.service.clone();
+        let script = crate::state::restore_script(&svc.state_dir, &svc.name);
+        let ok = match self.link.run(&script).await {
+            Ok(out) if out.success() => true,
+            Ok(out) => {
+                log_line(
+                    &self.job.log,
+                    &format!("== restore files: {}", exit_reason("restore", &out)),
+                );
+                false
+            }
+            Err(e) => {
+                log_line(&self.job.log, &format!("== restore files: {e}"));
+                false
+            }
+        };
+        if ok {
+            log_line(
+                &self.job.log,
+                "== restore files: the previous files are back",
+            );
+        }
+        ok
     }
 
     fn log(&self, hook: &str, result: &Result<Output, TransportError>, ms: u64) {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
+mod pool;
 mod stopping;
 
 // Failure budgets per wave and per run, on the same fake transport.
@@ -305,6 +306,7 @@ struct Fixture {
     dir: tempfile::TempDir,
     site: Arc<Site>,
     plan: Arc<Plan>,
+    desired: Arc<crate::desired::Desired>,
     /// [`Rollout::release`] for the runs.
     release: Option<String>,
 }
@@ -376,6 +378,7 @@ fn fixture(
                             version: version.to_string(),
                             configured: None,
                             validated: None,
+                            inputs: None,
                         },
                     )
                 })
@@ -387,11 +390,16 @@ fn fixture(
             }
         })
         .collect();
-    let plan = plan::plan(&site, &resolved, &observed, &Selection::default()).expect("plan");
+    let desired = crate::desired::resolve(&site, &resolved, &Default::default()).expect("desired");
+    let mut observed = observed;
+    desired.stamp(&site, &mut observed);
+    let plan =
+        plan::plan(&site, &resolved, &observed, &desired, &Selection::default()).expect("plan");
     Fixture {
         dir,
         site: Arc::new(site),
         plan: Arc::new(plan),
+        desired: Arc::new(desired),
         release: None,
     }
 }
@@ -451,6 +459,7 @@ impl Fixture {
             log_dir: self.dir.path().join("logs"),
             max_connections,
             secrets: Default::default(),
+            desired: self.desired.clone(),
             cancel,
             release: self.release.clone(),
         };

@@ -1,5 +1,6 @@
 //! Raw nodes → the checked [`Site`]: names resolved, defaults applied, every problem collected.
 
+use super::check_files;
 use super::cycle;
 use super::error::{SiteError, Src};
 use super::model::*;
@@ -63,7 +64,14 @@ impl Checker {
             None => Some(Arc::new(Policy::default())),
         };
         let (classes, class_ids) = self.classes(&src, &raw);
-        let services = self.services(path, &src, &raw, &class_ids, default_policy);
+        let site_env = check_files::env(
+            &mut Reader {
+                src: &src,
+                errors: &mut self.errors,
+            },
+            &raw.env,
+        );
+        let services = self.services(path, &src, &raw, &class_ids, default_policy, &site_env);
         let platform = platform.and_then(|p| self.platform_model(p, &class_ids, &src));
         let secrets = secrets(
             &mut Reader {
@@ -137,6 +145,7 @@ impl Checker {
         raw: &RawSite,
         classes: &BTreeMap<String, (ClassId, SourceSpan)>,
         default_policy: Option<Arc<Policy>>,
+        site_env: &[(String, String)],
     ) -> Option<Vec<Service>> {
         let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
         let names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
@@ -198,6 +207,12 @@ impl Checker {
                 site_path,
                 &s.secrets,
             );
+            let mut reader = Reader {
+                src,
+                errors: &mut self.errors,
+            };
+            let own_env = check_files::env(&mut reader, &s.env);
+            let files = check_files::files(&mut reader, &mut self.sources, site_path, &s.files);
             let policy = match &s.policy {
                 Some(p) => self.policy(site_path, src, p),
                 None => default_policy.clone(),
@@ -212,6 +227,8 @@ impl Checker {
                     policy,
                     hooks: hooks(&s.hooks, raw.hook_timeout.as_ref().map(|t| t.value)),
                     secrets: own_secrets,
+                    env: check_files::merged_env(site_env, &own_env),
+                    files,
                 }),
                 _ => ok = false,
             }
@@ -440,6 +457,7 @@ fn hooks(raw: &[RawHook], default_timeout: Option<Duration>) -> Hooks {
             HookKind::Migrate => h.migrate = plain,
             HookKind::Start => h.start = plain,
             HookKind::Rollback => h.rollback = plain,
+            HookKind::Reload => h.reload = plain,
             HookKind::Check => {
                 h.check = Some(Check {
                     command: hook.command.clone(),

@@ -150,6 +150,21 @@ pub enum SiteError {
         help: String,
     },
 
+    /// A `file … template=#true` whose template does not compile or uses an unknown variable.
+    #[error("template {path}: {message}")]
+    #[diagnostic(code(drover::site::template))]
+    Template {
+        path: String,
+        message: String,
+        #[source_code]
+        src: Src,
+        #[label("{label}")]
+        span: SourceSpan,
+        label: String,
+        #[help]
+        help: String,
+    },
+
     /// Runtime dependencies that go round in a circle.
     #[error("runtime dependency cycle: {cycle}")]
     #[diagnostic(
@@ -179,7 +194,8 @@ impl SiteError {
             | Missing { src, span, .. }
             | UnknownName { src, span, .. }
             | OrphanService { src, span, .. }
-            | EmptyClass { src, span, .. } => (Some(src), Some(*span)),
+            | EmptyClass { src, span, .. }
+            | Template { src, span, .. } => (Some(src), Some(*span)),
             Duplicate { src, second, .. } => (Some(src), Some(*second)),
             Cycle { src, edges, .. } => (
                 Some(src),

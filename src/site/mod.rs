@@ -1,6 +1,7 @@
 //! Site files in, a checked model out: `site` → raw nodes with spans → [`Site`].
 
 mod check;
+mod check_files;
 mod check_inventory;
 mod cycle;
 pub mod error;
@@ -12,6 +13,7 @@ mod source;
 pub(crate) mod suggest;
 pub mod value;
 
+pub use check_files::{template_error, TEMPLATE_VARIABLES};
 pub use error::{SiteError, SiteErrors};
 pub use model::*;
 pub use value::{format_duration, parse_duration, Quota, Round};

@@ -70,6 +70,43 @@ pub struct Service {
     pub hooks: Hooks,
     /// Secrets only this service's hooks get (besides the site's).
     pub secrets: Vec<Secret>,
+    /// The variables its hooks get from `env` nodes: the site's, then the service's own (which
+    /// win), sorted by name, each name once.
+    pub env: Vec<(String, String)>,
+    /// Files delivered to each of its hosts before `install` (or `reload`).
+    pub files: Vec<File>,
+}
+
+/// A `file` node: a file on the controller delivered to each host of the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct File {
+    /// On the controller, relative to the file that named it.
+    pub source: PathBuf,
+    /// Absolute path on the host.
+    pub to: String,
+    /// `None`: 0644, or 0600 for a template that uses `secrets`.
+    pub mode: Option<u32>,
+    /// `template=#true`: the source's text, rendered per host with minijinja.
+    pub template: Option<Arc<Template>>,
+}
+
+/// A template file's text, read and syntax-checked when the site is loaded.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Template {
+    pub text: String,
+    /// Whether it uses the `secrets` variable (its output is then secret: mode 0600, never
+    /// logged, its digest keyed like a secret's).
+    pub secret: bool,
+}
+
+impl File {
+    /// The mode the file gets on the host.
+    pub fn mode(&self) -> u32 {
+        self.mode.unwrap_or(match &self.template {
+            Some(t) if t.secret => 0o600,
+            _ => 0o644,
+        })
+    }
 }
 
 /// A dependency on another service.
@@ -92,6 +129,8 @@ pub struct Hooks {
     pub start: Option<Hook>,
     pub check: Option<Check>,
     pub rollback: Option<Hook>,
+    /// A reconfigure runs this (files → `reload` → `check`) instead of the whole switch-over.
+    pub reload: Option<Hook>,
 }
 
 /// A shell command run with `/bin/sh -c` on the host.
@@ -284,6 +323,17 @@ impl Platform {
         match self.transport {
             Transport::Local { .. } => self.state_dir.trim_start_matches('/').to_string(),
             Transport::Ssh(_) => self.state_dir.clone(),
+        }
+    }
+}
+
+impl Platform {
+    /// A path on a host as the transport sees it: on the local transport, inside the host's
+    /// directory.
+    pub fn host_path(&self, path: &str) -> String {
+        match self.transport {
+            Transport::Local { .. } => path.trim_start_matches('/').to_string(),
+            Transport::Ssh(_) => path.to_string(),
         }
     }
 }

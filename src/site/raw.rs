@@ -18,6 +18,7 @@ pub struct RawSite {
     /// The run's failure budget.
     pub max_failed: Option<Spanned<Quota>>,
     pub secrets: Vec<RawSecret>,
+    pub env: Vec<RawEnv>,
     pub classes: Vec<RawClass>,
     pub services: Vec<RawService>,
     /// Where a missing `site` node would go (the start of the file).
@@ -39,6 +40,26 @@ pub struct RawService {
     pub policy: Option<Spanned<String>>,
     pub hooks: Vec<RawHook>,
     pub secrets: Vec<RawSecret>,
+    pub env: Vec<RawEnv>,
+    pub files: Vec<RawFile>,
+}
+
+/// `env "NAME" "value"`.
+#[derive(Debug)]
+pub struct RawEnv {
+    pub name: Spanned<String>,
+    pub value: String,
+}
+
+/// `file "source" to="/abs/path" mode="0644" template=#true`.
+#[derive(Debug)]
+pub struct RawFile {
+    pub source: Spanned<String>,
+    pub to: Option<Spanned<String>>,
+    pub mode: Option<Spanned<String>>,
+    pub template: bool,
+    /// The whole node, for a missing `to=`.
+    pub span: SourceSpan,
 }
 
 /// `secret "NAME" env="VAR"` or `secret "NAME" file="path"`.
@@ -77,16 +98,18 @@ pub enum HookKind {
     Start,
     Check,
     Rollback,
+    Reload,
 }
 
 impl HookKind {
-    pub const ALL: [(&'static str, HookKind); 6] = [
+    pub const ALL: [(&'static str, HookKind); 7] = [
         ("stop", HookKind::Stop),
         ("install", HookKind::Install),
         ("migrate", HookKind::Migrate),
         ("start", HookKind::Start),
         ("check", HookKind::Check),
         ("rollback", HookKind::Rollback),
+        ("reload", HookKind::Reload),
     ];
 }
 
@@ -137,10 +160,11 @@ const SITE_SETTINGS: &[&str] = &[
     "hook-timeout",
     "max-failed",
     "secret",
+    "env",
 ];
 const SERVICE_NODES: &[&str] = &[
     "version", "port", "needs", "policy", "install", "stop", "migrate", "start", "check",
-    "rollback", "secret",
+    "rollback", "reload", "secret", "env", "file",
 ];
 const POLICY_NODES: &[&str] = &[
     "batch",
@@ -192,6 +216,10 @@ fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
                 raw.secrets.extend(secret(r, n));
                 continue;
             }
+            "env" => {
+                raw.env.extend(env(r, n));
+                continue;
+            }
             "hook-timeout" => {
                 r.shape(n, 1, &[], false);
                 if r.once(&mut ht, n) {
@@ -218,6 +246,54 @@ fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
             *slot = r.string_arg(n, &format!("the {}", n.name().value()));
         }
     }
+}
+
+/// `env "NAME" "value"`; repeatable.
+fn env(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawEnv> {
+    r.shape(n, 2, &[], false);
+    let name = r.string_arg(n, "the variable's name")?;
+    let value = match n.entries().iter().filter(|e| e.name().is_none()).nth(1) {
+        Some(e) => match e.value() {
+            kdl::KdlValue::String(s) => s.clone(),
+            kdl::KdlValue::Integer(i) => i.to_string(),
+            kdl::KdlValue::Float(f) => f.to_string(),
+            kdl::KdlValue::Bool(b) => b.to_string(),
+            kdl::KdlValue::Null => {
+                r.bad(
+                    e.span(),
+                    format!("the value of `{}`", name.value),
+                    "null is not a value".into(),
+                    format!("write `env \"{}\" \"value\"`", name.value),
+                );
+                return None;
+            }
+        },
+        None => {
+            r.missing(
+                Reader::name_span(n),
+                format!("the value of `{}`", name.value),
+                format!("write `env \"{}\" \"value\"`", name.value),
+            );
+            return None;
+        }
+    };
+    Some(RawEnv { name, value })
+}
+
+/// `file "source" to="/path" mode="0644" template=#true`; repeatable.
+fn file(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawFile> {
+    r.shape(n, 1, &["to", "mode", "template"], false);
+    let to = r.string_prop(n, "to");
+    let mode = r.string_prop(n, "mode");
+    let template = r.bool_prop(n, "template").is_some_and(|t| t.value);
+    let source = r.string_arg(n, "the file's source")?;
+    Some(RawFile {
+        source,
+        to,
+        mode,
+        template,
+        span: Reader::name_span(n),
+    })
 }
 
 /// `secret "NAME" env="VAR"` or `secret "NAME" file="path"`; repeatable.
@@ -276,6 +352,8 @@ fn service(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawService> {
         policy: None,
         hooks: Vec::new(),
         secrets: Vec::new(),
+        env: Vec::new(),
+        files: Vec::new(),
     };
     let mut seen: [Option<SourceSpan>; SERVICE_NODES.len()] = Default::default();
     for n in r.children(node, SERVICE_NODES) {
@@ -284,9 +362,20 @@ fn service(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawService> {
             s.needs.extend(need(r, n));
             continue;
         }
-        if key == "secret" {
-            s.secrets.extend(secret(r, n));
-            continue;
+        match key {
+            "secret" => {
+                s.secrets.extend(secret(r, n));
+                continue;
+            }
+            "env" => {
+                s.env.extend(env(r, n));
+                continue;
+            }
+            "file" => {
+                s.files.extend(file(r, n));
+                continue;
+            }
+            _ => {}
         }
         let slot = SERVICE_NODES.iter().position(|k| *k == key).unwrap_or(0);
         if !r.once(&mut seen[slot], n) {

@@ -69,6 +69,16 @@ impl Sources {
         }
     }
 
+    /// Reads a file that is not KDL (a template) into the digest and the list of files read.
+    pub fn read_text(&mut self, path: &Path) -> std::io::Result<Src> {
+        let text = std::fs::read_to_string(path)?;
+        let shown = path.display().to_string();
+        self.files.push(shown.clone());
+        self.hasher.update((text.len() as u64).to_le_bytes());
+        self.hasher.update(text.as_bytes());
+        Ok(NamedSource::new(&shown, Arc::new(text)))
+    }
+
     /// The files read so far, as diagnostics name them, in the order read.
     pub fn files(&self) -> &[String] {
         &self.files

@@ -1,5 +1,7 @@
 //! What each host runs: the record every host keeps, and how the controller reads it.
 
+mod files;
+mod inputs;
 pub mod journal;
 pub mod lock;
 mod observe;
@@ -8,10 +10,12 @@ mod record;
 mod status;
 mod unreadable;
 
+pub use files::{missing_script, place_script, receive_script, restore_script, store_dir, Placed};
+pub use inputs::Inputs;
 pub use observe::{Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
-pub use status::{status, HostStatus, ServiceStatus, Status, Unaccounted, STATUS_SCHEMA};
+pub use status::{status, Expected, HostStatus, ServiceStatus, Status, Unaccounted, STATUS_SCHEMA};
 
 use crate::inventory::Hosts;
 use crate::site::Site;

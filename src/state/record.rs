@@ -25,6 +25,10 @@ pub struct ServiceRecord {
     /// Whether the last `check` passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validated: Option<Mark>,
+    /// Everything the service was given when it was last configured (`None`: recorded by a
+    /// `deploy` older than state schema 2, so its configuration is unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<super::Inputs>,
 }
 
 impl ServiceRecord {
@@ -89,7 +93,8 @@ pub fn write_script(state_dir: &str, record: &HostRecord) -> String {
 }
 
 impl HostRecord {
-    pub const SCHEMA: u32 = 1;
+    /// 2: `inputs` per service (schema 1 records are read; their configuration is unknown).
+    pub const SCHEMA: u32 = 2;
 
     /// Parses a state file's text.
     pub fn parse(text: &[u8]) -> Result<HostRecord, String> {
@@ -128,6 +133,7 @@ mod tests {
                 version: "1.0'$(touch pwned)`id`\n".into(),
                 configured: None,
                 validated: None,
+                inputs: None,
             },
         );
         assert!(sh(&write_script(&state_dir, &record), dir.path())

@@ -1,12 +1,18 @@
 //! `deploy status` as data: per host and service, what runs against what is desired.
 
-use super::{Mark, Observed, Outcome};
-use crate::inventory::Hosts;
-use crate::site::Site;
+use super::{Inputs, Mark, Observed, Outcome};
+use crate::inventory::{HostId, Hosts};
+use crate::site::{ServiceId, Site};
 use serde::Serialize;
 
-/// Version of the status JSON schema.
-pub const STATUS_SCHEMA: u32 = 1;
+/// Version of the status JSON schema. 2: `diverged` per host and service.
+pub const STATUS_SCHEMA: u32 = 2;
+
+/// What each service on each host must be given (the `desired` stage answers it): how the
+/// recorded inputs differ, one reason each; empty when they match.
+pub trait Expected {
+    fn diverged(&self, service: ServiceId, host: HostId, recorded: Option<&Inputs>) -> Vec<String>;
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -39,8 +45,11 @@ pub struct ServiceStatus {
     pub validated: Option<Mark>,
     /// The latest recorded time of either category.
     pub last_change: Option<String>,
-    /// Running the desired version with no recorded failure.
+    /// Running the desired version with exactly the desired inputs, no recorded failure.
     pub ok: bool,
+    /// At the desired version, but given other inputs than the site says now: why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub diverged: Vec<String>,
     /// The log of the last failure, if the last outcome was one.
     pub failure_log: Option<String>,
 }
@@ -52,7 +61,12 @@ pub struct Unaccounted {
 }
 
 /// The status of every host of `hosts`, from what was observed.
-pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
+pub fn status(
+    site: &Site,
+    hosts: &Hosts,
+    observed: &[Observed],
+    expected: &dyn Expected,
+) -> Status {
     let mut out = Status {
         schema: STATUS_SCHEMA,
         site: site.name.clone(),
@@ -62,7 +76,7 @@ pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
         total: 0,
         unfinished_run: None,
     };
-    for (h, o) in hosts.hosts.iter().zip(observed) {
+    for (hid, (h, o)) in hosts.hosts.iter().zip(observed).enumerate() {
         let reason = match o {
             Observed::Fresh => Some("no state recorded".to_string()),
             Observed::Unreachable { reason } => Some(format!("does not answer: {reason}")),
@@ -87,7 +101,12 @@ pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
             .map(|&sid| {
                 let s = &site.services[sid];
                 let rec = o.service(&s.name);
-                let ok = rec.is_some_and(|r| r.version == s.version && r.healthy());
+                let at_version = rec.is_some_and(|r| r.version == s.version && r.healthy());
+                let diverged = match rec {
+                    Some(r) if at_version => expected.diverged(sid, hid, r.inputs.as_ref()),
+                    _ => Vec::new(),
+                };
+                let ok = at_version && diverged.is_empty();
                 let marks = rec
                     .map(|r| (r.configured.clone(), r.validated.clone()))
                     .unwrap_or_default();
@@ -109,6 +128,7 @@ pub fn status(site: &Site, hosts: &Hosts, observed: &[Observed]) -> Status {
                     validated: marks.1,
                     last_change,
                     ok,
+                    diverged,
                     failure_log,
                 }
             })

@@ -100,5 +100,29 @@ impl Link for LocalLink {
         })
     }
 
+    async fn send(
+        &self,
+        script: &str,
+        payload: super::Payload<'_>,
+    ) -> Result<Output, TransportError> {
+        let input = payload.open().await.map_err(|e| self.error(e))?;
+        let mut child = self
+            .command(script)
+            .stdin(Stdio::piped())
+            .spawn()
+            .map_err(|e| self.error(e))?;
+        let (stdin, stdout, stderr) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        let (out, err) = super::feed::feed(stdin, stdout, stderr, input)
+            .await
+            .map_err(|e| self.error(e))?;
+        let status = child.wait().await.map_err(|e| self.error(e))?;
+        Ok(Output {
+            code: status.code(),
+            stdout: out,
+            stderr: err,
+        })
+    }
+
     async fn close(self) {}
 }

@@ -3,6 +3,7 @@
 //! A transport runs shell text on a host through `/bin/sh -c` and returns its output. Every
 //! value inside that text was quoted by [`quote`] when the text was built.
 
+mod feed;
 mod kept;
 mod local;
 mod quote;
@@ -30,6 +31,25 @@ pub struct Output {
 impl Output {
     pub fn success(&self) -> bool {
         self.code == Some(0)
+    }
+}
+
+/// Bytes to stream to a command's standard input.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// A file on the controller, streamed in chunks, never read whole.
+    File(&'a std::path::Path),
+    /// Bytes already in memory (a rendered template).
+    Bytes(&'a [u8]),
+}
+
+impl Payload<'_> {
+    /// A reader over the payload.
+    pub async fn open(&self) -> std::io::Result<Box<dyn tokio::io::AsyncRead + Send + Unpin + '_>> {
+        match self {
+            Payload::File(p) => Ok(Box::new(tokio::fs::File::open(p).await?)),
+            Payload::Bytes(b) => Ok(Box::new(*b)),
+        }
     }
 }
 
@@ -97,6 +117,25 @@ pub trait Link: Send + Sync + 'static {
         let script = here_document(script, input);
         async move { self.run(&script).await }
     }
+    /// Runs `script` with `payload` streamed to its standard input, in a session of its own over
+    /// the link's existing connection (never through the kept shell, never a new SSH login).
+    /// The default, for test links only, reads the payload whole and calls [`Link::run_input`].
+    fn send(
+        &self,
+        script: &str,
+        payload: Payload<'_>,
+    ) -> impl Future<Output = Result<Output, TransportError>> + Send {
+        async move {
+            let bytes = match payload {
+                Payload::File(p) => std::fs::read(p).map_err(|e| TransportError::Command {
+                    host: String::new(),
+                    reason: format!("cannot read {}: {e}", p.display()),
+                })?,
+                Payload::Bytes(b) => b.to_vec(),
+            };
+            self.run_input(script, &bytes).await
+        }
+    }
     /// Gets ready for many commands, ahead of the first: the `ssh` link opens the shell it
     /// keeps on the host (`transport/shell.rs`). By default nothing.
     fn prepare(&self) -> impl Future<Output = ()> + Send {
@@ -162,6 +201,12 @@ impl Link for AnyLink {
         match self {
             AnyLink::Ssh(l) => l.run_input(script, input).await,
             AnyLink::Local(l) => l.run_input(script, input).await,
+        }
+    }
+    async fn send(&self, script: &str, payload: Payload<'_>) -> Result<Output, TransportError> {
+        match self {
+            AnyLink::Ssh(l) => l.send(script, payload).await,
+            AnyLink::Local(l) => l.send(script, payload).await,
         }
     }
     async fn prepare(&self) {

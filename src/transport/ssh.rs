@@ -268,6 +268,41 @@ impl Link for SshLink {
         self.command(script, Some(input)).await
     }
 
+    async fn send(
+        &self,
+        script: &str,
+        payload: super::Payload<'_>,
+    ) -> Result<Output, TransportError> {
+        let error = |reason: String| TransportError::Command {
+            host: self.host.clone(),
+            reason,
+        };
+        let input = payload.open().await.map_err(|e| error(e.to_string()))?;
+        let mut child = self
+            .session
+            .raw_command(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .await
+            .map_err(|e| error(flatten(&e)))?;
+        let (stdin, stdout, stderr) = (
+            child.stdin().take(),
+            child.stdout().take(),
+            child.stderr().take(),
+        );
+        let (out, err) = super::feed::feed(stdin, stdout, stderr, input)
+            .await
+            .map_err(|e| error(e.to_string()))?;
+        let status = child.wait().await.map_err(|e| error(flatten(&e)))?;
+        Ok(Output {
+            code: status.code(),
+            stdout: out,
+            stderr: err,
+        })
+    }
+
     async fn prepare(&self) {
         let mut slot = self.shell.lock().await;
         if matches!(*slot, Slot::Fresh | Slot::Idle) {

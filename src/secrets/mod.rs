@@ -2,6 +2,10 @@
 //! variables on their standard input (never on a command line, never in a plan), and
 //! replaced by `[redacted]` in everything drover writes or prints: logs, events, errors.
 
+mod key;
+
+pub use key::{hex, Key, KEY_VAR};
+
 use crate::site::{Secret, SecretSource, Site};
 use crate::transport::quote;
 use std::collections::BTreeMap;
@@ -24,6 +28,8 @@ pub struct Secrets {
     services: BTreeMap<String, Vec<(String, String)>>,
     /// What to redact, longest first.
     patterns: Vec<Vec<u8>>,
+    /// The controller's fingerprint key; loaded only for a site that has secrets.
+    key: Option<Key>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -63,6 +69,12 @@ pub enum SecretError {
         reason: String,
         site: String,
     },
+    #[error("the fingerprint key: {reason}")]
+    #[diagnostic(
+        code(drover::secret::key),
+        help("secrets count in a host's recorded inputs only as an HMAC under this controller's key; set {var} (shared by every controller of the fleet) or make ~/.config/drover writable", var = KEY_VAR)
+    )]
+    Key { reason: String },
     #[error("secret `{name}` ({source_text}): {reason}")]
     #[diagnostic(
         code(drover::secret::value),
@@ -96,7 +108,43 @@ impl Secrets {
                 services.insert(s.name.clone(), read_all(&s.secrets)?);
             }
         }
-        Ok(Secrets::from_values(site_secrets, services))
+        let mut secrets = Secrets::from_values(site_secrets, services);
+        if !secrets.is_empty()
+            || site.services.iter().any(|s| {
+                s.files
+                    .iter()
+                    .any(|f| f.template.as_ref().is_some_and(|t| t.secret))
+            })
+        {
+            secrets.key = Some(Key::load().map_err(|reason| SecretError::Key { reason })?);
+        }
+        Ok(secrets)
+    }
+
+    /// These secrets, with `key` for their fingerprints.
+    pub fn with_key(mut self, key: Key) -> Secrets {
+        self.key = Some(key);
+        self
+    }
+
+    /// The fingerprint key, if the site has secrets.
+    pub fn key(&self) -> Option<&Key> {
+        self.key.as_ref()
+    }
+
+    /// The HMAC of `parts` under the fingerprint key; a key made for this run alone when none
+    /// was loaded (what it keys then never matches a recorded one: never a plain digest).
+    pub fn mac(&self, parts: &[&[u8]]) -> String {
+        static EPHEMERAL: std::sync::OnceLock<Key> = std::sync::OnceLock::new();
+        let key = self.key.as_ref().unwrap_or_else(|| {
+            EPHEMERAL.get_or_init(|| {
+                let mut bytes = vec![0u8; 32];
+                let _ = std::fs::File::open("/dev/urandom")
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+                Key::new(bytes)
+            })
+        });
+        key.mac(parts)
     }
 
     /// Secrets with these values: `site` for every service, `services` for one each.
@@ -124,6 +172,7 @@ impl Secrets {
             site,
             services,
             patterns,
+            key: None,
         }
     }
 

@@ -1,0 +1,382 @@
+//! What each host must run: per service and host, every input its hooks are given (version,
+//! hook texts, port, env, the addresses it needs, its files after rendering, its secrets), as
+//! the [`Inputs`] a host records. Takes the site and the resolved hosts; `plan` compares these
+//! with what each host recorded, `rollout` delivers the files and records them.
+//!
+//! The one side effect: the sources of plain `file`s are read to digest them (streamed).
+
+mod render;
+
+pub use render::{Member, Pool};
+
+use crate::inventory::{HostId, Hosts};
+use crate::secrets::{hex, Secrets};
+use crate::site::{ServiceId, Site};
+use crate::state::Inputs;
+use miette::Diagnostic;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use thiserror::Error;
+
+/// Every service's desired inputs on each of its hosts.
+#[derive(Debug, Default)]
+pub struct Desired {
+    services: Vec<ServiceInputs>,
+}
+
+/// One service's inputs: what every host shares, and the template files that differ per host.
+#[derive(Debug, Default)]
+struct ServiceInputs {
+    common: Inputs,
+    /// Per host, `file:<path>` entries of its rendered templates.
+    rendered: HashMap<HostId, Vec<(String, Arc<str>)>>,
+    /// Per needed service, its hosts in name order.
+    needs: Arc<BTreeMap<String, Pool>>,
+}
+
+/// A file to deliver to one host: where, with which mode, its content's digest (its name in the
+/// host's store) and the content itself.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub to: String,
+    pub mode: u32,
+    pub digest: String,
+    pub content: Content,
+}
+
+/// A delivered file's content.
+#[derive(Clone)]
+pub enum Content {
+    /// A file on the controller, streamed as it is.
+    Path(PathBuf),
+    /// A rendered template.
+    Rendered {
+        text: Arc<String>,
+        /// It renders secrets: never logged.
+        secret: bool,
+    },
+}
+
+impl std::fmt::Debug for Content {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Content::Path(p) => write!(f, "Path({})", p.display()),
+            Content::Rendered { text, secret } => match secret {
+                true => f.write_str("Rendered([secret])"),
+                false => write!(f, "Rendered({} bytes)", text.len()),
+            },
+        }
+    }
+}
+
+/// Why the desired state cannot be worked out.
+#[derive(Debug, Error, Diagnostic)]
+pub enum DesiredError {
+    #[error("cannot read {path}: {reason}")]
+    #[diagnostic(
+        code(drover::desired::file),
+        help(
+            "a file's source must stay readable from `deploy check` to the end of `deploy apply`"
+        )
+    )]
+    Unreadable { path: String, reason: String },
+    /// A template that does not render for a host (an error pointing into the template).
+    #[error("{service}: template does not render for host {host}")]
+    #[diagnostic(code(drover::desired::render))]
+    Render {
+        service: String,
+        host: String,
+        #[related]
+        cause: Vec<crate::site::SiteError>,
+    },
+}
+
+/// Every problem, all at once.
+#[derive(Debug, Error, Diagnostic)]
+#[error("{} working out what the hosts must run", count(.errors.len()))]
+#[diagnostic(code(drover::desired::invalid))]
+pub struct DesiredErrors {
+    #[related]
+    pub errors: Vec<DesiredError>,
+}
+
+fn count(n: usize) -> String {
+    if n == 1 {
+        "1 problem".into()
+    } else {
+        format!("{n} problems")
+    }
+}
+
+/// Works out every service's inputs on each of its hosts; every template is rendered for every
+/// host it goes to, and every problem reported at once (one per template file).
+pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired, DesiredErrors> {
+    let mut errors = Vec::new();
+    let mut digests: HashMap<PathBuf, String> = HashMap::new();
+    for f in site.services.iter().flat_map(|s| &s.files) {
+        if f.template.is_some() || digests.contains_key(&f.source) {
+            continue;
+        }
+        match digest_file(&f.source) {
+            Ok(d) => {
+                digests.insert(f.source.clone(), d);
+            }
+            Err(e) => errors.push(DesiredError::Unreadable {
+                path: f.source.display().to_string(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    let key_id = secrets.key().map(|k| k.id());
+    let mut pools = HashMap::new();
+    let mut services = Vec::with_capacity(site.services.len());
+    for (sid, service) in site.services.iter().enumerate() {
+        let needs = Arc::new(render::members(site, hosts, sid, &mut pools));
+        let mut common: BTreeMap<String, Arc<str>> = BTreeMap::new();
+        common.insert("version".to_string(), Arc::from(service.version.as_str()));
+        common.insert(
+            "port".to_string(),
+            Arc::from(service.port.map(|p| p.to_string()).unwrap_or_default()),
+        );
+        for (name, hook) in hook_texts(&service.hooks) {
+            common.insert(format!("hook:{name}"), short_digest(hook.as_bytes()).into());
+        }
+        for (name, value) in &service.env {
+            common.insert(format!("env:{name}"), short_digest(value.as_bytes()).into());
+        }
+        for (name, pool) in needs.iter() {
+            common.insert(format!("needs:{name}"), pool.entry.clone());
+        }
+        for f in service.files.iter().filter(|f| f.template.is_none()) {
+            if let Some(d) = digests.get(&f.source) {
+                common.insert(
+                    format!("file:{}", f.to),
+                    format!("{d} {:o}", f.mode()).into(),
+                );
+            }
+        }
+        let own = secrets.for_service(&service.name);
+        for (name, value) in &own {
+            common.insert(
+                format!("secret:{name}"),
+                secrets
+                    .mac(&[b"secret", name.as_bytes(), value.as_bytes()])
+                    .into(),
+            );
+        }
+        if let (Some(id), false) = (&key_id, own.is_empty()) {
+            common.insert("key".into(), id.as_str().into());
+        }
+        let mut rendered: HashMap<HostId, Vec<(String, Arc<str>)>> = HashMap::new();
+        if service.files.iter().any(|f| f.template.is_some()) {
+            let r = render::Renderer::new(site, sid, needs.clone(), secrets);
+            for h in members_of(site, hosts, sid) {
+                match r.render_all(&hosts.hosts[h]) {
+                    Ok(files) => {
+                        let entries = files
+                            .into_iter()
+                            .map(|(to, mode, text, secret)| {
+                                let d = content_digest(text.as_bytes(), secret, secrets);
+                                (format!("file:{to}"), Arc::from(format!("{d} {mode:o}")))
+                            })
+                            .collect();
+                        rendered.insert(h, entries);
+                    }
+                    Err(cause) => {
+                        let first = errors.iter().any(|e| matches!(e, DesiredError::Render { service: s, .. } if *s == service.name));
+                        if !first {
+                            errors.push(DesiredError::Render {
+                                service: service.name.clone(),
+                                host: hosts.hosts[h].name.to_string(),
+                                cause,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        services.push(ServiceInputs {
+            common: Inputs(common),
+            rendered,
+            needs,
+        });
+    }
+    if errors.is_empty() {
+        Ok(Desired { services })
+    } else {
+        Err(DesiredErrors { errors })
+    }
+}
+
+impl Desired {
+    /// Everything `service` is given on `host`.
+    pub fn inputs(&self, service: ServiceId, host: HostId) -> Inputs {
+        let Some(s) = self.services.get(service) else {
+            return Inputs::default();
+        };
+        let mut all = s.common.clone();
+        if let Some(files) = s.rendered.get(&host) {
+            all.0.extend(files.iter().cloned());
+        }
+        all
+    }
+
+    /// Whether `service` on `host` is given exactly `recorded`, without building its inputs.
+    pub fn matches(&self, service: ServiceId, host: HostId, recorded: &Inputs) -> bool {
+        let Some(s) = self.services.get(service) else {
+            return false;
+        };
+        let files = s.rendered.get(&host).map_or(&[][..], Vec::as_slice);
+        if recorded.0.len() != s.common.0.len() + files.len() {
+            return false;
+        }
+        s.common.0.iter().all(|(k, v)| recorded.0.get(k) == Some(v))
+            && files.iter().all(|(k, v)| recorded.0.get(k) == Some(v))
+    }
+
+    /// For tests and benchmarks: records every service `observed` runs as given exactly its
+    /// desired inputs (hosts in `hosts` order, as `resolve` was given them).
+    #[doc(hidden)]
+    pub fn stamp(&self, site: &Site, observed: &mut [crate::state::Observed]) {
+        for (h, o) in observed.iter_mut().enumerate() {
+            if let crate::state::Observed::Running { services } = o {
+                for (name, record) in services.iter_mut() {
+                    if let Some(sid) = site.service(name) {
+                        record.inputs = Some(self.inputs(sid, h));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Per needed service, its hosts in name order (what `needs` holds in a template).
+    pub fn needs(&self, service: ServiceId) -> Arc<BTreeMap<String, Pool>> {
+        self.services
+            .get(service)
+            .map(|s| s.needs.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl crate::state::Expected for Desired {
+    fn diverged(&self, service: ServiceId, host: HostId, recorded: Option<&Inputs>) -> Vec<String> {
+        match recorded {
+            None => vec!["configuration unknown (recorded by an older deploy)".into()],
+            Some(r) if self.matches(service, host, r) => Vec::new(),
+            Some(r) => self.inputs(service, host).reasons(r),
+        }
+    }
+}
+
+/// The files `service` delivers to `host`, rendered now, in the order the site gives them.
+pub fn deliveries(
+    site: &Site,
+    service: ServiceId,
+    host: &crate::inventory::Host,
+    needs: Arc<BTreeMap<String, Pool>>,
+    secrets: &Secrets,
+) -> Result<Vec<Delivery>, String> {
+    let s = &site.services[service];
+    let r = render::Renderer::new(site, service, needs, secrets);
+    let mut out = Vec::with_capacity(s.files.len());
+    for f in &s.files {
+        match &f.template {
+            None => {
+                let digest = digest_file(&f.source)
+                    .map_err(|e| format!("cannot read {}: {e}", f.source.display()))?;
+                out.push(Delivery {
+                    to: f.to.clone(),
+                    mode: f.mode(),
+                    digest,
+                    content: Content::Path(f.source.clone()),
+                });
+            }
+            Some(t) => {
+                let text = r.render(f, t, host).map_err(|e| {
+                    format!(
+                        "template {} for host {}: {e}",
+                        f.source.display(),
+                        host.name
+                    )
+                })?;
+                out.push(Delivery {
+                    to: f.to.clone(),
+                    mode: f.mode(),
+                    digest: content_digest(text.as_bytes(), t.secret, secrets),
+                    content: Content::Rendered {
+                        text: Arc::new(text),
+                        secret: t.secret,
+                    },
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Hooks by name, with the text each counts by (a check's command only: its timeout and
+/// interval say how drover waits, not what the service is given).
+fn hook_texts(h: &crate::site::Hooks) -> Vec<(&'static str, &str)> {
+    let plain = [
+        ("stop", &h.stop),
+        ("install", &h.install),
+        ("migrate", &h.migrate),
+        ("start", &h.start),
+        ("reload", &h.reload),
+        ("rollback", &h.rollback),
+    ];
+    let mut out: Vec<(&'static str, &str)> = plain
+        .into_iter()
+        .filter_map(|(n, h)| h.as_ref().map(|h| (n, h.command.as_str())))
+        .collect();
+    if let Some(c) = &h.check {
+        out.push(("check", c.command.as_str()));
+    }
+    out
+}
+
+/// Every host of every class that runs `sid`, in name order.
+fn members_of(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
+    let mut all: Vec<HostId> = site.services[sid]
+        .classes
+        .iter()
+        .flat_map(|c| hosts.by_class[*c].iter().copied())
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+/// A value's digest as inputs keep it: 128 bits of sha256, hex.
+fn short_digest(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes)[..16])
+}
+
+/// A content's name in a host's store: its sha256, or for content that holds secrets, the
+/// sha256 of its HMAC under the fingerprint key (nothing to guess a secret from).
+fn content_digest(bytes: &[u8], secret: bool, secrets: &Secrets) -> String {
+    if secret {
+        let mac = secrets.mac(&[b"file", bytes]);
+        hex(&Sha256::digest(mac.as_bytes()))
+    } else {
+        hex(&Sha256::digest(bytes))
+    }
+}
+
+/// sha256 of a file's content, read in chunks.
+pub fn digest_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}

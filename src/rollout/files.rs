@@ -1,0 +1,122 @@
+//! Delivering a step's files: the contents a host's store lacks are streamed to it over the
+//! host's connection, then every file is put in place atomically (`state::files` has the
+//! host's side).
+
+use crate::desired::{Content, Delivery};
+use crate::state::{missing_script, place_script, receive_script, Inputs, Placed};
+use crate::transport::{Link, Payload};
+
+/// What a delivery sent.
+pub struct Sent {
+    pub contents: usize,
+    pub bytes: u64,
+}
+
+impl Sent {
+    /// `placed 2 files, sent 1 content (420 bytes)`.
+    pub fn describe(&self, files: usize) -> String {
+        let s = |n: usize| if n == 1 { "" } else { "s" };
+        match self.contents {
+            0 => format!(
+                "placed {files} file{}, the host had every content",
+                s(files)
+            ),
+            n => format!(
+                "placed {files} file{}, sent {n} content{} ({} bytes)",
+                s(files),
+                s(n),
+                self.bytes
+            ),
+        }
+    }
+}
+
+/// Delivers `files` of `service`; `previous` is what the host recorded the service had.
+/// On failure, whether anything may have been put in place, and why.
+pub async fn deliver<L: Link>(
+    link: &L,
+    state_dir: &str,
+    service: &str,
+    files: &[Delivery],
+    previous: Option<&Inputs>,
+) -> Result<Sent, (bool, String)> {
+    let mut digests: Vec<&str> = files.iter().map(|f| f.digest.as_str()).collect();
+    digests.sort_unstable();
+    digests.dedup();
+    let out = link
+        .run(&missing_script(state_dir, &digests))
+        .await
+        .map_err(|e| (false, e.to_string()))?;
+    if !out.success() {
+        return Err((false, failed("looking up the host's store", &out.stderr)));
+    }
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    let missing: Vec<&str> = listed
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut sent = Sent {
+        contents: 0,
+        bytes: 0,
+    };
+    for digest in &missing {
+        let Some(f) = files.iter().find(|f| f.digest == *digest) else {
+            continue;
+        };
+        let (payload, size) = match &f.content {
+            Content::Path(p) => (
+                Payload::File(p),
+                std::fs::metadata(p)
+                    .map(|m| m.len())
+                    .map_err(|e| (false, format!("cannot read {}: {e}", p.display())))?,
+            ),
+            Content::Rendered { text, .. } => (Payload::Bytes(text.as_bytes()), text.len() as u64),
+        };
+        let out = link
+            .send(&receive_script(state_dir, digest, size), payload)
+            .await
+            .map_err(|e| (false, format!("sending {}: {e}", f.to)))?;
+        if !out.success() {
+            return Err((false, failed(&format!("sending {}", f.to), &out.stderr)));
+        }
+        sent.contents += 1;
+        sent.bytes += size;
+    }
+    let placed: Vec<Placed> = files
+        .iter()
+        .map(|f| Placed {
+            to: f.to.clone(),
+            mode: f.mode,
+            digest: f.digest.clone(),
+        })
+        .collect();
+    let known: Vec<Placed> = previous
+        .map(|p| {
+            p.files()
+                .map(|(to, digest, mode)| Placed {
+                    to: to.to_string(),
+                    mode,
+                    digest: digest.to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let out = link
+        .run(&place_script(state_dir, service, &placed, &known))
+        .await
+        .map_err(|e| (true, e.to_string()))?;
+    if !out.success() {
+        return Err((true, failed("putting the files in place", &out.stderr)));
+    }
+    Ok(sent)
+}
+
+/// `what failed: <the last line of stderr>`.
+fn failed(what: &str, stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    match text.lines().rfind(|l| !l.trim().is_empty()) {
+        Some(line) => format!("{what} failed: {}", line.trim()),
+        None => format!("{what} failed"),
+    }
+}

@@ -1,0 +1,293 @@
+//! Pool changes on the fake transport: a dependent's step that lists hosts this run adds to a
+//! service waits until their steps of that service have ended; no plan deadlocks on it.
+
+use super::*;
+use proptest::prelude::*;
+
+/// Plans `body` on `hosts`: every host but `added` runs each of its services at 1.0 with the
+/// inputs it had before `added` joined the inventory; `added` are fresh.
+fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &[&str]) -> Fixture {
+    let fx = fixture(body, hosts, policies, &[]);
+    let site = fx.site.clone();
+    let full = crate::inventory::resolve(&site).expect("inventory");
+    let kept: std::collections::BTreeSet<usize> = (0..full.hosts.len())
+        .filter(|h| !added.contains(&&*full.hosts[*h].name))
+        .collect();
+    let before = full.subset(&kept, site.classes.len());
+    let secrets = crate::secrets::Secrets::none();
+    let old = crate::desired::resolve(&site, &before, &secrets).expect("desired");
+    let observed: Vec<Observed> = full
+        .hosts
+        .iter()
+        .map(|h| {
+            let Some(b) = before.find(&h.name) else {
+                return Observed::Fresh;
+            };
+            let services = h
+                .classes
+                .iter()
+                .flat_map(|c| site.classes[*c].services.iter().copied())
+                .map(|sid| {
+                    (
+                        site.services[sid].name.clone(),
+                        ServiceRecord {
+                            version: site.services[sid].version.clone(),
+                            configured: None,
+                            validated: None,
+                            inputs: Some(old.inputs(sid, b)),
+                        },
+                    )
+                })
+                .collect();
+            Observed::Running { services }
+        })
+        .collect();
+    let desired = crate::desired::resolve(&site, &full, &secrets).expect("desired");
+    let plan = plan::plan(&site, &full, &observed, &desired, &Selection::default()).expect("plan");
+    Fixture {
+        dir: fx.dir,
+        site,
+        plan: Arc::new(plan),
+        desired: Arc::new(desired),
+        release: None,
+    }
+}
+
+/// Every waiting step started only after each step it waits for had finished (or was given up
+/// without running).
+fn waits_kept(fx: &Fixture, ran: &Ran) -> Result<(), String> {
+    for s in &fx.plan.services {
+        for st in s.waves.iter().flat_map(|w| &w.steps) {
+            let Some(first) = ran.first_hook(&s.name, &st.host) else {
+                continue;
+            };
+            for w in &st.waits {
+                let ended = ran
+                    .steps_finished(&w.service)
+                    .into_iter()
+                    .find(|(_, _, h, _)| **h == *w.host)
+                    .map(|(seq, ..)| seq);
+                // A step given up (its service blocked or halted) never runs: its wait is over.
+                let never_ran = ran.first_hook(&w.service, &w.host).is_none();
+                match ended {
+                    Some(seq) if seq < first.start => {}
+                    None if never_ran => {}
+                    other => {
+                        return Err(format!(
+                            "{} on {} started at {} before {} on {} ended ({other:?})",
+                            s.name, st.host, first.start, w.service, w.host
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_load_balancer_lists_a_new_member_only_after_its_step_ended() {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
+        svc("api", "port 8080"),
+        svc(
+            "lb",
+            "needs \"api\" addressable=\"all\"; reload \"hook reload lb\""
+        )
+    );
+    let mut hs = hosts("app", "app", 3);
+    hs.extend(hosts("lb", "lb", 2));
+    let fx = grown(&body, &host_refs(&hs), &[], &["app3"]);
+    let lb = fx.service("lb");
+    let steps: Vec<&plan::Step> = lb.waves.iter().flat_map(|w| &w.steps).collect();
+    assert_eq!(steps.len(), 2, "both lb hosts are reconfigured");
+    for st in &steps {
+        assert_eq!(st.kind, plan::StepKind::Reconfigure);
+        assert_eq!(st.reasons, ["needs api: +app3"]);
+        assert_eq!(st.waits.len(), 1);
+        assert_eq!((&*st.waits[0].service, &*st.waits[0].host), ("api", "app3"));
+    }
+    assert_eq!(
+        fx.waves("api"),
+        [["app3"]],
+        "only the new host installs api"
+    );
+    // app3's install takes a while; lb must not reload before it ends.
+    let ran = fx
+        .run(
+            Rules::default().sleep(Some("app3"), "hook install api", 150),
+            8,
+            true,
+        )
+        .await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    waits_kept(&fx, &ran).expect("waits kept");
+    assert_eq!(
+        ran.hosts_with("reload", "lb"),
+        ["lb1", "lb2"],
+        "a reconfigure reloads"
+    );
+    assert!(
+        ran.hosts_with("start", "lb").is_empty(),
+        "no start in a reload"
+    );
+    let (api_done, ..) = ran.step_finished("api", "app3");
+    let first = ran.first_hook("lb", "lb1").expect("lb1 ran");
+    assert!(api_done < first.start, "lb1 waited for app3");
+}
+
+#[tokio::test]
+async fn a_member_that_fails_still_ends_the_wait() {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
+        svc("api", "port 8080; policy \"cont.kdl\""),
+        svc("lb", "needs \"api\" addressable=\"all\"")
+    );
+    let mut hs = hosts("app", "app", 2);
+    hs.extend(hosts("lb", "lb", 1));
+    let fx = grown(
+        &body,
+        &host_refs(&hs),
+        &[("cont.kdl", "batch 1; on-failure \"continue\"")],
+        &["app2"],
+    );
+    let ran = fx
+        .run(
+            Rules::default().fail(Some("app2"), "hook check api"),
+            8,
+            true,
+        )
+        .await;
+    assert_eq!(
+        ran.failed_hosts(),
+        [("app2".to_string(), "api".to_string())]
+    );
+    // Without `reload`, a reconfigure is the whole switch-over at the same version.
+    assert_eq!(ran.hosts_with("stop", "lb"), ["lb1"]);
+    assert_eq!(ran.hosts_with("start", "lb"), ["lb1"]);
+    waits_kept(&fx, &ran).expect("waits kept");
+}
+
+#[tokio::test]
+async fn no_wait_when_the_new_members_service_needs_this_one() {
+    // api needs lb at runtime: lb cannot wait for api's new hosts (api waits for lb).
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
+        svc("api", "port 8080; needs \"lb\""),
+        svc("lb", "needs \"api\" addressable=\"all\"")
+    );
+    let mut hs = hosts("app", "app", 2);
+    hs.extend(hosts("lb", "lb", 1));
+    let fx = grown(&body, &host_refs(&hs), &[], &["app2"]);
+    let lb = fx.service("lb");
+    let st = &lb.waves[0].steps[0];
+    assert_eq!(st.reasons, ["needs api: +app2"]);
+    assert!(st.waits.is_empty());
+    let ran = fx.run(Rules::default(), 8, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+}
+
+/// A random fleet: services in a chain of data needs both ways (pools that list each other),
+/// some runtime needs forward, hosts added to any class, some hooks failing.
+#[derive(Debug, Clone)]
+struct Case {
+    services: usize,
+    /// `data[i][j]`: service i needs j's addresses.
+    data: Vec<Vec<bool>>,
+    /// `runtime[i]`: service i needs service i-1 at runtime.
+    runtime: Vec<bool>,
+    /// Per class (one per service), how many hosts, and how many of them are new.
+    hosts: Vec<(usize, usize)>,
+    batch: usize,
+    fail: Vec<(usize, usize)>,
+    continue_on_failure: bool,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (2usize..=4)
+        .prop_flat_map(|n| {
+            (
+                Just(n),
+                prop::collection::vec(prop::collection::vec(any::<bool>(), n), n),
+                prop::collection::vec(any::<bool>(), n),
+                prop::collection::vec((1usize..=3, 0usize..=2), n),
+                1usize..=3,
+                prop::collection::vec((0usize..n, 0usize..5), 0..3),
+                any::<bool>(),
+            )
+        })
+        .prop_map(
+            |(services, data, runtime, hosts, batch, fail, continue_on_failure)| Case {
+                services,
+                data,
+                runtime,
+                hosts: hosts.into_iter().map(|(n, new)| (n, new.min(n))).collect(),
+                batch,
+                fail,
+                continue_on_failure,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_plan_with_pool_changes_runs_to_the_end(c in case()) {
+        let name = |i: usize| format!("s{i}");
+        let mut body = String::new();
+        for i in 0..c.services {
+            body.push_str(&format!("class \"c{i}\" {{ service \"{}\" }}\n", name(i)));
+        }
+        for i in 0..c.services {
+            let mut extra = format!("port {}; policy \"p.kdl\"", 8000 + i);
+            for j in (0..c.services).filter(|j| c.data[i][*j] && *j != i) {
+                extra.push_str(&format!("; needs \"{}\" addressable=\"all\"", name(j)));
+            }
+            if i > 0 && c.runtime[i] {
+                extra.push_str(&format!("; needs \"{}\" healthy=1", name(i - 1)));
+            }
+            if i % 2 == 0 {
+                extra.push_str(&format!("; reload \"hook reload {}\"", name(i)));
+            }
+            body.push_str(&svc(&name(i), &extra));
+        }
+        let mut hs: Vec<(String, &'static str)> = Vec::new();
+        let mut added: Vec<String> = Vec::new();
+        const CLASSES: [&str; 4] = ["c0", "c1", "c2", "c3"];
+        for (i, (n, new)) in c.hosts.iter().enumerate() {
+            for k in 0..*n {
+                let host = format!("h{i}x{k}");
+                if k >= n - new {
+                    added.push(host.clone());
+                }
+                hs.push((host, CLASSES[i]));
+            }
+        }
+        let policy = format!(
+            "batch {}; max-failed 0{}",
+            c.batch,
+            if c.continue_on_failure { "; on-failure \"continue\"" } else { "" }
+        );
+        let added_refs: Vec<&str> = added.iter().map(String::as_str).collect();
+        let fx = grown(&body, &host_refs(&hs), &[("p.kdl", &policy)], &added_refs);
+        let mut rules = Rules::default().sleep(None, "hook install", 3);
+        for (s, h) in &c.fail {
+            let host = hs.iter().filter(|(_, cl)| *cl == CLASSES[*s]).nth(*h).map(|(n, _)| n.clone());
+            if let Some(host) = host {
+                rules = rules.fail(Some(&host), &format!("hook check {}", name(*s)));
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        // `run` panics if the rollout does not finish (its deadlock guard).
+        let ran = runtime.block_on(fx.run(rules, 16, true));
+        let (ok, failed, not_started) = ran.counts();
+        prop_assert_eq!(ok + failed + not_started, fx.plan.steps(), "every step accounted for");
+        if c.fail.is_empty() {
+            prop_assert!(ran.summary.converged(), "{:?}", ran.summary);
+        }
+        if let Err(e) = waits_kept(&fx, &ran) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! `env` and `file` nodes → checked variables and files: names, paths, modes, and templates
+//! compiled (syntax and variable names) before anything is resolved.
+
+use super::error::{SiteError, Src};
+use super::model::{File, Template};
+use super::raw::{RawEnv, RawFile};
+use super::read::Reader;
+use super::source::{beside, Sources};
+use miette::SourceSpan;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The variables a template may use (`deploy check` refuses any other).
+pub const TEMPLATE_VARIABLES: &[&str] = &[
+    "site", "host", "address", "classes", "tags", "service", "version", "port", "env", "needs",
+    "secrets",
+];
+
+/// Whether `name` may be an environment variable a hook is given (letters, digits, `_`).
+pub fn variable_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Checks one scope's `env` nodes (the site's or a service's): valid names, not drover's own,
+/// each once. Returns them in the order written.
+pub fn env(r: &mut Reader<'_>, raw: &[RawEnv]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
+    for e in raw {
+        let name = &e.name.value;
+        if !variable_name(name) {
+            r.bad(
+                e.name.span,
+                "the variable's name".into(),
+                format!("`{name}` is not an environment variable name"),
+                "use letters, digits and `_`, not starting with a digit, as in \"MAXCONN\"".into(),
+            );
+            continue;
+        }
+        if name.starts_with("DEPLOY_") {
+            r.bad(
+                e.name.span,
+                "the variable's name".into(),
+                "names starting with DEPLOY_ are drover's own variables".into(),
+                "choose another name, as in \"MAXCONN\"".into(),
+            );
+            continue;
+        }
+        if let Some(first) = seen.get(name.as_str()) {
+            r.errors.push(SiteError::Duplicate {
+                kind: "env variable".into(),
+                name: name.clone(),
+                src: r.src.clone(),
+                first: *first,
+                second: e.name.span,
+                help: "give each variable once in a scope (a service's own `env` overrides the site's)".into(),
+            });
+            continue;
+        }
+        seen.insert(name, e.name.span);
+        out.push((name.clone(), e.value.clone()));
+    }
+    out
+}
+
+/// The service's environment: the site's variables, overridden by its own, sorted by name.
+pub fn merged_env(site: &[(String, String)], own: &[(String, String)]) -> Vec<(String, String)> {
+    let mut all: std::collections::BTreeMap<String, String> = site.iter().cloned().collect();
+    all.extend(own.iter().cloned());
+    all.into_iter().collect()
+}
+
+/// Checks one service's `file` nodes; sources are relative to `named_in`, the file that names
+/// them. Template sources are read (into `sources`: the site's digest covers them) and compiled.
+pub fn files(
+    r: &mut Reader<'_>,
+    sources: &mut Sources,
+    named_in: &Path,
+    raw: &[RawFile],
+) -> Vec<File> {
+    let mut out = Vec::new();
+    let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
+    for f in raw {
+        let mut ok = true;
+        let to = match &f.to {
+            None => {
+                r.missing(
+                    f.span,
+                    "`to=`, where the file goes on the host".into(),
+                    format!(
+                        "write `file \"{}\" to=\"/etc/…\"`",
+                        f.source.value.replace('"', "\\\"")
+                    ),
+                );
+                None
+            }
+            Some(to) if !to.value.starts_with('/') || to.value.ends_with('/') => {
+                r.bad(
+                    to.span,
+                    "`to`".into(),
+                    "not an absolute file path".into(),
+                    "give the file's absolute path on the host, as in \"/etc/haproxy/haproxy.cfg\""
+                        .into(),
+                );
+                None
+            }
+            Some(to) if to.value.contains(['\n', '\0']) => {
+                r.bad(
+                    to.span,
+                    "`to`".into(),
+                    "a path with a newline or NUL".into(),
+                    "give a path without control characters".into(),
+                );
+                None
+            }
+            Some(to) => match seen.get(to.value.as_str()) {
+                Some(first) => {
+                    r.errors.push(SiteError::Duplicate {
+                        kind: "file destination".into(),
+                        name: to.value.clone(),
+                        src: r.src.clone(),
+                        first: *first,
+                        second: to.span,
+                        help: "deliver one file to each path".into(),
+                    });
+                    None
+                }
+                None => {
+                    seen.insert(&to.value, to.span);
+                    Some(to.value.clone())
+                }
+            },
+        };
+        let mode = match &f.mode {
+            None => None,
+            Some(m) => match parse_mode(&m.value) {
+                Some(mode) => Some(mode),
+                None => {
+                    r.bad(
+                        m.span,
+                        "`mode`".into(),
+                        format!("`{}` is not an octal file mode", m.value),
+                        "write the mode in octal, as in mode=\"0644\" or mode=\"0750\"".into(),
+                    );
+                    ok = false;
+                    None
+                }
+            },
+        };
+        let source = beside(named_in, &f.source.value);
+        let unreadable = |r: &mut Reader<'_>, reason: String| {
+            r.errors.push(SiteError::Unreadable {
+                path: source.display().to_string(),
+                reason,
+                src: Some(r.src.clone()),
+                span: Some(f.source.span),
+                help: "a file's source is relative to the file that names it; check the path and that `deploy` may read it".into(),
+            });
+        };
+        let template = if f.template {
+            match sources.read_text(&source) {
+                Ok(src) => compile(r, &src).map(Arc::new),
+                Err(e) => {
+                    unreadable(r, e.to_string());
+                    None
+                }
+            }
+        } else {
+            match std::fs::File::open(&source).and_then(|file| file.metadata()) {
+                Ok(meta) if meta.is_file() => None,
+                Ok(_) => {
+                    unreadable(r, "not a regular file".into());
+                    ok = false;
+                    None
+                }
+                Err(e) => {
+                    unreadable(r, e.to_string());
+                    ok = false;
+                    None
+                }
+            }
+        };
+        if f.template && template.is_none() {
+            ok = false;
+        }
+        if let (Some(to), true) = (to, ok) {
+            out.push(File {
+                source,
+                to,
+                mode,
+                template,
+            });
+        }
+    }
+    out
+}
+
+/// `"0644"`, `"644"` or `"0o644"` → 0o644; at most 0o7777.
+fn parse_mode(text: &str) -> Option<u32> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    if digits.is_empty() || digits.len() > 5 {
+        return None;
+    }
+    u32::from_str_radix(digits, 8).ok().filter(|m| *m <= 0o7777)
+}
+
+/// Compiles a template: syntax, and every variable it reads from outside one of
+/// [`TEMPLATE_VARIABLES`].
+fn compile(r: &mut Reader<'_>, src: &Src) -> Option<Template> {
+    let text = src.inner().as_str();
+    let mut env = minijinja::Environment::new();
+    env.set_keep_trailing_newline(true);
+    let path = src.name().to_string();
+    let template = match env.template_from_str(text) {
+        Ok(t) => t,
+        Err(e) => {
+            r.errors.push(template_error(src, &e));
+            return None;
+        }
+    };
+    let used = template.undeclared_variables(false);
+    let mut ok = true;
+    for name in used
+        .iter()
+        .filter(|v| !TEMPLATE_VARIABLES.contains(&v.as_str()))
+    {
+        let span = word_span(text, name);
+        let close = super::suggest::closest(name, TEMPLATE_VARIABLES.iter().copied());
+        let help = match close {
+            Some(c) => format!(
+                "did you mean `{c}`? A template sees {}",
+                TEMPLATE_VARIABLES.join(", ")
+            ),
+            None => format!("a template sees {}", TEMPLATE_VARIABLES.join(", ")),
+        };
+        r.errors.push(SiteError::Template {
+            path: path.clone(),
+            message: format!("unknown variable `{name}`"),
+            src: src.clone(),
+            span,
+            label: "not a template variable".into(),
+            help,
+        });
+        ok = false;
+    }
+    ok.then(|| Template {
+        text: text.to_string(),
+        secret: used.contains("secrets"),
+    })
+}
+
+/// A minijinja error as a diagnostic pointing into the template.
+pub fn template_error(src: &Src, e: &minijinja::Error) -> SiteError {
+    let text = src.inner().as_str();
+    let span = match e.range() {
+        Some(range) => SourceSpan::from(range.start.min(text.len())..range.end.min(text.len())),
+        None => line_span(text, e.line().unwrap_or(1)),
+    };
+    SiteError::Template {
+        path: src.name().to_string(),
+        message: e
+            .detail()
+            .map_or_else(|| e.kind().to_string(), str::to_string),
+        src: src.clone(),
+        span,
+        label: e.kind().to_string(),
+        help: "see https://docs.rs/minijinja for the template syntax".into(),
+    }
+}
+
+/// The first place `word` stands on its own in `text` (the start when nowhere).
+fn word_span(text: &str, word: &str) -> SourceSpan {
+    let boundary = |c: Option<char>| c.is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+    let found = text.match_indices(word).find(|(i, _)| {
+        boundary(text[..*i].chars().next_back()) && boundary(text[i + word.len()..].chars().next())
+    });
+    match found {
+        Some((i, _)) => SourceSpan::from(i..i + word.len()),
+        None => SourceSpan::from(0..0),
+    }
+}
+
+/// The whole of line `line` (1-based).
+fn line_span(text: &str, line: usize) -> SourceSpan {
+    let mut start = 0;
+    for (n, l) in text.split_inclusive('\n').enumerate() {
+        if n + 1 == line {
+            return SourceSpan::from(start..start + l.trim_end().len());
+        }
+        start += l.len();
+    }
+    SourceSpan::from(0..0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse_mode("0644"), Some(0o644));
+        assert_eq!(parse_mode("750"), Some(0o750));
+        assert_eq!(parse_mode("0o600"), Some(0o600));
+        assert_eq!(parse_mode("0888"), None);
+        assert_eq!(parse_mode("17777"), None);
+        assert_eq!(parse_mode(""), None);
+    }
+
+    #[test]
+    fn service_env_wins_and_is_sorted() {
+        let site = vec![("TZ".into(), "UTC".into()), ("MODE".into(), "a".into())];
+        let own = vec![("MODE".into(), "b".into())];
+        assert_eq!(
+            merged_env(&site, &own),
+            vec![
+                ("MODE".to_string(), "b".to_string()),
+                ("TZ".to_string(), "UTC".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn words() {
+        let t = "{{ hosts }} {{ host }}";
+        assert_eq!(word_span(t, "host"), SourceSpan::from(15..19));
+    }
+}

@@ -1,0 +1,215 @@
+//! A service's inputs as a host records them: one entry per thing its hooks are given, so that
+//! two sets of inputs can say, in words, how they differ.
+//!
+//! Keys and values (what counts, and why, is in the book's "Desired state" chapter):
+//! `version`, `port` (as written); `hook:<name>` (a digest of its text); `env:<NAME>` (a digest of
+//! its value); `needs:<service>` (the `host=address[:port]` list, space-separated, in host name
+//! order); `file:<path>` (`<content digest> <mode in octal>`); `secret:<NAME>` (an HMAC under the
+//! controller's key, never a plain digest) and `key` (which key: the HMAC of a fixed text).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Everything a service on one host is given, by key (values shared: a pool's member list is
+/// the same text for every host that needs it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Inputs(pub BTreeMap<String, Arc<str>>);
+
+impl Inputs {
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|v| &**v)
+    }
+
+    /// The files these inputs deliver, as `(path, digest, mode)`.
+    pub fn files(&self) -> impl Iterator<Item = (&str, &str, u32)> {
+        self.0.iter().filter_map(|(k, v)| {
+            let path = k.strip_prefix("file:")?;
+            let (digest, mode) = v.split_once(' ')?;
+            Some((path, digest, u32::from_str_radix(mode, 8).ok()?))
+        })
+    }
+
+    /// How `self` (what the site says now) differs from `was` (what the host records), one
+    /// reason per kind, in a fixed order: `port`, `hooks: start, check`, `env: MODE`,
+    /// `needs api: +app8 -app3`, `file: /etc/x`, `secret: TOKEN`. Empty when they are equal.
+    pub fn reasons(&self, was: &Inputs) -> Vec<String> {
+        let mut out = Vec::new();
+        let changed = |key: &str| self.0.get(key) != was.0.get(key);
+        if changed("port") {
+            let show = |i: &Inputs| {
+                i.get("port")
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or("none")
+                    .to_string()
+            };
+            out.push(format!("port: {} → {}", show(was), show(self)));
+        }
+        let keys = |prefix: &str| -> Vec<String> {
+            let mut names: Vec<&str> = self
+                .0
+                .keys()
+                .chain(was.0.keys())
+                .filter_map(|k| k.strip_prefix(prefix))
+                .filter(|name| changed(&format!("{prefix}{name}")))
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            names.into_iter().map(str::to_string).collect()
+        };
+        let hooks = keys("hook:");
+        if !hooks.is_empty() {
+            // In the order a switch-over runs them.
+            let order = [
+                "stop", "install", "migrate", "start", "reload", "check", "rollback",
+            ];
+            let mut hooks = hooks;
+            hooks.sort_by_key(|h| order.iter().position(|o| o == h).unwrap_or(order.len()));
+            out.push(format!("hooks: {}", hooks.join(", ")));
+        }
+        let env = keys("env:");
+        if !env.is_empty() {
+            out.push(format!("env: {}", env.join(", ")));
+        }
+        for service in keys("needs:") {
+            let key = format!("needs:{service}");
+            let members = |i: &Inputs| -> Vec<String> {
+                i.get(&key)
+                    .map(|v| {
+                        v.split(' ')
+                            .filter(|m| !m.is_empty())
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let (now, then) = (members(self), members(was));
+            let name = |m: &str| m.split_once('=').map_or(m, |(h, _)| h).to_string();
+            let then_names: Vec<String> = then.iter().map(|m| name(m)).collect();
+            let now_names: Vec<String> = now.iter().map(|m| name(m)).collect();
+            let mut parts: Vec<String> = now_names
+                .iter()
+                .filter(|n| !then_names.contains(n))
+                .map(|n| format!("+{n}"))
+                .collect();
+            parts.extend(
+                then_names
+                    .iter()
+                    .filter(|n| !now_names.contains(n))
+                    .map(|n| format!("-{n}")),
+            );
+            // Same hosts, other addresses or port.
+            parts.extend(
+                now.iter()
+                    .filter(|m| !then.contains(m) && then_names.contains(&name(m)))
+                    .map(|m| format!("~{m}")),
+            );
+            out.push(format!("needs {service}: {}", parts.join(" ")));
+        }
+        for path in keys("file:") {
+            out.push(format!("file: {path}"));
+        }
+        if changed("key") && was.get("key").is_some() && self.get("key").is_some() {
+            out.push("secrets: recorded under another controller's key".into());
+        } else {
+            for name in keys("secret:") {
+                out.push(format!("secret: {name}"));
+            }
+        }
+        if out.is_empty() && self != was {
+            // Only the key or an entry of a kind this version does not know.
+            out.push("configuration".into());
+        }
+        out
+    }
+
+    /// The hosts of `service` these inputs list and `was` did not.
+    pub fn added_members(&self, was: &Inputs, service: &str) -> Vec<String> {
+        let key = format!("needs:{service}");
+        let names = |i: &Inputs| -> Vec<String> {
+            i.get(&key)
+                .map(|v| {
+                    v.split(' ')
+                        .filter(|m| !m.is_empty())
+                        .map(|m| m.split_once('=').map_or(m, |(h, _)| h).to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let then = names(was);
+        names(self)
+            .into_iter()
+            .filter(|n| !then.contains(n))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs(pairs: &[(&str, &str)]) -> Inputs {
+        Inputs(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Arc::from(*v)))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn names_every_kind_of_change() {
+        let was = inputs(&[
+            ("version", "1"),
+            ("port", "80"),
+            ("hook:start", "a"),
+            ("hook:check", "a"),
+            ("env:MODE", "a"),
+            ("needs:api", "app1=10.0.0.1:8080 app3=10.0.0.3:8080"),
+            ("file:/etc/x", "d1 644"),
+            ("secret:TOKEN", "h1"),
+            ("key", "k"),
+        ]);
+        let now = inputs(&[
+            ("version", "1"),
+            ("port", "80"),
+            ("hook:start", "b"),
+            ("hook:check", "b"),
+            ("env:MODE", "b"),
+            ("needs:api", "app1=10.0.0.1:8080 app8=10.0.0.8:8080"),
+            ("file:/etc/x", "d2 644"),
+            ("secret:TOKEN", "h2"),
+            ("key", "k"),
+        ]);
+        assert_eq!(
+            now.reasons(&was),
+            [
+                "hooks: start, check",
+                "env: MODE",
+                "needs api: +app8 -app3",
+                "file: /etc/x",
+                "secret: TOKEN"
+            ]
+        );
+        assert_eq!(now.added_members(&was, "api"), ["app8"]);
+        assert!(now.reasons(&now).is_empty());
+    }
+
+    #[test]
+    fn another_key_is_one_reason_not_every_secret() {
+        let was = inputs(&[("secret:A", "1"), ("secret:B", "2"), ("key", "k1")]);
+        let now = inputs(&[("secret:A", "3"), ("secret:B", "4"), ("key", "k2")]);
+        assert_eq!(
+            now.reasons(&was),
+            ["secrets: recorded under another controller's key"]
+        );
+    }
+
+    #[test]
+    fn files_parse_back() {
+        let i = inputs(&[("file:/etc/a b", "abc 600"), ("env:X", "1")]);
+        assert_eq!(i.files().collect::<Vec<_>>(), [("/etc/a b", "abc", 0o600)]);
+    }
+}

@@ -1,0 +1,508 @@
+//! Desired state on a real sshd fleet: a host is converged only when each service runs with
+//! exactly the inputs the site gives it. Hook, env, file, template and secret changes redo only
+//! the service they belong to, within its batch; pool changes reach dependents in order; a
+//! failed reload puts the previous files back; large files are streamed and sent once; a
+//! secret's value is written nowhere.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use support::fleet::{Fleet, FleetHost};
+
+/// Appends `<ns> <what> <service>` to the host's /var/lib/events.
+const EV: &str = r#"ev() { echo "$(date +%s%N) $1 $DEPLOY_SERVICE" >> /var/lib/events; }; "#;
+
+/// What the site says; tests change one thing at a time.
+#[derive(Clone)]
+struct Conf {
+    lb_start: &'static str,
+    mode: &'static str,
+    /// lb's batch.
+    batch: u32,
+}
+
+impl Default for Conf {
+    fn default() -> Self {
+        Conf {
+            lb_start: "ev start",
+            mode: "fast",
+            batch: 1,
+        }
+    }
+}
+
+struct Site {
+    fleet: Fleet,
+    /// Hosts left out of the inventory.
+    hidden: Vec<&'static str>,
+    /// `CONF_TOKEN`, the secret.
+    token: String,
+    home: tempfile::TempDir,
+}
+
+impl Site {
+    fn start(apps: usize, lbs: usize) -> Site {
+        let mut hosts = Vec::new();
+        for i in 1..=apps {
+            hosts.push(FleetHost::new(&format!("app{i}"), "app"));
+        }
+        for i in 1..=lbs {
+            hosts.push(FleetHost::new(&format!("lb{i}"), "lb"));
+        }
+        let fleet = Fleet::start(&hosts);
+        std::fs::write(
+            fleet.dir.join("lb.cfg.j2"),
+            "# {{ host }} ({{ env.MODE }})\n{% for h in needs.api %}server {{ h.host }} {{ h.address }}:{{ h.port }}\n{% endfor %}",
+        )
+        .expect("template");
+        std::fs::write(fleet.dir.join("static.txt"), "static one\n").expect("static");
+        Site {
+            fleet,
+            hidden: Vec::new(),
+            token: "t0ken-Xq9-first".into(),
+            home: tempfile::tempdir().expect("home"),
+        }
+    }
+
+    fn write(&self, c: &Conf) -> PathBuf {
+        let mut platform = self.fleet.write_platform("/var/lib/drover");
+        let text = std::fs::read_to_string(&platform).expect("platform");
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                !self
+                    .hidden
+                    .iter()
+                    .any(|h| l.contains(&format!("host \"{h}\"")))
+            })
+            .collect();
+        std::fs::write(&platform, kept.join("\n") + "\n").expect("platform");
+        platform.pop();
+        let dir = &self.fleet.dir;
+        std::fs::write(
+            dir.join("policy.kdl"),
+            "policy \"default\" { batch 1; max-failed 0; }\n",
+        )
+        .expect("policy");
+        std::fs::write(
+            dir.join("lb-policy.kdl"),
+            format!("policy \"lb\" {{ batch {}; max-failed 0; }}\n", c.batch),
+        )
+        .expect("policy");
+        let serve = r#"cd /srv/api && setsid nohup python3 -m http.server --bind "$DEPLOY_ADDRESS" "$DEPLOY_PORT" >/srv/api/log 2>&1 </dev/null & echo $! >/srv/api/pid"#;
+        let check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; v = u.build_opener(u.ProxyHandler({})).open("http://%s:%s/version" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]), timeout=2).read().decode(); raise SystemExit(v != a["DEPLOY_NEW_VERSION"])'"#;
+        let site = format!(
+            r####"site "conf" {{
+    version "1.0"
+    platform "platform.kdl"
+    policy "policy.kdl"
+    env "TZ" "UTC"
+}}
+class "app" {{ service "api" }}
+class "lb" {{ service "lb" }}
+service "api" {{
+    port 18080
+    stop #"{EV}ev stop; [ -f /srv/api/pid ] && kill $(cat /srv/api/pid); rm -f /srv/api/pid; sleep 0.1"#
+    install #"{EV}ev install; mkdir -p /srv/api && printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version"#
+    start #"{EV}ev start; {serve}"#
+    check #"{check} && {EV}ev checked"# timeout="5s" interval="100ms"
+}}
+service "lb" {{
+    port 18000
+    needs "api" addressable="all"
+    policy "lb-policy.kdl"
+    env "MODE" "{mode}"
+    secret "TOKEN" env="CONF_TOKEN"
+    file "lb.cfg.j2" to="/srv/lb/upstreams" template=#true
+    file "static.txt" to="/srv/lb/static.txt" mode="0640"
+    stop #"{EV}ev stop"#
+    install #"{EV}ev install; [ -n "$TOKEN" ] && [ "$MODE" = {mode} ] && [ "$TZ" = UTC ]"#
+    start #"{EV}{start}"#
+    reload #"{EV}ev reload; [ ! -e /srv/fail-reload ]"#
+    check #"{EV}ev checked; [ -s /srv/lb/upstreams ]"# timeout="5s" interval="100ms"
+    rollback #"{EV}ev rollback"#
+}}
+"####,
+            mode = c.mode,
+            start = c.lb_start,
+        );
+        let path = dir.join("site.kdl");
+        std::fs::write(&path, site).expect("site");
+        path
+    }
+
+    fn deploy(&self, args: &[&str]) -> Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+            .args(args)
+            .current_dir(&self.fleet.dir)
+            .env("NO_COLOR", "1")
+            .env("CONF_TOKEN", &self.token)
+            .env("HOME", self.home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("DROVER_FINGERPRINT_KEY")
+            .output()
+            .expect("run deploy")
+    }
+
+    fn apply(&self, c: &Conf) -> Output {
+        let site = self.write(c);
+        self.deploy(&["apply", site.to_str().unwrap(), "--yes"])
+    }
+
+    fn apply_ok(&self, c: &Conf) -> String {
+        let out = self.apply(c);
+        assert_eq!(out.status.code(), Some(0), "apply failed:\n{}", text(&out));
+        text(&out)
+    }
+
+    fn plan(&self, c: &Conf) -> String {
+        let site = self.write(c);
+        text(&self.deploy(&["plan", site.to_str().unwrap()]))
+    }
+
+    /// `(host, what)` of every hook event, oldest first.
+    fn events(&self) -> Vec<(u128, String, String, String)> {
+        let mut all = Vec::new();
+        for host in self.fleet.names() {
+            let path = self.fleet.host_root(host).join("var-lib/events");
+            for l in std::fs::read_to_string(path).unwrap_or_default().lines() {
+                let f: Vec<&str> = l.split(' ').collect();
+                if let [ns, what, service] = f[..] {
+                    all.push((
+                        ns.parse().unwrap_or(0),
+                        host.to_string(),
+                        what.to_string(),
+                        service.to_string(),
+                    ));
+                }
+            }
+        }
+        all.sort();
+        all
+    }
+
+    fn file(&self, host: &str, path: &str) -> String {
+        std::fs::read_to_string(self.fleet.host_root(host).join(path)).unwrap_or_default()
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Events after `from` as `host what`.
+fn since(all: &[(u128, String, String, String)], from: usize) -> Vec<String> {
+    all[from..]
+        .iter()
+        .map(|(_, h, w, _)| format!("{h} {w}"))
+        .collect()
+}
+
+/// The most lb hosts between their first hook and their check at once.
+fn lb_in_flight(all: &[(u128, String, String, String)], from: usize) -> usize {
+    let mut open = std::collections::BTreeSet::new();
+    let mut max = 0;
+    for (_, host, what, service) in &all[from..] {
+        if service != "lb" {
+            continue;
+        }
+        if what == "checked" {
+            open.remove(host);
+        } else {
+            open.insert(host.clone());
+        }
+        max = max.max(open.len());
+    }
+    max
+}
+
+/// Applies `c` after a change: only lb's hosts are reconfigured (files, reload, check), at
+/// most `batch` at once, the plan names `reason`, and applying again runs no hook.
+fn only_lb_reconfigured(s: &Site, c: &Conf, reason: &str) {
+    let plan = s.plan(c);
+    assert!(
+        plan.contains(&format!("reconfigure 1.0 ({reason})")),
+        "the plan names the reason `{reason}`:\n{plan}"
+    );
+    let before = s.events().len();
+    s.apply_ok(c);
+    let all = s.events();
+    let mut ran = since(&all, before);
+    ran.sort();
+    assert_eq!(
+        ran,
+        ["lb1 checked", "lb1 reload", "lb2 checked", "lb2 reload"],
+        "after a change of {reason}, only lb is reconfigured"
+    );
+    assert_eq!(lb_in_flight(&all, before), 1, "within lb's batch of 1");
+    let again = s.events().len();
+    s.apply_ok(c);
+    assert_eq!(
+        s.events().len(),
+        again,
+        "a second apply runs no hook ({reason})"
+    );
+}
+
+#[test]
+fn each_kind_of_input_change_redoes_only_its_service() {
+    let mut s = Site::start(2, 2);
+    let mut c = Conf::default();
+    s.apply_ok(&c);
+    let fresh = s.events().len();
+    assert_eq!(
+        fresh,
+        2 * 3 + 2 * 3,
+        "install, start, checked on every host"
+    );
+    let upstreams = s.file("lb1", "srv/lb/upstreams");
+    assert!(upstreams.starts_with("# lb1 (fast)\n"), "{upstreams}");
+    assert!(upstreams.contains(&format!("server app2 {}:18080", s.fleet.address("app2"))));
+    assert_eq!(s.file("lb2", "srv/lb/static.txt"), "static one\n");
+    let mode = std::fs::metadata(s.fleet.host_root("lb2").join("srv/lb/static.txt"))
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .unwrap_or(0);
+    assert_eq!(mode, 0o640, "the file has the mode the site gives");
+    s.apply_ok(&c);
+    assert_eq!(s.events().len(), fresh, "a converged site runs no hook");
+
+    c.lb_start = "ev start; true";
+    only_lb_reconfigured(&s, &c, "hooks: start");
+    c.mode = "slow";
+    only_lb_reconfigured(&s, &c, "env: MODE");
+    assert!(s
+        .file("lb2", "srv/lb/upstreams")
+        .starts_with("# lb2 (slow)"));
+    std::fs::write(s.fleet.dir.join("static.txt"), "static two\n").expect("static");
+    only_lb_reconfigured(&s, &c, "file: /srv/lb/static.txt");
+    assert_eq!(s.file("lb1", "srv/lb/static.txt"), "static two\n");
+    std::fs::write(
+        s.fleet.dir.join("lb.cfg.j2"),
+        "{% for h in needs.api %}backend {{ h.host }}\n{% endfor %}",
+    )
+    .expect("template");
+    only_lb_reconfigured(&s, &c, "file: /srv/lb/upstreams");
+    assert_eq!(
+        s.file("lb1", "srv/lb/upstreams"),
+        "backend app1\nbackend app2\n"
+    );
+    s.token = "t0ken-Xq9-second".into();
+    only_lb_reconfigured(&s, &c, "secret: TOKEN");
+
+    // Neither value is in any file the hosts or the controller keep.
+    for token in ["t0ken-Xq9-first", "t0ken-Xq9-second"] {
+        for root in [s.fleet.dir.as_path(), s.home.path()] {
+            let found = grep(root, token.as_bytes());
+            assert!(found.is_empty(), "the secret is written in {found:?}");
+        }
+    }
+}
+
+/// Files under `root` containing `needle`.
+fn grep(root: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if meta.is_dir() {
+                todo.push(p);
+            } else if meta.is_file() && meta.len() < 64 << 20 {
+                if let Ok(bytes) = std::fs::read(&p) {
+                    if bytes.windows(needle.len()).any(|w| w == needle) {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_new_pool_member_is_listed_after_it_serves_and_a_removed_one_at_once() {
+    let mut s = Site::start(3, 1);
+    s.hidden = vec!["app3"];
+    let c = Conf::default();
+    s.apply_ok(&c);
+    assert!(!s.file("lb1", "srv/lb/upstreams").contains("app3"));
+
+    s.hidden.clear();
+    let plan = s.plan(&c);
+    assert!(
+        plan.contains("reconfigure 1.0 (needs api: +app3; after api on app3): lb1"),
+        "{plan}"
+    );
+    let before = s.events().len();
+    s.apply_ok(&c);
+    let all = s.events();
+    let at = |host: &str, what: &str| {
+        all[before..]
+            .iter()
+            .find(|(_, h, w, _)| h == host && w == what)
+            .map(|(ns, ..)| *ns)
+            .unwrap_or_else(|| panic!("no {what} on {host}: {:?}", since(&all, before)))
+    };
+    assert!(
+        at("app3", "checked") < at("lb1", "reload"),
+        "lb1 reloads only after app3's api passed its check"
+    );
+    let mut ran = since(&all, before);
+    ran.sort();
+    assert_eq!(
+        ran,
+        [
+            "app3 checked",
+            "app3 install",
+            "app3 start",
+            "lb1 checked",
+            "lb1 reload"
+        ]
+    );
+    let upstreams = s.file("lb1", "srv/lb/upstreams");
+    assert!(
+        upstreams.contains(&format!("server app3 {}:18080", s.fleet.address("app3"))),
+        "{upstreams}"
+    );
+
+    s.hidden = vec!["app2"];
+    let plan = s.plan(&c);
+    assert!(
+        plan.contains("reconfigure 1.0 (needs api: -app2): lb1"),
+        "{plan}"
+    );
+    assert!(
+        !plan.contains("after api"),
+        "a removed member is dropped without waiting"
+    );
+    s.apply_ok(&c);
+    let upstreams = s.file("lb1", "srv/lb/upstreams");
+    assert!(
+        !upstreams.contains("app2") && upstreams.contains("app3"),
+        "{upstreams}"
+    );
+}
+
+#[test]
+fn a_failed_reload_puts_the_previous_files_back_and_rolls_back() {
+    let s = Site::start(1, 2);
+    let c = Conf::default();
+    s.apply_ok(&c);
+    let old = s.file("lb1", "srv/lb/upstreams");
+    std::fs::write(s.fleet.dir.join("lb.cfg.j2"), "changed {{ host }}\n").expect("template");
+    std::fs::write(s.fleet.host_root("lb1").join("srv/fail-reload"), "").expect("fail");
+    let before = s.events().len();
+    let out = s.apply(&c);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed host fails the run:\n{}",
+        text(&out)
+    );
+    assert_eq!(
+        s.file("lb1", "srv/lb/upstreams"),
+        old,
+        "the previous file is back"
+    );
+    let ran = since(&s.events(), before);
+    assert!(ran.contains(&"lb1 rollback".to_string()), "{ran:?}");
+    let state: serde_json::Value =
+        serde_json::from_str(&s.file("lb1", "var-lib/drover/state.json")).expect("state");
+    assert_eq!(state["services"]["lb"]["configured"]["outcome"], "failure");
+    assert_eq!(state["services"]["lb"]["configured"]["hook"], "reload");
+    // The status says so, and the next apply (reload fixed) converges.
+    std::fs::remove_file(s.fleet.host_root("lb1").join("srv/fail-reload")).expect("unfail");
+    s.apply_ok(&c);
+    assert_eq!(s.file("lb1", "srv/lb/upstreams"), "changed lb1\n");
+}
+
+#[test]
+fn a_large_file_is_streamed_once_and_never_held_whole() {
+    let hosts: Vec<FleetHost> = (1..=12)
+        .map(|i| FleetHost::new(&format!("h{i}"), "box"))
+        .collect();
+    let fleet = Fleet::start(&hosts);
+    fleet.write_platform("/var/lib/drover");
+    let big = fleet.dir.join("big.bin");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&big).expect("big");
+        let mut block = vec![0u8; 1 << 20];
+        for i in 0..200u32 {
+            block[..4].copy_from_slice(&i.to_le_bytes());
+            f.write_all(&block).expect("write");
+        }
+    }
+    let site = |mode: &str| {
+        format!(
+            r##"site "big" {{ version "1.0"; platform "platform.kdl" }}
+class "box" {{ service "art" }}
+service "art" {{
+    env "MODE" "{mode}"
+    file "big.bin" to="/opt/art/big.bin"
+    reload "true"
+    check #"[ $(stat -c %s /opt/art/big.bin) = 209715200 ]"#
+}}
+"##
+        )
+    };
+    let run = |mode: &str| -> (Output, u64) {
+        std::fs::write(fleet.dir.join("site.kdl"), site(mode)).expect("site");
+        // The controller's peak RSS (VmHWM), sampled until it exits.
+        let script = format!(
+            "{} apply site.kdl --yes >out.txt 2>&1 & p=$!; m=0; while kill -0 $p 2>/dev/null; do v=$(awk '/VmHWM/ {{print $2}}' /proc/$p/status 2>/dev/null); [ -n \"$v\" ] && [ \"$v\" -gt $m ] && m=$v; sleep 0.05; done; wait $p; c=$?; echo $m >peak.txt; exit $c",
+            env!("CARGO_BIN_EXE_deploy")
+        );
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&fleet.dir)
+            .output()
+            .expect("run");
+        let peak = std::fs::read_to_string(fleet.dir.join("peak.txt"))
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        (out, peak)
+    };
+    let (out, peak_kib) = run("a");
+    let log = std::fs::read_to_string(fleet.dir.join("out.txt")).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    for h in fleet.names() {
+        let got = std::fs::metadata(fleet.host_root(h).join("opt/art/big.bin")).map(|m| m.len());
+        assert_eq!(got.ok(), Some(200 << 20), "{h} has the whole file");
+    }
+    assert!(peak_kib > 0, "sampled the controller");
+    assert!(
+        peak_kib < 64 * 1024,
+        "the controller's peak RSS ({peak_kib} KiB) is far below the file's 200 MiB"
+    );
+    // A reconfigure (env changed) places the file again from each host's store: nothing sent.
+    let (out, _) = run("b");
+    let log = std::fs::read_to_string(fleet.dir.join("out.txt")).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let logs = grep(&fleet.dir.join(".drover"), b"the host had every content");
+    assert_eq!(
+        logs.len(),
+        12,
+        "every host's second step sent no file bytes: {logs:?}"
+    );
+    let sent = grep(&fleet.dir.join(".drover"), b"sent 1 content");
+    assert_eq!(
+        sent.len(),
+        12,
+        "the first apply sent the content once to each host"
+    );
+}
