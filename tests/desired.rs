@@ -117,7 +117,7 @@ service "lb" {{
     file "lb.cfg.j2" to="/srv/lb/upstreams" template=#true
     file "static.txt" to="/srv/lb/static.txt" mode="0640"
     stop #"{EV}ev stop"#
-    install #"{EV}ev install; [ -n "$TOKEN" ] && [ "$MODE" = {mode} ] && [ "$TZ" = UTC ]"#
+    install #"{EV}ev install; [ -n "$TOKEN" ] && [ -n "$MODE" ] && [ "$TZ" = UTC ]"#
     start #"{EV}{start}"#
     reload #"{EV}ev reload; [ ! -e /srv/fail-reload ]"#
     check #"{EV}ev checked; [ -s /srv/lb/upstreams ]"# timeout="5s" interval="100ms"
@@ -225,8 +225,12 @@ fn lb_in_flight(all: &[(u128, String, String, String)], from: usize) -> usize {
 /// most `batch` at once, the plan names `reason`, and applying again runs no hook.
 fn only_lb_reconfigured(s: &Site, c: &Conf, reason: &str) {
     let plan = s.plan(c);
+    let lines: Vec<&str> = plan.lines().filter(|l| l.contains("reconfigure")).collect();
+    assert_eq!(lines.len(), 2, "two lb hosts are reconfigured:\n{plan}");
     assert!(
-        plan.contains(&format!("reconfigure 1.0 ({reason})")),
+        lines
+            .iter()
+            .all(|l| l.contains("reconfigure 1.0 (") && l.contains(reason)),
         "the plan names the reason `{reason}`:\n{plan}"
     );
     let before = s.events().len();
@@ -341,7 +345,9 @@ fn a_new_pool_member_is_listed_after_it_serves_and_a_removed_one_at_once() {
     s.hidden.clear();
     let plan = s.plan(&c);
     assert!(
-        plan.contains("reconfigure 1.0 (needs api: +app3; after api on app3): lb1"),
+        plan.contains(
+            "reconfigure 1.0 (needs api: +app3; file: /srv/lb/upstreams; after api on app3): lb1"
+        ),
         "{plan}"
     );
     let before = s.events().len();
@@ -379,7 +385,7 @@ fn a_new_pool_member_is_listed_after_it_serves_and_a_removed_one_at_once() {
     s.hidden = vec!["app2"];
     let plan = s.plan(&c);
     assert!(
-        plan.contains("reconfigure 1.0 (needs api: -app2): lb1"),
+        plan.contains("reconfigure 1.0 (needs api: -app2; file: /srv/lb/upstreams): lb1"),
         "{plan}"
     );
     assert!(

@@ -280,3 +280,13 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Verify(args) => verify::run(&args),
     }
 }
+
+/// The secrets a command that only looks can read (`plan`, `status`): one that cannot be read
+/// is said on stderr, and whether it changed is not shown (`apply` reads them all, or stops).
+pub(crate) fn readable_secrets(site: &crate::site::Site) -> crate::secrets::Secrets {
+    let (secrets, errors) = crate::secrets::Secrets::load_available(site);
+    for e in &errors {
+        errln!("warning: {e}; whether it changed is not shown (`deploy apply` reads every secret)");
+    }
+    secrets
+}

@@ -16,7 +16,7 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let on = selector(&args.on)?;
     let hosts = super::resolve(&site)?;
     selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
-    let secrets = crate::secrets::Secrets::load(&site)?;
+    let secrets = super::readable_secrets(&site);
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let observed = observe(&site, &hosts, args.offline, args.max_connections)?;
     let plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;

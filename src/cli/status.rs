@@ -8,7 +8,7 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     let on = super::plan::selector(&args.on)?;
     let all = super::resolve(&site)?;
     // Desired over every host (a service's `needs` lists them all), asked by name.
-    let secrets = crate::secrets::Secrets::load(&site)?;
+    let secrets = super::readable_secrets(&site);
     let desired = crate::desired::resolve(&site, &all, &secrets)?;
     let hosts = match super::plan::on_hosts(on.as_ref(), &site, &all)? {
         Some(ids) => all.subset(&ids, site.classes.len()),

@@ -6,6 +6,8 @@
 //! The one side effect: the sources of plain `file`s are read to digest them (streamed).
 
 mod render;
+#[cfg(test)]
+mod tests;
 
 pub use render::{Member, Pool};
 
@@ -34,6 +36,9 @@ struct ServiceInputs {
     rendered: HashMap<HostId, Vec<(String, Arc<str>)>>,
     /// Per needed service, its hosts in name order.
     needs: Arc<BTreeMap<String, Pool>>,
+    /// Keys that cannot be known here (a secret not readable by this command, and the
+    /// templates that render secrets): taken as the host records them.
+    unknown: Vec<String>,
 }
 
 /// A file to deliver to one host: where, with which mode, its content's digest (its name in the
@@ -157,6 +162,27 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
                 );
             }
         }
+        let declared: Vec<&str> = site
+            .secrets
+            .iter()
+            .chain(&service.secrets)
+            .map(|s| s.name.as_str())
+            .collect();
+        let mut unknown: Vec<String> = secrets
+            .unknown()
+            .iter()
+            .filter(|n| declared.contains(&n.as_str()))
+            .map(|n| format!("secret:{n}"))
+            .collect();
+        if !unknown.is_empty() {
+            unknown.extend(
+                service
+                    .files
+                    .iter()
+                    .filter(|f| f.template.as_ref().is_some_and(|t| t.secret))
+                    .map(|f| format!("file:{}", f.to)),
+            );
+        }
         let own = secrets.for_service(&service.name);
         for (name, value) in &own {
             common.insert(
@@ -172,8 +198,9 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
         let mut rendered: HashMap<HostId, Vec<(String, Arc<str>)>> = HashMap::new();
         if service.files.iter().any(|f| f.template.is_some()) {
             let r = render::Renderer::new(site, sid, needs.clone(), secrets);
+            let skip = !unknown.is_empty();
             for h in members_of(site, hosts, sid) {
-                match r.render_all(&hosts.hosts[h]) {
+                match r.render_all(&hosts.hosts[h], skip) {
                     Ok(files) => {
                         let entries = files
                             .into_iter()
@@ -201,6 +228,7 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
             common: Inputs(common),
             rendered,
             needs,
+            unknown,
         });
     }
     if errors.is_empty() {
@@ -223,11 +251,29 @@ impl Desired {
         all
     }
 
+    /// How what the host recorded differs from what `service` on `host` is given now; what
+    /// cannot be known here is taken as recorded.
+    pub fn reasons(&self, service: ServiceId, host: HostId, recorded: &Inputs) -> Vec<String> {
+        let mut now = self.inputs(service, host);
+        if let Some(s) = self.services.get(service) {
+            for key in &s.unknown {
+                match recorded.0.get(key) {
+                    Some(v) => now.0.insert(key.clone(), v.clone()),
+                    None => now.0.remove(key),
+                };
+            }
+        }
+        now.reasons(recorded)
+    }
+
     /// Whether `service` on `host` is given exactly `recorded`, without building its inputs.
     pub fn matches(&self, service: ServiceId, host: HostId, recorded: &Inputs) -> bool {
         let Some(s) = self.services.get(service) else {
             return false;
         };
+        if !s.unknown.is_empty() {
+            return self.reasons(service, host, recorded).is_empty();
+        }
         let files = s.rendered.get(&host).map_or(&[][..], Vec::as_slice);
         if recorded.0.len() != s.common.0.len() + files.len() {
             return false;
@@ -265,7 +311,7 @@ impl crate::state::Expected for Desired {
         match recorded {
             None => vec!["configuration unknown (recorded by an older deploy)".into()],
             Some(r) if self.matches(service, host, r) => Vec::new(),
-            Some(r) => self.inputs(service, host).reasons(r),
+            Some(r) => self.reasons(service, host, r),
         }
     }
 }

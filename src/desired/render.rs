@@ -161,15 +161,20 @@ impl<'a> Renderer<'a> {
     }
 
     /// Every template of the service for `host`: `(to, mode, text, secret)`; or the first
-    /// error, as a diagnostic pointing into its template.
+    /// error, as a diagnostic pointing into its template. With `skip_secret`, templates that
+    /// render secrets are left out (some secret is not readable here).
     #[allow(clippy::type_complexity)]
     pub fn render_all(
         &self,
         host: &Host,
+        skip_secret: bool,
     ) -> Result<Vec<(String, u32, String, bool)>, Vec<SiteError>> {
         let mut out = Vec::new();
         for f in &self.site.services[self.sid].files {
             let Some(t) = &f.template else { continue };
+            if skip_secret && t.secret {
+                continue;
+            }
             match self.render(f, t, host) {
                 Ok(text) => out.push((f.to.clone(), f.mode(), text, t.secret)),
                 Err(e) => {

@@ -370,7 +370,7 @@ fn sort(
         if let Some(was) = record.and_then(|r| r.inputs.as_ref()) {
             let now = desired.inputs(sid, h);
             if kind == StepKind::Reconfigure {
-                reasons = now.reasons(was);
+                reasons = desired.reasons(sid, h, was);
             }
             for need in &service.needs {
                 let name = &site.services[need.service].name;

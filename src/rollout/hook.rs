@@ -33,6 +33,8 @@ pub fn service_env(site: &Site, plan: &Plan, service: &ServicePlan) -> Vec<(Stri
     let Some(sid) = site.service(&service.name) else {
         return env;
     };
+    // The site's and the service's own `env` (never DEPLOY_*: the checker refuses them).
+    env.extend(site.services[sid].env.iter().cloned());
     let mut needs: BTreeMap<String, String> = BTreeMap::new();
     for need in &site.services[sid].needs {
         let needed = &site.services[need.service];

@@ -30,6 +30,8 @@ pub struct Secrets {
     patterns: Vec<Vec<u8>>,
     /// The controller's fingerprint key; loaded only for a site that has secrets.
     key: Option<Key>,
+    /// Secrets that could not be read (names).
+    unknown: Vec<String>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -95,20 +97,44 @@ impl Secrets {
 
     /// Reads every secret the site declares, from the controller's environment and files.
     pub fn load(site: &Site) -> Result<Secrets, SecretError> {
+        let (secrets, mut errors) = Secrets::load_available(site);
+        match errors.is_empty() {
+            true => Ok(secrets),
+            false => Err(errors.remove(0)),
+        }
+    }
+
+    /// Reads the secrets that can be read here; those that cannot are left out, named in
+    /// [`Secrets::unknown`], with why. For commands that only look (`plan`, `status`,
+    /// `verify`): whether such a secret changed cannot be told, and is not guessed.
+    pub fn load_available(site: &Site) -> (Secrets, Vec<SecretError>) {
         let site_file = site.file.display().to_string();
-        let read_all = |list: &[Secret]| -> Result<Vec<(String, String)>, SecretError> {
-            list.iter()
-                .map(|s| Ok((s.name.clone(), read(s, &site_file)?)))
-                .collect()
+        let mut errors = Vec::new();
+        let mut unknown = Vec::new();
+        let mut read_all = |list: &[Secret]| -> Vec<(String, String)> {
+            let mut out = Vec::new();
+            for s in list {
+                match read(s, &site_file) {
+                    Ok(v) => out.push((s.name.clone(), v)),
+                    Err(e) => {
+                        unknown.push(s.name.clone());
+                        errors.push(e);
+                    }
+                }
+            }
+            out
         };
         let mut services = BTreeMap::new();
-        let site_secrets = read_all(&site.secrets)?;
+        let site_secrets = read_all(&site.secrets);
         for s in &site.services {
             if !s.secrets.is_empty() {
-                services.insert(s.name.clone(), read_all(&s.secrets)?);
+                services.insert(s.name.clone(), read_all(&s.secrets));
             }
         }
         let mut secrets = Secrets::from_values(site_secrets, services);
+        unknown.sort();
+        unknown.dedup();
+        secrets.unknown = unknown;
         if !secrets.is_empty()
             || site.services.iter().any(|s| {
                 s.files
@@ -116,9 +142,17 @@ impl Secrets {
                     .any(|f| f.template.as_ref().is_some_and(|t| t.secret))
             })
         {
-            secrets.key = Some(Key::load().map_err(|reason| SecretError::Key { reason })?);
+            match Key::load() {
+                Ok(key) => secrets.key = Some(key),
+                Err(reason) => errors.push(SecretError::Key { reason }),
+            }
         }
-        Ok(secrets)
+        (secrets, errors)
+    }
+
+    /// The secrets that could not be read ([`Secrets::load_available`]).
+    pub fn unknown(&self) -> &[String] {
+        &self.unknown
     }
 
     /// These secrets, with `key` for their fingerprints.
@@ -173,6 +207,7 @@ impl Secrets {
             services,
             patterns,
             key: None,
+            unknown: Vec::new(),
         }
     }
 
