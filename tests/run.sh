@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 missing=()
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+# a real load balancer in front of a pool, for tests/haproxy.rs
+[ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 command -v ssh >/dev/null || missing+=(openssh-client)
 command -v python3 >/dev/null || missing+=(python3)
 command -v unshare >/dev/null || missing+=(util-linux)

@@ -16,16 +16,6 @@ pub struct Member {
     pub port: Option<u16>,
 }
 
-impl Member {
-    /// `host=address[:port]`, as the inputs record it.
-    pub fn entry(&self) -> String {
-        match self.port {
-            Some(p) => format!("{}={}:{p}", self.host, self.address),
-            None => format!("{}={}", self.host, self.address),
-        }
-    }
-}
-
 /// A service's hosts as its dependents see them: the list, and its text in the inputs.
 #[derive(Debug, Clone)]
 pub struct Pool {
@@ -51,12 +41,20 @@ pub fn pool(site: &Site, hosts: &Hosts, sid: ServiceId) -> Pool {
             port: service.port,
         })
         .collect();
-    let mut entry = String::with_capacity(members.len() * 24);
+    let port = service.port.map(|p| p.to_string());
+    let mut entry = String::with_capacity(members.len() * 32);
     for (i, m) in members.iter().enumerate() {
         if i > 0 {
             entry.push(' ');
         }
-        entry.push_str(&m.entry());
+        // `host=address[:port]`, as the inputs record each member.
+        entry.push_str(&m.host);
+        entry.push('=');
+        entry.push_str(&m.address);
+        if let Some(p) = &port {
+            entry.push(':');
+            entry.push_str(p);
+        }
     }
     Pool {
         members: Arc::new(members),
@@ -108,6 +106,12 @@ impl<'a> Renderer<'a> {
         env.set_keep_trailing_newline(true);
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         let service = &site.services[sid];
+        // Compiled once per service, not once per host: each by its file's destination.
+        for f in &service.files {
+            if let Some(t) = &f.template {
+                let _ = env.add_template_owned(f.to.clone(), t.text.clone());
+            }
+        }
         let own: BTreeMap<String, String> =
             secrets.for_service(&service.name).into_iter().collect();
         let service_env: BTreeMap<&str, &str> = service
@@ -137,7 +141,6 @@ impl<'a> Renderer<'a> {
         template: &Template,
         host: &Host,
     ) -> Result<String, minijinja::Error> {
-        let _ = file;
         let service = &self.site.services[self.sid];
         let classes: Vec<&str> = host
             .classes
@@ -157,7 +160,11 @@ impl<'a> Renderer<'a> {
             needs => self.needs.clone(),
             secrets => if template.secret { self.secrets.clone() } else { Value::from(()) },
         };
-        self.env.render_str(&template.text, ctx)
+        match self.env.get_template(&file.to) {
+            Ok(compiled) => compiled.render(ctx),
+            // Not compiled (it did not parse): rendering it again reports why.
+            Err(_) => self.env.render_str(&template.text, ctx),
+        }
     }
 
     /// Every template of the service for `host`: `(to, mode, text, secret)`; or the first

@@ -1,0 +1,308 @@
+//! A real Debian haproxy in front of the api pool, on the sshd fleet: its configuration is a
+//! `file … template=#true` rendered from `needs.api`, and a new api host reaches it by a
+//! reconfigure (files, then `reload`) once the host serves. A client sending requests through
+//! haproxy without pause sees no failed request during a rolling api upgrade, nor during the
+//! pool change. The book's worked example ("Desired state") is this site.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::fleet::{Fleet, FleetHost};
+
+const EV: &str = r#"ev() { echo "$(date +%s%N) $1 $DEPLOY_SERVICE" >> /var/lib/events; }; "#;
+
+fn site(api_version: &str) -> String {
+    let api_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; o = u.build_opener(u.ProxyHandler({})); b = "http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]); o.open(b + "health", timeout=1); v = o.open(b, timeout=1).read().decode().split()[1]; raise SystemExit(v != a["DEPLOY_NEW_VERSION"])'"#;
+    let lb_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; u.build_opener(u.ProxyHandler({})).open("http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]), timeout=1).read()'"#;
+    format!(
+        r####"site "proxied" {{
+    version "1.0"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}}
+class "app" {{ service "api" }}
+class "lb" {{ service "lb" }}
+
+service "api" {{
+    version "{api_version}"
+    port 18080
+    file "api.py" to="/srv/api/server.py"
+    install #"{EV}ev install; printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version"#
+    // Drain first: /health fails, haproxy stops sending new requests here within a check
+    // interval or two, then the server goes.
+    stop #"""{EV}ev stop
+        [ -f /srv/api/pid ] || exit 0
+        touch /srv/api/draining; sleep 0.5
+        kill "$(cat /srv/api/pid)"; rm -f /srv/api/pid
+        while python3 -c 'import os, socket; s = socket.socket(); raise SystemExit(s.connect_ex((os.environ["DEPLOY_ADDRESS"], int(os.environ["DEPLOY_PORT"]))))'; do sleep 0.05; done
+        """#
+    start #"{EV}ev start; rm -f /srv/api/draining; setsid nohup python3 /srv/api/server.py "$DEPLOY_ADDRESS" "$DEPLOY_PORT" >/srv/api/log 2>&1 </dev/null & echo $! >/srv/api/pid"#
+    check #"{api_check} && {EV}ev checked"# timeout="10s" interval="100ms"
+}}
+
+service "lb" {{
+    port 18000
+    needs "api" addressable="all"
+    file "haproxy.cfg.j2" to="/srv/lb/haproxy.cfg" template=#true
+    // Master-worker mode: a reload (SIGUSR2 to the master) starts new workers on the same
+    // listening sockets and lets the old ones finish what they serve: nothing is refused.
+    start #"{EV}ev start; haproxy -W -D -f /srv/lb/haproxy.cfg -p /srv/lb/haproxy.pid </dev/null >/srv/lb/log 2>&1"#
+    reload #"{EV}ev reload; haproxy -c -q -f /srv/lb/haproxy.cfg && kill -USR2 "$(cat /srv/lb/haproxy.pid)" && sleep 0.3"#
+    stop #"{EV}ev stop; [ -f /srv/lb/haproxy.pid ] && kill -USR1 "$(cat /srv/lb/haproxy.pid)"; sleep 0.2"#
+    check #"{lb_check} && {EV}ev checked"# timeout="10s" interval="100ms"
+}}
+"####
+    )
+}
+
+struct Proxied {
+    fleet: Fleet,
+    /// Hosts left out of the inventory.
+    hidden: Vec<&'static str>,
+}
+
+impl Proxied {
+    fn write(&self, api_version: &str) -> PathBuf {
+        let platform = self.fleet.write_platform("/var/lib/drover");
+        let text = std::fs::read_to_string(&platform).expect("platform");
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                !self
+                    .hidden
+                    .iter()
+                    .any(|h| l.contains(&format!("host \"{h}\"")))
+            })
+            .collect();
+        std::fs::write(&platform, kept.join("\n") + "\n").expect("platform");
+        let dir = &self.fleet.dir;
+        std::fs::write(
+            dir.join("policy.kdl"),
+            "policy \"one\" { batch 1; max-failed 0; }\n",
+        )
+        .expect("policy");
+        let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/haproxy");
+        for f in ["api.py", "haproxy.cfg.j2"] {
+            std::fs::copy(fixtures.join(f), dir.join(f)).expect("fixture");
+        }
+        let path = dir.join("site.kdl");
+        std::fs::write(&path, site(api_version)).expect("site");
+        path
+    }
+
+    fn deploy(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+            .args(args)
+            .current_dir(&self.fleet.dir)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run deploy")
+    }
+
+    fn apply(&self, api_version: &str) -> String {
+        let site = self.write(api_version);
+        let out = self.deploy(&["apply", site.to_str().unwrap(), "--yes"]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0), "apply failed:\n{text}");
+        text
+    }
+
+    fn plan(&self, api_version: &str) -> String {
+        let site = self.write(api_version);
+        let out = self.deploy(&["plan", site.to_str().unwrap()]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `(ns, host, what, service)` of every hook event, oldest first.
+    fn events(&self) -> Vec<(u128, String, String, String)> {
+        let mut all = Vec::new();
+        for host in self.fleet.names() {
+            let path = self.fleet.host_root(host).join("var-lib/events");
+            for l in std::fs::read_to_string(path).unwrap_or_default().lines() {
+                if let [ns, what, service] = l.split(' ').collect::<Vec<_>>()[..] {
+                    all.push((
+                        ns.parse().unwrap_or(0),
+                        host.to_string(),
+                        what.to_string(),
+                        service.to_string(),
+                    ));
+                }
+            }
+        }
+        all.sort();
+        all
+    }
+}
+
+/// What a client saw through haproxy: answers by body (`<host> <version>`), and failures.
+#[derive(Default)]
+struct Seen {
+    ok: usize,
+    failed: Vec<String>,
+    bodies: std::collections::BTreeMap<String, usize>,
+}
+
+/// Sends GET / to `addr` without pause until `stop` (at most 120 s), one connection each.
+fn client(addr: SocketAddr, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
+    let until = Instant::now() + Duration::from_secs(120);
+    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+        let result = (|| -> std::io::Result<String> {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"GET / HTTP/1.0\r\nHost: lb\r\n\r\n")?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text)
+        })();
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok(text) if text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200") => {
+                seen.ok += 1;
+                let body = text
+                    .split("\r\n\r\n")
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                *seen.bodies.entry(body).or_default() += 1;
+            }
+            Ok(text) => seen
+                .failed
+                .push(text.lines().next().unwrap_or("empty answer").to_string()),
+            Err(e) => seen.failed.push(e.to_string()),
+        }
+        drop(seen);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs `during` while a client sends requests through haproxy; what it saw.
+fn with_traffic(addr: SocketAddr, during: impl FnOnce()) -> Seen {
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let worker = {
+        let (stop, seen) = (stop.clone(), seen.clone());
+        std::thread::spawn(move || client(addr, stop, seen))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    during();
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    worker.join().expect("client thread");
+    Arc::try_unwrap(seen)
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn no_request_fails_through_haproxy_during_an_upgrade_or_a_pool_change() {
+    assert!(
+        std::path::Path::new("/usr/sbin/haproxy").exists(),
+        "haproxy is missing: tests/run.sh installs Debian's haproxy"
+    );
+    let fleet = Fleet::start(&[
+        FleetHost::new("app1", "app"),
+        FleetHost::new("app2", "app"),
+        FleetHost::new("app3", "app"),
+        FleetHost::new("lb1", "lb"),
+    ]);
+    let mut p = Proxied {
+        fleet,
+        hidden: vec!["app3"],
+    };
+    p.apply("1.0");
+    let lb: SocketAddr = format!("{}:18000", p.fleet.address("lb1"))
+        .parse()
+        .expect("address");
+    let cfg = |p: &Proxied| {
+        std::fs::read_to_string(p.fleet.host_root("lb1").join("srv/lb/haproxy.cfg"))
+            .unwrap_or_default()
+    };
+    assert!(cfg(&p).contains(&format!(
+        "server app2 {}:18080 check",
+        p.fleet.address("app2")
+    )));
+    assert!(!cfg(&p).contains("app3"));
+
+    // A rolling upgrade of the api, one host at a time, under traffic.
+    let seen = with_traffic(lb, || {
+        p.apply("2.0");
+    });
+    assert!(
+        seen.failed.is_empty(),
+        "failed requests during the upgrade: {:?}",
+        seen.failed
+    );
+    assert!(
+        seen.ok > 50,
+        "the client kept sending ({} answers)",
+        seen.ok
+    );
+    for h in ["app1", "app2"] {
+        assert!(
+            seen.bodies.contains_key(&format!("{h} 1.0")),
+            "{:?}",
+            seen.bodies
+        );
+        assert!(
+            seen.bodies.contains_key(&format!("{h} 2.0")),
+            "{:?}",
+            seen.bodies
+        );
+    }
+
+    // A pool change: app3 joins the inventory. haproxy reloads once app3's api passed its
+    // check, with app3 in its configuration.
+    p.hidden.clear();
+    let plan = p.plan("2.0");
+    assert!(
+        plan.contains(
+            "reconfigure 1.0 (needs api: +app3; file: /srv/lb/haproxy.cfg; after api on app3): lb1"
+        ),
+        "{plan}"
+    );
+    let before = p.events().len();
+    let seen = with_traffic(lb, || {
+        p.apply("2.0");
+    });
+    assert!(
+        seen.failed.is_empty(),
+        "failed requests during the pool change: {:?}",
+        seen.failed
+    );
+    let all = p.events();
+    let at = |host: &str, what: &str| {
+        all[before..]
+            .iter()
+            .find(|(_, h, w, _)| h == host && w == what)
+            .map(|(ns, ..)| *ns)
+            .unwrap_or_else(|| panic!("no {what} on {host}"))
+    };
+    assert!(
+        at("app3", "checked") < at("lb1", "reload"),
+        "haproxy reloads after app3 serves"
+    );
+    assert!(
+        all[before..]
+            .iter()
+            .all(|(_, h, w, _)| !(h == "lb1" && w == "start")),
+        "a reconfigure reloads haproxy, it does not restart it"
+    );
+    assert!(cfg(&p).contains(&format!(
+        "server app3 {}:18080 check",
+        p.fleet.address("app3")
+    )));
+    // Requests reach app3 once haproxy has it.
+    let seen = with_traffic(lb, || std::thread::sleep(Duration::from_millis(800)));
+    assert!(seen.failed.is_empty(), "{:?}", seen.failed);
+    assert!(seen.bodies.contains_key("app3 2.0"), "{:?}", seen.bodies);
+}
