@@ -35,14 +35,17 @@ service "api" {{
     install #"{EV}ev install; printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version"#
     // Drain first: /health fails, haproxy stops sending new requests here within a check
     // interval or two, then the server goes.
-    stop #"""{EV}ev stop
+    stop #"""
+        {EV}ev stop
         [ -f /srv/api/pid ] || exit 0
         touch /srv/api/draining; sleep 0.5
         kill "$(cat /srv/api/pid)"; rm -f /srv/api/pid
         while python3 -c 'import os, socket; s = socket.socket(); raise SystemExit(s.connect_ex((os.environ["DEPLOY_ADDRESS"], int(os.environ["DEPLOY_PORT"]))))'; do sleep 0.05; done
         """#
     start #"{EV}ev start; rm -f /srv/api/draining; setsid nohup python3 /srv/api/server.py "$DEPLOY_ADDRESS" "$DEPLOY_PORT" >/srv/api/log 2>&1 </dev/null & echo $! >/srv/api/pid"#
-    check #"{api_check} && {EV}ev checked"# timeout="10s" interval="100ms"
+    // Healthy, then a moment for haproxy's own check (every 100 ms) to see it before the next
+    // host drains (what Kubernetes calls minReadySeconds).
+    check #"{api_check} && {EV}ev checked && sleep 0.4"# timeout="10s" interval="100ms"
 }}
 
 service "lb" {{
