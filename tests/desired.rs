@@ -9,9 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use support::fleet::{Fleet, FleetHost};
-
-/// Appends `<ns> <what> <service>` to the host's /var/lib/events.
-const EV: &str = r#"ev() { echo "$(date +%s%N) $1 $DEPLOY_SERVICE" >> /var/lib/events; }; "#;
+use support::hooks::{write_platform_without, EV};
 
 /// What the site says; tests change one thing at a time.
 #[derive(Clone)]
@@ -66,19 +64,7 @@ impl Site {
     }
 
     fn write(&self, c: &Conf) -> PathBuf {
-        let mut platform = self.fleet.write_platform("/var/lib/drover");
-        let text = std::fs::read_to_string(&platform).expect("platform");
-        let kept: Vec<&str> = text
-            .lines()
-            .filter(|l| {
-                !self
-                    .hidden
-                    .iter()
-                    .any(|h| l.contains(&format!("host \"{h}\"")))
-            })
-            .collect();
-        std::fs::write(&platform, kept.join("\n") + "\n").expect("platform");
-        platform.pop();
+        write_platform_without(&self.fleet, &self.hidden);
         let dir = &self.fleet.dir;
         std::fs::write(
             dir.join("policy.kdl"),
@@ -161,25 +147,9 @@ service "lb" {{
         text(&self.deploy(&["plan", site.to_str().unwrap()]))
     }
 
-    /// `(host, what)` of every hook event, oldest first.
+    /// `(ns, host, what, service)` of every hook event, oldest first.
     fn events(&self) -> Vec<(u128, String, String, String)> {
-        let mut all = Vec::new();
-        for host in self.fleet.names() {
-            let path = self.fleet.host_root(host).join("var-lib/events");
-            for l in std::fs::read_to_string(path).unwrap_or_default().lines() {
-                let f: Vec<&str> = l.split(' ').collect();
-                if let [ns, what, service] = f[..] {
-                    all.push((
-                        ns.parse().unwrap_or(0),
-                        host.to_string(),
-                        what.to_string(),
-                        service.to_string(),
-                    ));
-                }
-            }
-        }
-        all.sort();
-        all
+        support::hooks::events(&self.fleet)
     }
 
     fn file(&self, host: &str, path: &str) -> String {

@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::fleet::{Fleet, FleetHost};
-
-const EV: &str = r#"ev() { echo "$(date +%s%N) $1 $DEPLOY_SERVICE" >> /var/lib/events; }; "#;
+use support::hooks::{write_platform_without, EV};
 
 fn site(api_version: &str) -> String {
     let api_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; o = u.build_opener(u.ProxyHandler({})); b = "http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]); o.open(b + "health", timeout=1); v = o.open(b, timeout=1).read().decode().split()[1]; raise SystemExit(v != a["DEPLOY_NEW_VERSION"])'"#;
@@ -71,18 +70,7 @@ struct Proxied {
 
 impl Proxied {
     fn write(&self, api_version: &str) -> PathBuf {
-        let platform = self.fleet.write_platform("/var/lib/drover");
-        let text = std::fs::read_to_string(&platform).expect("platform");
-        let kept: Vec<&str> = text
-            .lines()
-            .filter(|l| {
-                !self
-                    .hidden
-                    .iter()
-                    .any(|h| l.contains(&format!("host \"{h}\"")))
-            })
-            .collect();
-        std::fs::write(&platform, kept.join("\n") + "\n").expect("platform");
+        write_platform_without(&self.fleet, &self.hidden);
         let dir = &self.fleet.dir;
         std::fs::write(
             dir.join("policy.kdl"),
@@ -127,22 +115,7 @@ impl Proxied {
 
     /// `(ns, host, what, service)` of every hook event, oldest first.
     fn events(&self) -> Vec<(u128, String, String, String)> {
-        let mut all = Vec::new();
-        for host in self.fleet.names() {
-            let path = self.fleet.host_root(host).join("var-lib/events");
-            for l in std::fs::read_to_string(path).unwrap_or_default().lines() {
-                if let [ns, what, service] = l.split(' ').collect::<Vec<_>>()[..] {
-                    all.push((
-                        ns.parse().unwrap_or(0),
-                        host.to_string(),
-                        what.to_string(),
-                        service.to_string(),
-                    ));
-                }
-            }
-        }
-        all.sort();
-        all
+        support::hooks::events(&self.fleet)
     }
 }
 

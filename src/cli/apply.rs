@@ -103,19 +103,49 @@ struct Ready {
 fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, Error> {
     let mut site = site::load(&args.target)?;
     super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
-    let mut selection = super::plan::selection(&site, &args.only)?;
+    let selection = super::plan::selection(&site, &args.only)?;
     let on = super::plan::selector(&args.on)?;
-    // Secrets are read now, before anything runs: a missing one stops the run here.
+    let l = locked(site, session)?;
+    let mut selection = selection;
+    selection.hosts = super::plan::on_hosts(on.as_ref(), &l.site, &l.hosts)?;
+    let plan = plan::plan(&l.site, &l.hosts, &l.observed, &l.desired, &selection)?;
+    Ok(l.ready(plan))
+}
+
+/// Everything a plan is made or checked against, the locks taken.
+struct Locked {
+    site: Site,
+    hosts: crate::inventory::Hosts,
+    observed: Vec<crate::state::Observed>,
+    transport: RunTransport,
+    desired: Desired,
+    secrets: Secrets,
+}
+
+impl Locked {
+    fn ready(self, plan: Plan) -> Ready {
+        Ready {
+            site: self.site,
+            plan,
+            transport: self.transport,
+            desired: self.desired,
+            secrets: self.secrets,
+        }
+    }
+}
+
+/// Reads the secrets (a missing one stops the run before anything runs), resolves the hosts
+/// and what each must run, takes the locks and reads what each host runs.
+fn locked(site: Site, session: &super::recovery::Session) -> Result<Locked, Error> {
     let secrets = Secrets::load(&site)?;
     let hosts = super::resolve(&site)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let transport = session.lock(&site, &hosts)?;
-    selection.hosts = super::plan::on_hosts(on.as_ref(), &site, &hosts)?;
     let observed = session.observe(&transport, &site, &hosts);
-    let plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
-    Ok(Ready {
+    Ok(Locked {
         site,
-        plan,
+        hosts,
+        observed,
         transport,
         desired,
         secrets,
@@ -163,13 +193,10 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
             plan.site_file
         ));
     }
-    let secrets = Secrets::load(&site)?;
-    let hosts = super::resolve(&site)?;
-    let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
-    let transport = session.lock(&site, &hosts)?;
-    let observed = session.observe(&transport, &site, &hosts);
-    let class_names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
-    drift.extend(plan::drift(&plan.hosts, &hosts, &observed, &class_names));
+    let l = locked(site, session)?;
+    let (hosts, observed) = (&l.hosts, &l.observed);
+    let class_names: Vec<String> = l.site.classes.iter().map(|c| c.name.clone()).collect();
+    drift.extend(plan::drift(&plan.hosts, hosts, observed, &class_names));
     if !drift.is_empty() {
         drift.extend(session.own_drift(&plan));
         return Err(Error::Drift {
@@ -177,13 +204,7 @@ fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, 
             changes: drift.join("\n  "),
         });
     }
-    Ok(Ready {
-        site,
-        plan,
-        transport,
-        desired,
-        secrets,
-    })
+    Ok(l.ready(plan))
 }
 
 fn is_saved_plan(path: &Path) -> bool {

@@ -199,7 +199,7 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
         if service.files.iter().any(|f| f.template.is_some()) {
             let r = render::Renderer::new(site, sid, needs.clone(), secrets);
             let skip = !unknown.is_empty();
-            for h in members_of(site, hosts, sid) {
+            for h in hosts.of_classes(&site.services[sid].classes) {
                 match r.render_all(&hosts.hosts[h], skip) {
                     Ok(files) => {
                         let entries = files
@@ -381,18 +381,6 @@ fn hook_texts(h: &crate::site::Hooks) -> Vec<(&'static str, &str)> {
         out.push(("check", c.command.as_str()));
     }
     out
-}
-
-/// Every host of every class that runs `sid`, in name order.
-fn members_of(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
-    let mut all: Vec<HostId> = site.services[sid]
-        .classes
-        .iter()
-        .flat_map(|c| hosts.by_class[*c].iter().copied())
-        .collect();
-    all.sort_unstable();
-    all.dedup();
-    all
 }
 
 /// A value's digest as inputs keep it: 128 bits of sha256, hex.

@@ -26,14 +26,8 @@ pub struct Pool {
 /// The hosts of service `sid`, in name order.
 pub fn pool(site: &Site, hosts: &Hosts, sid: ServiceId) -> Pool {
     let service = &site.services[sid];
-    let mut ids: Vec<usize> = service
-        .classes
-        .iter()
-        .flat_map(|c| hosts.by_class[*c].iter().copied())
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let members: Vec<Member> = ids
+    let members: Vec<Member> = hosts
+        .of_classes(&service.classes)
         .into_iter()
         .map(|h| Member {
             host: hosts.hosts[h].name.clone(),

@@ -61,6 +61,21 @@ impl Hosts {
         }
     }
 
+    /// Every host of any of `classes`, in natural name order (host id order), each once.
+    pub fn of_classes(&self, classes: &[ClassId]) -> Vec<HostId> {
+        if let [only] = classes {
+            return self.by_class.get(*only).cloned().unwrap_or_default();
+        }
+        let mut all: Vec<HostId> = classes
+            .iter()
+            .filter_map(|c| self.by_class.get(*c))
+            .flat_map(|hs| hs.iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// The host of this name.
     pub fn find(&self, name: &str) -> Option<HostId> {
         self.hosts

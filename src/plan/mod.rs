@@ -568,17 +568,7 @@ fn service_plan(
 
 /// Every host of every class that runs `sid`, in natural name order.
 fn service_hosts(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
-    let classes = &site.services[sid].classes;
-    if let [only] = classes.as_slice() {
-        return hosts.by_class[*only].clone();
-    }
-    let mut all: Vec<HostId> = classes
-        .iter()
-        .flat_map(|c| hosts.by_class[*c].iter().copied())
-        .collect();
-    all.sort_unstable();
-    all.dedup();
-    all
+    hosts.of_classes(&site.services[sid].classes)
 }
 
 fn conditions(

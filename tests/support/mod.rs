@@ -3,5 +3,6 @@
 
 pub mod cli;
 pub mod fleet;
+pub mod hooks;
 pub mod moto;
 pub mod shop;

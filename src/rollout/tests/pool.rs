@@ -53,6 +53,25 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
     }
 }
 
+/// api on `apps` hosts (app1…) and lb on `lbs` (lb1…), each service with its `extra` lines,
+/// planned with `added` new to the inventory.
+fn lb_over_api(
+    api: &str,
+    lb: &str,
+    (apps, lbs): (usize, usize),
+    policies: &[(&str, &str)],
+    added: &[&str],
+) -> Fixture {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
+        svc("api", api),
+        svc("lb", lb)
+    );
+    let mut hs = hosts("app", "app", apps);
+    hs.extend(hosts("lb", "lb", lbs));
+    grown(&body, &host_refs(&hs), policies, added)
+}
+
 /// Every waiting step started only after each step it waits for had finished (or was given up
 /// without running).
 fn waits_kept(fx: &Fixture, ran: &Ran) -> Result<(), String> {
@@ -87,17 +106,13 @@ fn waits_kept(fx: &Fixture, ran: &Ran) -> Result<(), String> {
 
 #[tokio::test]
 async fn the_load_balancer_lists_a_new_member_only_after_its_step_ended() {
-    let body = format!(
-        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
-        svc("api", "port 8080"),
-        svc(
-            "lb",
-            "needs \"api\" addressable=\"all\"; reload \"hook reload lb\""
-        )
+    let fx = lb_over_api(
+        "port 8080",
+        "needs \"api\" addressable=\"all\"; reload \"hook reload lb\"",
+        (3, 2),
+        &[],
+        &["app3"],
     );
-    let mut hs = hosts("app", "app", 3);
-    hs.extend(hosts("lb", "lb", 2));
-    let fx = grown(&body, &host_refs(&hs), &[], &["app3"]);
     let lb = fx.service("lb");
     let steps: Vec<&plan::Step> = lb.waves.iter().flat_map(|w| &w.steps).collect();
     assert_eq!(steps.len(), 2, "both lb hosts are reconfigured");
@@ -138,16 +153,10 @@ async fn the_load_balancer_lists_a_new_member_only_after_its_step_ended() {
 
 #[tokio::test]
 async fn a_member_that_fails_still_ends_the_wait() {
-    let body = format!(
-        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
-        svc("api", "port 8080; policy \"cont.kdl\""),
-        svc("lb", "needs \"api\" addressable=\"all\"")
-    );
-    let mut hs = hosts("app", "app", 2);
-    hs.extend(hosts("lb", "lb", 1));
-    let fx = grown(
-        &body,
-        &host_refs(&hs),
+    let fx = lb_over_api(
+        "port 8080; policy \"cont.kdl\"",
+        "needs \"api\" addressable=\"all\"",
+        (2, 1),
         &[("cont.kdl", "batch 1; on-failure \"continue\"")],
         &["app2"],
     );
@@ -171,14 +180,13 @@ async fn a_member_that_fails_still_ends_the_wait() {
 #[tokio::test]
 async fn no_wait_when_the_new_members_service_needs_this_one() {
     // api needs lb at runtime: lb cannot wait for api's new hosts (api waits for lb).
-    let body = format!(
-        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
-        svc("api", "port 8080; needs \"lb\""),
-        svc("lb", "needs \"api\" addressable=\"all\"")
+    let fx = lb_over_api(
+        "port 8080; needs \"lb\"",
+        "needs \"api\" addressable=\"all\"",
+        (2, 1),
+        &[],
+        &["app2"],
     );
-    let mut hs = hosts("app", "app", 2);
-    hs.extend(hosts("lb", "lb", 1));
-    let fx = grown(&body, &host_refs(&hs), &[], &["app2"]);
     let lb = fx.service("lb");
     let st = &lb.waves[0].steps[0];
     assert_eq!(st.reasons, ["needs api: +app2"]);
