@@ -477,28 +477,7 @@ fn secrets(r: &mut Reader<'_>, site_path: &Path, raw: &[RawSecret]) -> Vec<Secre
     let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
     for s in raw {
         let name = &s.name.value;
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            r.bad(
-                s.name.span,
-                "the secret's name".into(),
-                format!("`{name}` is not an environment variable name"),
-                "use letters, digits and `_`, not starting with a digit, as in \"DB_PASSWORD\""
-                    .into(),
-            );
-            continue;
-        }
-        if name.starts_with("DEPLOY_") {
-            r.bad(
-                s.name.span,
-                "the secret's name".into(),
-                "names starting with DEPLOY_ are drover's own variables".into(),
-                "choose another name, as in \"DB_PASSWORD\"".into(),
-            );
+        if !check_files::variable(r, &s.name, "the secret's name", "DB_PASSWORD") {
             continue;
         }
         if let Some(first) = seen.get(name.as_str()) {

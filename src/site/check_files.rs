@@ -4,7 +4,7 @@
 use super::error::{SiteError, Src};
 use super::model::{File, Template};
 use super::raw::{RawEnv, RawFile};
-use super::read::Reader;
+use super::read::{Reader, Spanned};
 use super::source::{beside, Sources};
 use miette::SourceSpan;
 use std::collections::HashMap;
@@ -25,6 +25,25 @@ pub fn variable_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Whether `name` may be a variable hooks are given (an environment variable name, not one
+/// of drover's own `DEPLOY_*`); reported at its span when not. `example` is a good name.
+pub fn variable(r: &mut Reader<'_>, name: &Spanned<String>, what: &str, example: &str) -> bool {
+    let reason = if !variable_name(&name.value) {
+        format!("`{}` is not an environment variable name", name.value)
+    } else if name.value.starts_with("DEPLOY_") {
+        "names starting with DEPLOY_ are drover's own variables".to_string()
+    } else {
+        return true;
+    };
+    let help = if variable_name(&name.value) {
+        format!("choose another name, as in \"{example}\"")
+    } else {
+        format!("use letters, digits and `_`, not starting with a digit, as in \"{example}\"")
+    };
+    r.bad(name.span, what.into(), reason, help);
+    false
+}
+
 /// Checks one scope's `env` nodes (the site's or a service's): valid names, not drover's own,
 /// each once. Returns them in the order written.
 pub fn env(r: &mut Reader<'_>, raw: &[RawEnv]) -> Vec<(String, String)> {
@@ -32,22 +51,7 @@ pub fn env(r: &mut Reader<'_>, raw: &[RawEnv]) -> Vec<(String, String)> {
     let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
     for e in raw {
         let name = &e.name.value;
-        if !variable_name(name) {
-            r.bad(
-                e.name.span,
-                "the variable's name".into(),
-                format!("`{name}` is not an environment variable name"),
-                "use letters, digits and `_`, not starting with a digit, as in \"MAXCONN\"".into(),
-            );
-            continue;
-        }
-        if name.starts_with("DEPLOY_") {
-            r.bad(
-                e.name.span,
-                "the variable's name".into(),
-                "names starting with DEPLOY_ are drover's own variables".into(),
-                "choose another name, as in \"MAXCONN\"".into(),
-            );
+        if !variable(r, &e.name, "the variable's name", "MAXCONN") {
             continue;
         }
         if let Some(first) = seen.get(name.as_str()) {
