@@ -1,8 +1,9 @@
 //! Drover: a push-model, declarative site deployer.
 //!
 //! The pipeline, one module per stage: [`site`] (KDL → checked model) → [`inventory`]
-//! (class → hosts) → [`desired`] (what each host must run) → [`plan`] (graph, observed state, waves; pure) → `rollout` → `transport`
-//! → [`state`] → [`report`]. [`cli`] only connects the stages.
+//! (class → hosts) → [`desired`] (what each host must run) → [`plan`] (graph, observed state,
+//! waves; pure) → [`session`] (signals, locks, journal, resume) around `rollout` →
+//! `transport` → [`state`] → [`report`]. [`cli`] only connects the stages.
 
 pub mod cli;
 pub mod desired;
@@ -13,6 +14,7 @@ pub mod plan;
 pub mod report;
 pub mod rollout;
 pub mod secrets;
+pub mod session;
 pub mod site;
 pub mod state;
 pub mod transport;

@@ -1,20 +1,25 @@
 //! `deploy apply`: site (or saved plan) → plan → confirmation → rollout → summary.
 
-use super::recovery::RunTransport;
 use super::{code, ApplyArgs, Error};
 use crate::desired::Desired;
 use crate::plan::{self, Plan};
 use crate::report;
 use crate::rollout::{self, Gate, Rollout, Sink};
 use crate::secrets::Secrets;
+use crate::session::{Ended, RunTransport, Session};
 use crate::site::{self, Site};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::sync::Arc;
 
 pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
-    // Signals, the site's locks (released when `session` drops), the journal (`recovery.rs`).
-    let session = super::recovery::Session::begin(args)?;
+    // Signals, the site's locks (released when `session` drops), the journal: the session
+    // stage (`src/session/`); what it has to say goes to stderr.
+    let options = crate::session::Options {
+        break_lock: args.break_lock,
+        max_connections: args.max_connections,
+    };
+    let session = Session::begin(options, std::sync::Arc::new(|text: &str| errln!("{text}")))?;
     let Ready {
         site,
         plan,
@@ -26,8 +31,8 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     } else {
         fresh(args, &session)?
     };
-    if let Some(code) = session.interrupted() {
-        return Ok(code);
+    if let Some(ended) = session.interrupted() {
+        return Ok(exit(ended));
     }
     let secrets = Arc::new(secrets);
     let steps = plan.steps();
@@ -47,7 +52,11 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         });
     }
     if let Err(e) = confirm(args, &plan) {
-        return session.stopped_or(e);
+        // A signal that left the question unanswered is an interruption, not a refusal.
+        return match session.interrupted() {
+            Some(ended) => Ok(exit(ended)),
+            None => Err(e),
+        };
     }
     let (site, plan) = (Arc::new(site), Arc::new(plan));
     let run_id = session.run_id.clone();
@@ -80,8 +89,8 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
             errln!("failed: {service} on {host}, log: {log}");
         }
     }
-    if let Some(code) = session.finish(&summary) {
-        return Ok(code);
+    if let Some(ended) = session.finish(&summary) {
+        return Ok(exit(ended));
     }
     Ok(if summary.converged() {
         code::OK
@@ -100,7 +109,7 @@ struct Ready {
     secrets: Secrets,
 }
 
-fn fresh(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, Error> {
+fn fresh(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
     let mut site = site::load(&args.target)?;
     super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
     let selection = super::plan::selection(&site, &args.only)?;
@@ -136,7 +145,7 @@ impl Locked {
 
 /// Reads the secrets (a missing one stops the run before anything runs), resolves the hosts
 /// and what each must run, takes the locks and reads what each host runs.
-fn locked(site: Site, session: &super::recovery::Session) -> Result<Locked, Error> {
+fn locked(site: Site, session: &Session) -> Result<Locked, Error> {
     let secrets = Secrets::load(&site)?;
     let hosts = super::resolve(&site)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
@@ -154,7 +163,7 @@ fn locked(site: Site, session: &super::recovery::Session) -> Result<Locked, Erro
 
 /// A saved plan is carried out as saved, once the site, inventory and host state are shown
 /// to be what they were when it was made.
-fn saved(args: &ApplyArgs, session: &super::recovery::Session) -> Result<Ready, Error> {
+fn saved(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
     if !args.only.is_empty() {
         return Err(Error::Usage {
             reason: "--only does not apply to a saved plan".into(),
@@ -214,6 +223,14 @@ fn is_saved_plan(path: &Path) -> bool {
     head == Some(b'{')
 }
 
+/// The exit code of a run that ended early.
+fn exit(ended: Ended) -> u8 {
+    match ended {
+        Ended::Interrupted => code::INTERRUPTED,
+        Ended::JournalFailed => code::ENVIRONMENT,
+    }
+}
+
 /// Asks on a terminal, refuses without one unless `--yes`.
 fn confirm(args: &ApplyArgs, plan: &Plan) -> Result<(), Error> {
     let tty = std::io::stdin().is_terminal();
@@ -249,7 +266,10 @@ fn confirm(args: &ApplyArgs, plan: &Plan) -> Result<(), Error> {
 fn ask(question: &str) -> bool {
     err!("{question} [y/N] ");
     let _ = std::io::stderr().flush();
-    let answer = super::recovery::read_answer();
+    let answer = crate::session::read_answer();
+    if answer.is_empty() {
+        errln!();
+    }
     matches!(answer.trim(), "y" | "Y" | "yes")
 }
 

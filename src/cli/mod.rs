@@ -20,7 +20,6 @@ mod apply;
 mod check;
 mod graph;
 mod plan;
-mod recovery;
 mod safety;
 mod status;
 mod verify;
@@ -48,7 +47,7 @@ pub mod code {
     /// The environment failed: inventory, transport, state or a file that cannot be written.
     pub const ENVIRONMENT: u8 = 5;
     /// Interrupted by a signal.
-    pub const INTERRUPTED: u8 = 130;
+    pub const INTERRUPTED: u8 = crate::session::INTERRUPTED;
 }
 
 /// Drover: roll out a declared site over SSH, in dependency order, under a policy.
@@ -191,6 +190,9 @@ pub enum Error {
     Desired(#[from] crate::desired::DesiredErrors),
     #[error(transparent)]
     #[diagnostic(transparent)]
+    Session(#[from] crate::session::SessionError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
     Select(#[from] SelectError),
     #[error("{reason}")]
     #[diagnostic(code(drover::cli::usage), help("{help}"))]
@@ -236,7 +238,10 @@ impl Error {
         match self {
             Error::Site(_) | Error::BadPlan { .. } | Error::Desired(_) => code::INVALID,
             Error::UnknownService { .. } | Error::Usage { .. } | Error::Select(_) => code::USAGE,
-            Error::Refused { .. } | Error::Drift { .. } => code::REFUSED,
+            Error::Refused { .. }
+            | Error::Drift { .. }
+            | Error::Session(crate::session::SessionError::Refused { .. }) => code::REFUSED,
+            Error::Session(_) => code::ENVIRONMENT,
             Error::Read { .. } => code::ENVIRONMENT,
             Error::Inventory(_)
             | Error::Secret(_)
@@ -252,12 +257,7 @@ impl Error {
 /// the cores: the run journal's sync blocks the worker that emits an event for a few
 /// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
 fn runtime() -> Result<tokio::runtime::Runtime, Error> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cores.max(4))
-        .enable_all()
-        .build()
-        .map_err(Error::Runtime)
+    crate::session::runtime().map_err(Error::Runtime)
 }
 
 /// The site's hosts, resolved once for the run; warnings go to stderr.

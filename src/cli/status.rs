@@ -21,7 +21,16 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
         hosts: &hosts,
     };
     let mut status = state::status(&site, &hosts, &observed, &expected);
-    status.unfinished_run = super::recovery::unfinished(&site.name);
+    status.unfinished_run = match crate::session::unfinished(&site.name) {
+        Ok(rec) => rec,
+        Err(e) => {
+            errln!(
+                "warning: the unfinished run of {} cannot be read: {e}",
+                site.name
+            );
+            None
+        }
+    };
     if args.site.json {
         outln!(
             "{}",

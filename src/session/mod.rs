@@ -1,29 +1,34 @@
-//! What keeps `deploy apply` safe to interrupt and to run twice: signal handling, the site's
-//! locks, the run journal, and carrying on after an interrupted run. The engine knows none of
-//! this: it is told to stop through a [`Cancel`] handle and emits events, which the journal
-//! records.
+//! The apply session, the stage around `rollout`: what keeps `deploy apply` safe to interrupt
+//! and to run twice: signal handling, the site's locks, the run journal, and carrying on after
+//! an interrupted run. The engine knows none of this: it is told to stop through a [`Cancel`]
+//! handle and emits events, which the journal ([`Journaled`]) records. The session prints
+//! nothing itself: what the operator should hear goes to the [`Say`] it is given.
 //!
 //! - **Signals**: from the start of `apply`, SIGINT, SIGTERM and SIGHUP no longer kill
 //!   `deploy`. The first one stops the run from starting new steps (running ones finish,
 //!   everything is recorded, exit 130); the second aborts the running steps (their hooks'
 //!   process groups are killed on the hosts, the steps recorded as interrupted); a third exits
 //!   at once. SIGHUP is the terminal going away (an SSH session to a jump host that drops):
-//!   what `deploy` then prints is dropped ([`crate::cli`]'s `out!`), what it records is not.
+//!   what `deploy` then prints is dropped (the CLI's `out!`), what it records is not.
 //!   Started with SIGHUP ignored (`nohup`), it leaves SIGHUP ignored and carries on.
 //! - **Locks**: `.drover/locks/<site>.lock` on the controller, then `<state-dir>/lock` on every
 //!   host of the site ([`crate::state::lock`]), both taken before any host's state is read and
 //!   released when `apply` ends, however it ends (but a third signal).
 //! - **Journal**: `.drover/runs/<run>/journal.ndjson`, and `.drover/unfinished/<site>.json`
-//!   naming it until the run ends uninterrupted ([`crate::state::journal`]).
+//!   naming it until the run ends uninterrupted ([`crate::state::journal`], written through
+//!   [`Journaled`]).
 //! - **Carrying on**: an `apply` that finds an unfinished run says so, stops whatever hook that
 //!   run left running on its hosts, and then plans from the hosts' state files as always.
 
-use super::{code, ApplyArgs, Error};
+mod journaled;
+
+pub use journaled::{Journaled, RunContext};
+
 use crate::inventory::Hosts;
 use crate::plan::Plan;
 use crate::rollout::{kill_script, Cancel, Level, Sink, Summary};
 use crate::site::Site;
-use crate::state::journal::{self, Journal, Journaled, RunContext, RunRecord, CONTROLLER_DIR};
+use crate::state::journal::{self, Journal, RunRecord, CONTROLLER_DIR};
 use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError};
 use crate::state::Observed;
 use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
@@ -31,6 +36,56 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+/// The exit status of a process interrupted by a signal (a third signal exits with it at once).
+pub const INTERRUPTED: u8 = 130;
+
+/// Where the session's words for the operator go (warnings, what it carried on, why it stopped).
+pub type Say = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// What an `apply` session is asked to do.
+pub struct Options {
+    /// `--break-lock`: take locks whatever holds them.
+    pub break_lock: bool,
+    pub max_connections: usize,
+}
+
+/// Why the session cannot go on.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum SessionError {
+    #[error("refused: {reason}")]
+    #[diagnostic(code(drover::session::refused), help("{help}"))]
+    Refused { reason: String, help: String },
+    #[error("cannot start the async runtime: {0}")]
+    #[diagnostic(code(drover::session::runtime))]
+    Runtime(std::io::Error),
+    #[error("cannot write {path}: {source}")]
+    #[diagnostic(code(drover::session::write))]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How a run ended when the caller must not go on as usual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// A signal stopped it (exit 130).
+    Interrupted,
+    /// Its journal could not be written: it stopped starting steps.
+    JournalFailed,
+}
+
+/// The async runtime of a command: at least four worker threads, whatever the cores: the run
+/// journal's sync blocks the worker that emits an event for a few milliseconds, and on a
+/// 2-core controller that would leave nothing to start the next steps.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.max(4))
+        .enable_all()
+        .build()
+}
 
 /// The process's interrupt handle, once `apply` has taken signals over.
 static INTERRUPTS: OnceLock<Cancel> = OnceLock::new();
@@ -60,6 +115,7 @@ pub struct Session {
     site: Mutex<String>,
     /// Closed once the locks are given back.
     transport: OnceLock<RunTransport>,
+    say: Say,
 }
 
 /// Whether this process was started with SIGHUP ignored (`nohup deploy apply …`): the
@@ -76,8 +132,8 @@ fn hangup_ignored() -> bool {
 
 impl Session {
     /// Takes SIGINT, SIGTERM and SIGHUP over; nothing is locked yet.
-    pub fn begin(args: &ApplyArgs) -> Result<Session, Error> {
-        let runtime = super::runtime()?;
+    pub fn begin(options: Options, say: Say) -> Result<Session, SessionError> {
+        let runtime = runtime().map_err(SessionError::Runtime)?;
         let cancel = INTERRUPTS.get_or_init(Cancel::new).clone();
         let signals = cancel.clone();
         // Registered before returning: from here on a signal does not kill the process.
@@ -96,7 +152,8 @@ impl Session {
                     hup,
                 ))
             })
-            .map_err(Error::Runtime)?;
+            .map_err(SessionError::Runtime)?;
+        let said = say.clone();
         runtime.spawn(async move {
             loop {
                 let name = tokio::select! {
@@ -105,8 +162,10 @@ impl Session {
                     Some(_) = async { hup.as_mut()?.recv().await } => "SIGHUP",
                 };
                 if signals.aborting() {
-                    errln!("{name} a third time: exiting now, without recording anything more");
-                    std::process::exit(i32::from(code::INTERRUPTED));
+                    said(&format!(
+                        "{name} a third time: exiting now, without recording anything more"
+                    ));
+                    std::process::exit(i32::from(INTERRUPTED));
                 }
                 signals.escalate(name);
             }
@@ -123,8 +182,8 @@ impl Session {
                 std::process::id()
             ),
             root: PathBuf::from(CONTROLLER_DIR),
-            break_lock: args.break_lock,
-            max_connections: args.max_connections,
+            break_lock: options.break_lock,
+            max_connections: options.max_connections,
             held: Mutex::new(Held {
                 holder,
                 file: None,
@@ -134,7 +193,12 @@ impl Session {
             journal: Mutex::new(None),
             site: Mutex::new(String::new()),
             transport: OnceLock::new(),
+            say,
         })
+    }
+
+    fn say(&self, text: &str) {
+        (self.say)(text)
     }
 
     /// A signal came: stop.
@@ -142,17 +206,12 @@ impl Session {
         self.cancel.stopping()
     }
 
-    /// `Some(130)` if a signal came before the rollout started (nothing was changed).
-    pub fn interrupted(&self) -> Option<u8> {
+    /// `Some(Interrupted)` if a signal came before the rollout started (nothing was changed).
+    pub fn interrupted(&self) -> Option<Ended> {
         self.stopping().then(|| {
-            errln!("interrupted before anything was changed");
-            code::INTERRUPTED
+            self.say("interrupted before anything was changed");
+            Ended::Interrupted
         })
-    }
-
-    /// `Ok(130)` if a signal made `error` happen (a question left unanswered), else `error`.
-    pub fn stopped_or(&self, error: Error) -> Result<u8, Error> {
-        self.interrupted().ok_or(error)
     }
 
     /// Locks the site, on the controller and on every host; then looks for an unfinished run
@@ -161,11 +220,11 @@ impl Session {
     /// Returns the transport the rest of the run uses: the links the lock opened stay open
     /// for it (when the fleet fits under `--max-connections`), and are closed when the
     /// session ends.
-    pub fn lock(&self, site: &Site, hosts: &Hosts) -> Result<RunTransport, Error> {
+    pub fn lock(&self, site: &Site, hosts: &Hosts) -> Result<RunTransport, SessionError> {
         *self.site.lock().unwrap_or_else(|p| p.into_inner()) = site.name.clone();
         let me = Holder::me(&site.name, &self.run_id);
         let refused = |e: LockError| match e {
-            LockError::Held { place, holder } => Error::Refused {
+            LockError::Held { place, holder } => SessionError::Refused {
                 reason: match holder {
                     // Hosts are locked whatever the site: another site on the same hosts.
                     Some(h) if h.site != site.name => format!(
@@ -189,7 +248,7 @@ impl Session {
                        --break-lock`"
                     .into(),
             },
-            LockError::Failed { place, reason } => Error::Refused {
+            LockError::Failed { place, reason } => SessionError::Refused {
                 reason: format!("cannot lock site {} ({place}): {reason}", site.name),
                 help: "nothing was changed; check that the directory and the hosts' state \
                        directories are writable"
@@ -201,7 +260,7 @@ impl Session {
             .runtime
             .block_on(file.acquire(&me, self.break_lock))
             .map_err(refused)?;
-        report_broken(&taken.broken);
+        self.report_broken(&taken.broken);
         {
             let mut held = self.held();
             held.holder = me.clone();
@@ -240,13 +299,13 @@ impl Session {
             .runtime
             .block_on(fleet.acquire(&me, self.break_lock))
             .map_err(refused)?;
-        report_broken(&taken.broken);
+        self.report_broken(&taken.broken);
         if !taken.unreachable.is_empty() {
             let names: Vec<&str> = taken.unreachable.iter().map(|(h, _)| h.as_str()).collect();
-            errln!(
+            self.say(&format!(
                 "warning: not locked, since they do not answer: {}",
                 names.join(", ")
-            );
+            ));
         }
         self.held().fleet = Some(fleet);
         self.carry_on(site, &transport, &targets, &state_dir);
@@ -268,9 +327,13 @@ impl Session {
             let read = held.fleet.as_ref().map(FleetLock::take_reads);
             read.filter(|_| !carried_on).unwrap_or_default()
         };
-        let state =
-            super::plan::observe_on(transport.clone(), site, hosts, self.max_connections, read);
-        self.block_on(state)
+        let remote = crate::state::Remote {
+            transport: transport.clone(),
+            state_dir: site.platform.host_state_dir(),
+            max_connections: self.max_connections,
+            read,
+        };
+        self.block_on(crate::state::Observe::observe(&remote, site, hosts))
     }
 
     /// Shell text that gives this run's lock back on a host, for the rollout to end a host's
@@ -288,16 +351,18 @@ impl Session {
             Ok(Some(rec)) => rec,
             Ok(None) => return,
             Err(e) => {
-                errln!(
+                self.say(&format!(
                     "warning: the unfinished run of {} cannot be read: {e}",
                     site.name
-                );
+                ));
                 return;
             }
         };
-        errln!("carrying on: run {}", rec.describe());
+        self.say(&format!("carrying on: run {}", rec.describe()));
         if rec.site_digest.as_deref().is_some_and(|d| d != site.digest) {
-            errln!("note: the site files changed since that run started; the new site is applied");
+            self.say(
+                "note: the site files changed since that run started; the new site is applied",
+            );
         }
         let Some(holder) = rec
             .holder
@@ -330,17 +395,16 @@ impl Session {
             });
             match killed {
                 Some(0) => {}
-                Some(n) => errln!(
+                Some(n) => self.say(&format!(
                     "stopped {n} hook{} that run {} left running on {}",
                     if n == 1 { "" } else { "s" },
                     rec.run,
                     target.name
-                ),
-                None => errln!(
+                )),
+                None => self.say(&format!(
                     "warning: could not check {} for hooks run {} left running",
-                    target.name,
-                    rec.run
-                ),
+                    target.name, rec.run
+                )),
             }
         }
         *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
@@ -370,7 +434,10 @@ impl Session {
         if let (Some(rec), true) = (resumed, every_host_answered) {
             let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
             if journal::clear_unfinished(&self.root, &site).is_ok() {
-                errln!("run {} has nothing left to do: it is finished", rec.run);
+                self.say(&format!(
+                    "run {} has nothing left to do: it is finished",
+                    rec.run
+                ));
             }
         }
     }
@@ -383,8 +450,8 @@ impl Session {
         site: &Site,
         plan: &Plan,
         log_dir: &Path,
-    ) -> Result<Arc<dyn Sink>, Error> {
-        let write = |source| Error::Write {
+    ) -> Result<Arc<dyn Sink>, SessionError> {
+        let write = |source| SessionError::Write {
             path: log_dir.join(journal::JOURNAL_FILE),
             source,
         };
@@ -414,9 +481,9 @@ impl Session {
         Ok(journaled)
     }
 
-    /// After the rollout: `Some(code)` when it was interrupted (130) or its journal failed
-    /// (5); otherwise the run is finished and no longer the site's unfinished one.
-    pub fn finish(&self, summary: &Summary) -> Option<u8> {
+    /// After the rollout: `Some` when it was interrupted or its journal failed; otherwise the
+    /// run is finished and no longer the site's unfinished one.
+    pub fn finish(&self, summary: &Summary) -> Option<Ended> {
         if let Some(fleet) = &self.held().fleet {
             fleet.released(&summary.released);
         }
@@ -426,26 +493,26 @@ impl Session {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(error) = journaled.as_ref().and_then(|j| j.error()) {
-            errln!("error: {error}; the run stopped starting steps");
-            return Some(code::ENVIRONMENT);
+            self.say(&format!("error: {error}; the run stopped starting steps"));
+            return Some(Ended::JournalFailed);
         }
         let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if self.cancel.level() == Level::Running {
             if let Err(e) = journal::clear_unfinished(&self.root, &site) {
-                errln!("warning: cannot mark the run finished: {e}");
+                self.say(&format!("warning: cannot mark the run finished: {e}"));
             }
             return None;
         }
         let journal = journaled.map(|j| j.path().display().to_string());
-        errln!(
+        self.say(&format!(
             "interrupted: {} ok, {} failed, {} not started; journal {}. Run `deploy apply` \
              again to carry on; `deploy status` shows where it stopped.",
             summary.succeeded,
             summary.failed,
             summary.not_started,
             journal.unwrap_or_default()
-        );
-        Some(code::INTERRUPTED)
+        ));
+        Some(Ended::Interrupted)
     }
 
     /// Runs `work` on the session's runtime.
@@ -473,10 +540,10 @@ impl Drop for Session {
             if let Err(LockError::Failed { reason, .. } | LockError::Held { place: reason, .. }) =
                 self.runtime.block_on(fleet.release(&held.holder))
             {
-                errln!(
+                self.say(&format!(
                     "warning: the site's lock is left behind: {reason}; the next `deploy apply` \
                      from this machine takes it over"
-                );
+                ));
             }
         }
         if let Some(transport) = self.transport.get() {
@@ -484,21 +551,15 @@ impl Drop for Session {
         }
         if let Some(file) = held.file {
             if let Err(e) = self.runtime.block_on(file.release(&held.holder)) {
-                errln!("warning: {e}");
+                self.say(&format!("warning: {e}"));
             }
         }
     }
 }
 
-/// `deploy status`: the site's unfinished run, if any.
-pub fn unfinished(site: &str) -> Option<RunRecord> {
-    match journal::unfinished(Path::new(CONTROLLER_DIR), site) {
-        Ok(rec) => rec,
-        Err(e) => {
-            errln!("warning: the unfinished run of {site} cannot be read: {e}");
-            None
-        }
-    }
+/// `deploy status`: the site's unfinished run, if any (or why it cannot be read).
+pub fn unfinished(site: &str) -> Result<Option<RunRecord>, String> {
+    journal::unfinished(Path::new(CONTROLLER_DIR), site)
 }
 
 /// The plan's digest, as the journal records it: sha256 of its JSON.
@@ -510,39 +571,43 @@ pub fn plan_digest(plan: &Plan) -> String {
         .collect()
 }
 
-/// Locks that were taken over or broken, one line per holder.
-fn report_broken(broken: &[Broken]) {
-    let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
-    for b in broken {
-        match seen
-            .iter_mut()
-            .find(|(h, s, _)| *h == &b.holder && *s == b.stale)
-        {
-            Some((_, _, places)) => places.push(&b.place),
-            None => seen.push((&b.holder, b.stale, vec![&b.place])),
+impl Session {
+    /// Locks that were taken over or broken, one line per holder.
+    fn report_broken(&self, broken: &[Broken]) {
+        let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
+        for b in broken {
+            match seen
+                .iter_mut()
+                .find(|(h, s, _)| *h == &b.holder && *s == b.stale)
+            {
+                Some((_, _, places)) => places.push(&b.place),
+                None => seen.push((&b.holder, b.stale, vec![&b.place])),
+            }
         }
-    }
-    for (holder, stale, places) in seen {
-        let whose = holder
-            .as_ref()
-            .map_or("a lock whose holder cannot be read".into(), |h| {
-                format!("the lock of {}", h.describe())
-            });
-        let places = if places.len() > 3 {
-            format!("{}, … ({} places)", places[..3].join(", "), places.len())
-        } else {
-            places.join(", ")
-        };
-        if stale {
-            errln!("took over {whose}: its process is gone ({places})");
-        } else {
-            errln!("--break-lock: broke {whose} ({places})");
+        for (holder, stale, places) in seen {
+            let whose = holder
+                .as_ref()
+                .map_or("a lock whose holder cannot be read".into(), |h| {
+                    format!("the lock of {}", h.describe())
+                });
+            let places = if places.len() > 3 {
+                format!("{}, … ({} places)", places[..3].join(", "), places.len())
+            } else {
+                places.join(", ")
+            };
+            if stale {
+                self.say(&format!(
+                    "took over {whose}: its process is gone ({places})"
+                ));
+            } else {
+                self.say(&format!("--break-lock: broke {whose} ({places})"));
+            }
         }
     }
 }
 
 /// A line from the terminal; empty if a signal comes first (the question then counts as
-/// not answered).
+/// not answered: the caller ends its prompt's line).
 pub fn read_answer() -> String {
     let Some(cancel) = INTERRUPTS.get() else {
         let mut answer = String::new();
@@ -557,7 +622,6 @@ pub fn read_answer() -> String {
     });
     loop {
         if cancel.stopping() {
-            errln!();
             return String::new();
         }
         match rx.recv_timeout(Duration::from_millis(100)) {
