@@ -26,6 +26,9 @@ use thiserror::Error;
 #[derive(Debug, Default)]
 pub struct Desired {
     services: Vec<ServiceInputs>,
+    /// The sha256 of every plain file's source, read once when the run resolved what each
+    /// host must run: the steps send the content recorded under that digest.
+    digests: HashMap<PathBuf, String>,
 }
 
 /// One service's inputs: what every host shares, and the template files that differ per host.
@@ -232,7 +235,7 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
         });
     }
     if errors.is_empty() {
-        Ok(Desired { services })
+        Ok(Desired { services, digests })
     } else {
         Err(DesiredErrors { errors })
     }
@@ -304,6 +307,54 @@ impl Desired {
             .map(|s| s.needs.clone())
             .unwrap_or_default()
     }
+    /// The files `service` delivers to `host`, in the order the site gives them: templates
+    /// rendered now, plain files under the digest [`resolve`] read (their sources must not
+    /// change during a run).
+    pub fn deliveries(
+        &self,
+        site: &Site,
+        service: ServiceId,
+        host: &crate::inventory::Host,
+        secrets: &Secrets,
+    ) -> Result<Vec<Delivery>, String> {
+        let s = &site.services[service];
+        let r = render::Renderer::new(site, service, self.needs(service), secrets);
+        let mut out = Vec::with_capacity(s.files.len());
+        for f in &s.files {
+            match &f.template {
+                None => {
+                    let digest = self.digests.get(&f.source).cloned().ok_or_else(|| {
+                        format!("{} was not read when the run planned", f.source.display())
+                    })?;
+                    out.push(Delivery {
+                        to: f.to.clone(),
+                        mode: f.mode(),
+                        digest,
+                        content: Content::Path(f.source.clone()),
+                    });
+                }
+                Some(t) => {
+                    let text = r.render(f, t, host).map_err(|e| {
+                        format!(
+                            "template {} for host {}: {e}",
+                            f.source.display(),
+                            host.name
+                        )
+                    })?;
+                    out.push(Delivery {
+                        to: f.to.clone(),
+                        mode: f.mode(),
+                        digest: content_digest(text.as_bytes(), t.secret, secrets),
+                        content: Content::Rendered {
+                            text: Arc::new(text),
+                            secret: t.secret,
+                        },
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl crate::state::Expected for Desired {
@@ -314,52 +365,6 @@ impl crate::state::Expected for Desired {
             Some(r) => self.reasons(service, host, r),
         }
     }
-}
-
-/// The files `service` delivers to `host`, rendered now, in the order the site gives them.
-pub fn deliveries(
-    site: &Site,
-    service: ServiceId,
-    host: &crate::inventory::Host,
-    needs: Arc<BTreeMap<String, Pool>>,
-    secrets: &Secrets,
-) -> Result<Vec<Delivery>, String> {
-    let s = &site.services[service];
-    let r = render::Renderer::new(site, service, needs, secrets);
-    let mut out = Vec::with_capacity(s.files.len());
-    for f in &s.files {
-        match &f.template {
-            None => {
-                let digest = digest_file(&f.source)
-                    .map_err(|e| format!("cannot read {}: {e}", f.source.display()))?;
-                out.push(Delivery {
-                    to: f.to.clone(),
-                    mode: f.mode(),
-                    digest,
-                    content: Content::Path(f.source.clone()),
-                });
-            }
-            Some(t) => {
-                let text = r.render(f, t, host).map_err(|e| {
-                    format!(
-                        "template {} for host {}: {e}",
-                        f.source.display(),
-                        host.name
-                    )
-                })?;
-                out.push(Delivery {
-                    to: f.to.clone(),
-                    mode: f.mode(),
-                    digest: content_digest(text.as_bytes(), t.secret, secrets),
-                    content: Content::Rendered {
-                        text: Arc::new(text),
-                        secret: t.secret,
-                    },
-                });
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Hooks by name, with the text each counts by (a check's command only: its timeout and

@@ -114,7 +114,9 @@ fn a_template_renders_per_host_with_needs_in_name_order() {
     let lb = site.service("lb").expect("lb");
     let h = &hosts.hosts[hosts.find("lb1").expect("lb1")];
     let d = resolve(&site, &hosts, &Secrets::none()).expect("resolves");
-    let files = deliveries(&site, lb, h, d.needs(lb), &Secrets::none()).expect("renders");
+    let files = d
+        .deliveries(&site, lb, h, &Secrets::none())
+        .expect("renders");
     assert_eq!(files.len(), 2);
     match &files[0].content {
         Content::Rendered { text, secret } => {
@@ -177,7 +179,7 @@ fn a_secret_counts_only_as_an_hmac_under_the_controllers_key() {
     let lb = site.service("lb").expect("lb");
     let h = &hosts.hosts[hosts.find("lb1").expect("lb1")];
     let d = resolve(&site, &hosts, &a).expect("resolves");
-    let files = deliveries(&site, lb, h, d.needs(lb), &a).expect("renders");
+    let files = d.deliveries(&site, lb, h, &a).expect("renders");
     assert_eq!(files[0].mode, 0o600);
     let plain = crate::secrets::hex(&sha2::Sha256::digest(b"hunter2"));
     assert_ne!(files[0].digest, plain);

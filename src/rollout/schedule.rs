@@ -446,11 +446,10 @@ impl<T: Transport> Scheduler<T> {
         let sid = self.r.site.service(&sp.name);
         let inputs = sid.map_or_else(Default::default, |sid| self.r.desired.inputs(sid, h));
         let files = match sid {
-            Some(sid) if !self.r.site.services[sid].files.is_empty() => crate::desired::deliveries(
+            Some(sid) if !self.r.site.services[sid].files.is_empty() => self.r.desired.deliveries(
                 &self.r.site,
                 sid,
                 &planned_host(&self.r.site, host),
-                self.r.desired.needs(sid),
                 &self.r.secrets,
             ),
             _ => Ok(Vec::new()),
