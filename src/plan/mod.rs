@@ -14,7 +14,7 @@ pub use drift::drift;
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::site::{ClassId, OnFailure, Pause, Quota, Round, ServiceId, Site};
-use crate::state::Observed;
+use crate::state::{added_hosts, Observed};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -257,7 +257,6 @@ pub fn plan(
         services.push(service_plan(
             site,
             hosts,
-            desired,
             sid,
             &versions[sid],
             s,
@@ -325,6 +324,8 @@ fn sort(
 ) -> Sorted {
     let service = &site.services[sid];
     let members = service_hosts(site, hosts, sid);
+    // The hosts of each service this one needs, as the inputs list them.
+    let pools = desired.needs(sid);
     let mut todo = Vec::new();
     let mut skipped = Vec::new();
     for &h in &members {
@@ -350,7 +351,7 @@ fn sort(
             continue;
         }
         let mut added = Vec::new();
-        let (kind, reasons) = match record {
+        let (kind, mut reasons) = match record {
             None => (StepKind::Install, Vec::new()),
             Some(r) if *r.version != **version => (StepKind::Upgrade, Vec::new()),
             Some(r) if !r.healthy() => (StepKind::Retry, Vec::new()),
@@ -366,15 +367,16 @@ fn sort(
                 Some(_) => (StepKind::Reconfigure, Vec::new()),
             },
         };
-        let mut reasons = reasons;
         if let Some(was) = record.and_then(|r| r.inputs.as_ref()) {
-            let now = desired.inputs(sid, h);
             if kind == StepKind::Reconfigure {
                 reasons = desired.reasons(sid, h, was);
             }
             for need in &service.needs {
                 let name = &site.services[need.service].name;
-                let new = now.added_members(was, name);
+                let Some(pool) = pools.get(name) else {
+                    continue;
+                };
+                let new = added_hosts(&pool.entry, was.get(&format!("needs:{name}")));
                 if !new.is_empty() && !added.iter().any(|(t, _)| *t == need.service) {
                     added.push((need.service, new));
                 }
@@ -395,18 +397,15 @@ fn sort(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn service_plan(
     site: &Site,
     hosts: &Hosts,
-    desired: &Desired,
     sid: ServiceId,
     version: &Arc<str>,
     sorted: Sorted,
     changing: &host_order::Changing,
     closure: &host_order::RuntimeClosure,
 ) -> ServicePlan {
-    let _ = desired;
     let service = &site.services[sid];
     let Sorted {
         members,

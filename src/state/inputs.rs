@@ -8,7 +8,7 @@
 //! controller's key, never a plain digest) and `key` (which key: the HMAC of a fixed text).
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Everything a service on one host is given, by key (values shared: a pool's member list is
@@ -75,38 +75,8 @@ impl Inputs {
         }
         for service in keys("needs:") {
             let key = format!("needs:{service}");
-            let members = |i: &Inputs| -> Vec<String> {
-                i.get(&key)
-                    .map(|v| {
-                        v.split(' ')
-                            .filter(|m| !m.is_empty())
-                            .map(str::to_string)
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let (now, then) = (members(self), members(was));
-            let name = |m: &str| m.split_once('=').map_or(m, |(h, _)| h).to_string();
-            let then_names: Vec<String> = then.iter().map(|m| name(m)).collect();
-            let now_names: Vec<String> = now.iter().map(|m| name(m)).collect();
-            let mut parts: Vec<String> = now_names
-                .iter()
-                .filter(|n| !then_names.contains(n))
-                .map(|n| format!("+{n}"))
-                .collect();
-            parts.extend(
-                then_names
-                    .iter()
-                    .filter(|n| !now_names.contains(n))
-                    .map(|n| format!("-{n}")),
-            );
-            // Same hosts, other addresses or port.
-            parts.extend(
-                now.iter()
-                    .filter(|m| !then.contains(m) && then_names.contains(&name(m)))
-                    .map(|m| format!("~{m}")),
-            );
-            out.push(format!("needs {service}: {}", parts.join(" ")));
+            let (now, then) = (self.get(&key).unwrap_or(""), was.get(&key).unwrap_or(""));
+            out.push(format!("needs {service}: {}", pool_change(now, then)));
         }
         for path in keys("file:") {
             out.push(format!("file: {path}"));
@@ -124,26 +94,51 @@ impl Inputs {
         }
         out
     }
+}
 
-    /// The hosts of `service` these inputs list and `was` did not.
-    pub fn added_members(&self, was: &Inputs, service: &str) -> Vec<String> {
-        let key = format!("needs:{service}");
-        let names = |i: &Inputs| -> Vec<String> {
-            i.get(&key)
-                .map(|v| {
-                    v.split(' ')
-                        .filter(|m| !m.is_empty())
-                        .map(|m| m.split_once('=').map_or(m, |(h, _)| h).to_string())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let then = names(was);
-        names(self)
-            .into_iter()
-            .filter(|n| !then.contains(n))
-            .collect()
-    }
+/// The members of a `needs:` entry (`host=address[:port]`, space-separated).
+fn members(entry: &str) -> impl Iterator<Item = &str> {
+    entry.split(' ').filter(|m| !m.is_empty())
+}
+
+/// A member's host name.
+fn host(member: &str) -> &str {
+    member.split_once('=').map_or(member, |(h, _)| h)
+}
+
+/// The hosts of the `needs:` entry `now` that the entry `was` (if any) did not list, in order.
+pub fn added_hosts(now: &str, was: Option<&str>) -> Vec<String> {
+    let then: HashSet<&str> = was.map(members).into_iter().flatten().map(host).collect();
+    members(now)
+        .map(host)
+        .filter(|h| !then.contains(h))
+        .map(str::to_string)
+        .collect()
+}
+
+/// How a pool's entry changed: `+new -gone ~kept=other:address`.
+fn pool_change(now: &str, then: &str) -> String {
+    let then_members: HashSet<&str> = members(then).collect();
+    let now_hosts: HashSet<&str> = members(now).map(host).collect();
+    let then_hosts: HashSet<&str> = then_members.iter().copied().map(host).collect();
+    let mut parts: Vec<String> = members(now)
+        .map(host)
+        .filter(|h| !then_hosts.contains(h))
+        .map(|h| format!("+{h}"))
+        .collect();
+    parts.extend(
+        members(then)
+            .map(host)
+            .filter(|h| !now_hosts.contains(h))
+            .map(|h| format!("-{h}")),
+    );
+    // Same hosts, other addresses or port.
+    parts.extend(
+        members(now)
+            .filter(|m| !then_members.contains(m) && then_hosts.contains(host(m)))
+            .map(|m| format!("~{m}")),
+    );
+    parts.join(" ")
 }
 
 #[cfg(test)]
@@ -193,7 +188,10 @@ mod tests {
                 "secret: TOKEN"
             ]
         );
-        assert_eq!(now.added_members(&was, "api"), ["app8"]);
+        assert_eq!(
+            added_hosts(now.get("needs:api").unwrap_or(""), was.get("needs:api")),
+            ["app8"]
+        );
         assert!(now.reasons(&now).is_empty());
     }
 

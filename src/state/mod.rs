@@ -11,7 +11,7 @@ mod status;
 mod unreadable;
 
 pub use files::{missing_script, place_script, receive_script, restore_script, store_dir, Placed};
-pub use inputs::Inputs;
+pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
