@@ -119,10 +119,8 @@ service "lb" {{
     }
 
     fn deploy(&self, args: &[&str]) -> Output {
-        std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+        support::cli::deploy_in(&self.fleet.dir)
             .args(args)
-            .current_dir(&self.fleet.dir)
-            .env("NO_COLOR", "1")
             .env("CONF_TOKEN", &self.token)
             .env("HOME", self.home.path())
             .env_remove("XDG_CONFIG_HOME")

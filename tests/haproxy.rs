@@ -87,10 +87,8 @@ impl Proxied {
     }
 
     fn deploy(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+        support::cli::deploy_in(&self.fleet.dir)
             .args(args)
-            .current_dir(&self.fleet.dir)
-            .env("NO_COLOR", "1")
             .output()
             .expect("run deploy")
     }

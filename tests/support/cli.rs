@@ -24,3 +24,11 @@ pub fn deploy(args: &[&str]) -> Run {
         stderr: String::from_utf8(out.stderr).expect("stderr is UTF-8"),
     }
 }
+
+/// `deploy` to run in `dir` (a fleet's directory: its logs land in `dir/.drover`), without
+/// colour; add the arguments and any environment.
+pub fn deploy_in(dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_deploy"));
+    cmd.current_dir(dir).env("NO_COLOR", "1");
+    cmd
+}

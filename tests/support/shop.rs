@@ -132,10 +132,8 @@ service "lb" {{
 
     /// Runs `deploy ARGS` in the fleet's directory (logs land in its .drover/).
     pub fn deploy(&self, args: &[&str]) -> Output {
-        std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+        super::cli::deploy_in(&self.fleet.dir)
             .args(args)
-            .current_dir(&self.fleet.dir)
-            .env("NO_COLOR", "1")
             .output()
             .expect("run deploy")
     }
