@@ -18,6 +18,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     let options = crate::session::Options {
         break_lock: args.break_lock,
         max_connections: args.max_connections,
+        read_hosts: args.read_hosts,
     };
     let session = Session::begin(options, std::sync::Arc::new(|text: &str| errln!("{text}")))?;
     let Ready {
@@ -149,8 +150,8 @@ fn locked(site: Site, session: &Session) -> Result<Locked, Error> {
     let secrets = Secrets::load(&site)?;
     let hosts = super::resolve(&site)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
-    let transport = session.lock(&site, &hosts)?;
-    let observed = session.observe(&transport, &site, &hosts);
+    let transport = session.lock(&site, &hosts, &desired)?;
+    let observed = session.observe(&transport, &site, &hosts, &desired);
     Ok(Locked {
         site,
         hosts,
@@ -228,6 +229,7 @@ fn exit(ended: Ended) -> u8 {
     match ended {
         Ended::Interrupted => code::INTERRUPTED,
         Ended::JournalFailed => code::ENVIRONMENT,
+        Ended::LockLost => code::LOCK_LOST,
     }
 }
 

@@ -46,6 +46,9 @@ pub mod code {
     pub const REFUSED: u8 = 4;
     /// The environment failed: inventory, transport, state or a file that cannot be written.
     pub const ENVIRONMENT: u8 = 5;
+    /// `apply` stopped starting steps because the site's lock in the shared store (etcd) was
+    /// lost: etcd could not renew its lease for `lock-ttl`.
+    pub const LOCK_LOST: u8 = 6;
     /// Interrupted by a signal.
     pub const INTERRUPTED: u8 = crate::session::INTERRUPTED;
 }
@@ -58,7 +61,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-const EXIT_CODES: &str = "Exit codes: 0 ok, 1 some hosts failed or diverge, 2 usage, 3 invalid site, 4 refused, 5 environment error, 130 interrupted.";
+const EXIT_CODES: &str = "Exit codes: 0 ok, 1 some hosts failed or diverge, 2 usage, 3 invalid site, 4 refused, 5 environment error, 6 the site's lock in etcd was lost, 130 interrupted.";
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -108,6 +111,10 @@ pub struct PlanArgs {
     /// listed as not selected)
     #[arg(long, value_name = "SELECTOR")]
     pub on: Vec<String>,
+    /// With a store (etcd): read every host, not only those whose recorded state differs
+    /// from the site.
+    #[arg(long)]
+    pub read_hosts: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -138,6 +145,10 @@ pub struct ApplyArgs {
     /// known to be dead (a lock left by a dead process of this machine is taken over anyway).
     #[arg(long)]
     pub break_lock: bool,
+    /// With a store (etcd): read every host, not only those whose recorded state differs
+    /// from the site.
+    #[arg(long)]
+    pub read_hosts: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -147,6 +158,13 @@ pub struct StatusArgs {
     /// Show only the hosts selected: `class:app,!host:app3`, `tag:zone=eu-1a`, …
     #[arg(long, value_name = "SELECTOR")]
     pub on: Vec<String>,
+    /// With a store (etcd): also read every host, and say where the store and the hosts
+    /// disagree.
+    #[arg(long)]
+    pub hosts: bool,
+    /// List only the failed host/service pairs, with their logs.
+    #[arg(long)]
+    pub failures: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -191,6 +209,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Session(#[from] crate::session::SessionError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(crate::state::store::StoreError),
     #[error(transparent)]
     #[diagnostic(transparent)]
     Select(#[from] SelectError),
@@ -248,6 +269,7 @@ impl Error {
             | Error::State(_)
             | Error::Plan(_)
             | Error::Write { .. }
+            | Error::Store(_)
             | Error::Runtime(_) => code::ENVIRONMENT,
         }
     }

@@ -18,7 +18,17 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
     let secrets = super::readable_secrets(&site);
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
-    let observed = observe(&site, &hosts, args.offline, args.max_connections)?;
+    let observed = if args.offline {
+        observe(&site, &hosts, true, args.max_connections)?
+    } else {
+        observe_through_store(
+            &site,
+            &hosts,
+            &desired,
+            args.read_hosts,
+            args.max_connections,
+        )?
+    };
     let plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
     if let Some(path) = &args.out {
         save(&plan, path)?;
@@ -51,6 +61,31 @@ pub fn observe(
     let transport = std::sync::Arc::new(AnyTransport::for_platform(&site.platform));
     let read = Default::default();
     Ok(runtime.block_on(observe_on(transport, site, hosts, max_connections, read)))
+}
+
+/// What every host runs: with a store (and without `read_all`), the hosts it shows converged
+/// are taken as it says, and only the others are read.
+pub fn observe_through_store(
+    site: &Site,
+    hosts: &Hosts,
+    desired: &crate::desired::Desired,
+    read_all: bool,
+    max_connections: usize,
+) -> Result<Vec<Observed>, Error> {
+    let runtime = super::runtime()?;
+    let view = match read_all {
+        true => None,
+        false => runtime
+            .block_on(crate::state::store::read(site))
+            .map_err(Error::Store)?,
+    };
+    let Some(view) = view else {
+        return observe(site, hosts, false, max_connections);
+    };
+    let known = crate::state::store::converged(&view, site, hosts, desired);
+    let subset = hosts.subset(&crate::state::store::to_read(&known), site.classes.len());
+    let read = observe(site, &subset, false, max_connections)?;
+    Ok(crate::state::store::merge(known, read))
 }
 
 /// What every host runs, read over `transport` (which may keep the links for what follows),

@@ -285,6 +285,15 @@ impl Desired {
             && files.iter().all(|(k, v)| recorded.0.get(k) == Some(v))
     }
 
+    /// The fingerprint of what `service` on `host` is given ([`Inputs::fingerprint`]); `None`
+    /// when some of it cannot be known here (a secret this command cannot read).
+    pub fn fingerprint(&self, service: ServiceId, host: HostId) -> Option<String> {
+        let s = self.services.get(service)?;
+        s.unknown
+            .is_empty()
+            .then(|| self.inputs(service, host).fingerprint())
+    }
+
     /// For tests and benchmarks: records every service `observed` runs as given exactly its
     /// desired inputs (hosts in `hosts` order, as `resolve` was given them).
     #[doc(hidden)]
@@ -418,4 +427,13 @@ pub fn digest_file(path: &Path) -> std::io::Result<String> {
         hasher.update(&buf[..n]);
     }
     Ok(hex(&hasher.finalize()))
+}
+
+impl crate::state::store::Fingerprints for Desired {
+    fn fingerprint(&self, service: ServiceId, host: HostId) -> Option<String> {
+        Desired::fingerprint(self, service, host)
+    }
+    fn inputs(&self, service: ServiceId, host: HostId) -> Inputs {
+        Desired::inputs(self, service, host)
+    }
 }

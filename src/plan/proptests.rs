@@ -393,6 +393,7 @@ fn build(spec: &Spec) -> Built {
             state_dir: "/var/lib/drover".into(),
             on_empty: crate::site::OnEmpty::Error,
             inventory: InventorySpec::Static { hosts: specs },
+            store: None,
         },
         classes,
         services,

@@ -10,4 +10,4 @@ pub use diagnostic::{render_diagnostic, Style};
 pub use events::{line as event_line, Bars, Lines, Ndjson};
 pub use graph::{graph_dot, graph_text};
 pub use plan_text::plan_text;
-pub use status::status_text;
+pub use status::{failures_text, status_text};

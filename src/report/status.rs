@@ -66,6 +66,16 @@ pub fn status_text(s: &Status) -> String {
             diverged.join("\n")
         );
     }
+    if !s.disagreements.is_empty() {
+        let _ = writeln!(out, "\nthe store and the hosts disagree:");
+        for d in &s.disagreements {
+            let _ = writeln!(
+                out,
+                "  {} {}: store says {}; the host records {}",
+                d.host, d.service, d.store, d.recorded
+            );
+        }
+    }
     if !s.unaccounted.is_empty() {
         let _ = writeln!(out, "\nunaccounted:");
         for u in &s.unaccounted {
@@ -81,10 +91,37 @@ pub fn status_text(s: &Status) -> String {
         };
         let _ = writeln!(out, "  {hint}; journal: {}", run.journal);
     }
+    let from = match s.source {
+        crate::state::Source::Hosts => "",
+        crate::state::Source::Store => " (as the store says)",
+    };
     let _ = writeln!(
         out,
-        "\n{} of {} host services converged (desired version and inputs, healthy).",
+        "\n{} of {} host services converged (desired version and inputs, healthy){from}.",
         s.converged, s.total
     );
+    out
+}
+
+/// `deploy status --failures`: one line per failed host, service and category, with its log.
+pub fn failures_text(s: &Status) -> String {
+    let mut out = String::new();
+    for f in s.failures() {
+        let _ = writeln!(
+            out,
+            "{} {} {} {}: failed{} at {} (run {}), log: {}",
+            f.host,
+            f.service,
+            f.running.as_deref().unwrap_or("-"),
+            f.category,
+            f.mark
+                .hook
+                .as_deref()
+                .map_or(String::new(), |h| format!(" in {h}")),
+            f.mark.at,
+            f.mark.run,
+            f.mark.log
+        );
+    }
     out
 }

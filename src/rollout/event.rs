@@ -80,6 +80,10 @@ pub enum EventKind {
         rolled_back: bool,
         reason: Option<String>,
         log: String,
+        /// The service's record as the step left it on the host (not in the NDJSON: it is
+        /// the host's state file's to say; the shared store publishes it).
+        #[serde(skip)]
+        record: Option<Box<crate::state::ServiceRecord>>,
     },
     StepBlocked {
         service: String,

@@ -537,6 +537,7 @@ impl<T: Transport> Scheduler<T> {
                 .join(format!("{}.log", sp.name))
                 .display()
                 .to_string(),
+            record: result.record.services.get(&sp.name).cloned().map(Box::new),
         });
         if result.released {
             self.released.push(st.host.to_string());

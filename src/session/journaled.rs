@@ -230,6 +230,7 @@ mod tests {
             rolled_back: false,
             reason: None,
             log: String::new(),
+            record: None,
         }
     }
 

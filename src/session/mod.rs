@@ -21,8 +21,10 @@
 //!   run left running on its hosts, and then plans from the hosts' state files as always.
 
 mod journaled;
+mod shared;
 
 pub use journaled::{Journaled, RunContext};
+use shared::Shared;
 
 use crate::inventory::Hosts;
 use crate::plan::Plan;
@@ -30,6 +32,7 @@ use crate::rollout::{kill_script, Cancel, Level, Sink, Summary};
 use crate::site::Site;
 use crate::state::journal::{self, Journal, RunRecord, CONTROLLER_DIR};
 use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError};
+use crate::state::store::Fingerprints;
 use crate::state::Observed;
 use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
 use sha2::{Digest, Sha256};
@@ -48,6 +51,9 @@ pub struct Options {
     /// `--break-lock`: take locks whatever holds them.
     pub break_lock: bool,
     pub max_connections: usize,
+    /// `--read-hosts`: with a store, read every host anyway (not only those whose recorded
+    /// state differs from the site).
+    pub read_hosts: bool,
 }
 
 /// Why the session cannot go on.
@@ -65,6 +71,9 @@ pub enum SessionError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(crate::state::store::StoreError),
 }
 
 /// How a run ended when the caller must not go on as usual.
@@ -74,6 +83,9 @@ pub enum Ended {
     Interrupted,
     /// Its journal could not be written: it stopped starting steps.
     JournalFailed,
+    /// The site's lock in the shared store was lost (etcd unreachable for longer than the
+    /// lease): it stopped starting steps.
+    LockLost,
 }
 
 /// The async runtime of a command: at least four worker threads, whatever the cores: the run
@@ -108,7 +120,12 @@ pub struct Session {
     root: PathBuf,
     break_lock: bool,
     max_connections: usize,
+    read_hosts: bool,
     held: Mutex<Held>,
+    /// The shared store, when the platform names one (its lease lock taken).
+    shared: OnceLock<Arc<Shared>>,
+    /// Per host: what the store says it runs, for hosts not read (`None`: read it).
+    known: Mutex<Vec<Option<Observed>>>,
     /// The unfinished run found when the locks were taken.
     resumed: Mutex<Option<RunRecord>>,
     journal: Mutex<Option<Arc<Journaled>>>,
@@ -184,6 +201,9 @@ impl Session {
             root: PathBuf::from(CONTROLLER_DIR),
             break_lock: options.break_lock,
             max_connections: options.max_connections,
+            read_hosts: options.read_hosts,
+            shared: OnceLock::new(),
+            known: Mutex::new(Vec::new()),
             held: Mutex::new(Held {
                 holder,
                 file: None,
@@ -209,6 +229,10 @@ impl Session {
     /// `Some(Interrupted)` if a signal came before the rollout started (nothing was changed).
     pub fn interrupted(&self) -> Option<Ended> {
         self.stopping().then(|| {
+            if self.shared.get().and_then(|s| s.lost()).is_some() {
+                self.say("stopped before anything was changed");
+                return Ended::LockLost;
+            }
             self.say("interrupted before anything was changed");
             Ended::Interrupted
         })
@@ -220,7 +244,12 @@ impl Session {
     /// Returns the transport the rest of the run uses: the links the lock opened stay open
     /// for it (when the fleet fits under `--max-connections`), and are closed when the
     /// session ends.
-    pub fn lock(&self, site: &Site, hosts: &Hosts) -> Result<RunTransport, SessionError> {
+    pub fn lock(
+        &self,
+        site: &Site,
+        hosts: &Hosts,
+        desired: &dyn Fingerprints,
+    ) -> Result<RunTransport, SessionError> {
         *self.site.lock().unwrap_or_else(|p| p.into_inner()) = site.name.clone();
         let me = Holder::me(&site.name, &self.run_id);
         let refused = |e: LockError| match e {
@@ -266,6 +295,39 @@ impl Session {
             held.holder = me.clone();
             held.file = Some(file);
         }
+        // With a store: its lease lock next, and what it says of each host.
+        let opened = self.runtime.block_on(Shared::open(
+            site,
+            &me,
+            self.break_lock,
+            self.cancel.clone(),
+            self.say.clone(),
+        ));
+        let shared = match opened {
+            Ok(shared) => shared,
+            Err(Ok(e)) => return Err(e),
+            Err(Err(e)) => return Err(refused(e)),
+        };
+        let mut known = vec![None; hosts.hosts.len()];
+        let mut fence = None;
+        if let Some((shared, taken)) = shared {
+            self.report_broken(&taken.broken);
+            let shared = self.shared.get_or_init(|| Arc::new(shared));
+            fence = shared.fence().map(|f| f.revision);
+            let unpublished = self.root.join(UNPUBLISHED).join(lock_file(&site.name));
+            let read_all = self.read_hosts || unpublished.exists();
+            known = self
+                .runtime
+                .block_on(shared.converged(site, hosts, desired, read_all))?;
+            // The hosts an unfinished run was busy on are read whatever the store says.
+            if let Ok(Some(rec)) = journal::unfinished(&self.root, &site.name) {
+                for step in &rec.in_flight {
+                    if let Some(h) = hosts.find(&step.host) {
+                        known[h] = None;
+                    }
+                }
+            }
+        }
         let transport = self
             .transport
             .get_or_init(|| {
@@ -279,7 +341,9 @@ impl Session {
         let targets: Vec<Target> = hosts
             .hosts
             .iter()
-            .map(|h| Target {
+            .zip(&known)
+            .filter(|(_, k)| k.is_none())
+            .map(|(h, _)| Target {
                 name: h.name.to_string(),
                 address: h.address.to_string(),
             })
@@ -294,7 +358,8 @@ impl Session {
             &state_dir,
             self.max_connections,
         )
-        .reading(crate::state::read_script(&state_dir));
+        .reading(crate::state::read_script(&state_dir))
+        .fenced(fence);
         let taken = self
             .runtime
             .block_on(fleet.acquire(&me, self.break_lock))
@@ -308,6 +373,7 @@ impl Session {
             ));
         }
         self.held().fleet = Some(fleet);
+        *self.known.lock().unwrap_or_else(|p| p.into_inner()) = known;
         self.carry_on(site, &transport, &targets, &state_dir);
         Ok(transport)
     }
@@ -316,7 +382,16 @@ impl Session {
     /// command that locked it, and read now only for hosts not locked. When an unfinished run
     /// was carried on, its hooks may have written state files until `carry_on` stopped them:
     /// then every host is read again.
-    pub fn observe(&self, transport: &RunTransport, site: &Site, hosts: &Hosts) -> Vec<Observed> {
+    ///
+    /// With a store, only the hosts it does not show converged are read; what was read is
+    /// published with the desired state the run sets out to reach.
+    pub fn observe(
+        &self,
+        transport: &RunTransport,
+        site: &Site,
+        hosts: &Hosts,
+        desired: &dyn Fingerprints,
+    ) -> Vec<Observed> {
         let carried_on = self
             .resumed
             .lock()
@@ -333,7 +408,17 @@ impl Session {
             max_connections: self.max_connections,
             read,
         };
-        self.block_on(crate::state::Observe::observe(&remote, site, hosts))
+        let known = std::mem::take(&mut *self.known.lock().unwrap_or_else(|p| p.into_inner()));
+        let Some(shared) = self.shared.get() else {
+            return self.block_on(crate::state::Observe::observe(&remote, site, hosts));
+        };
+        let to_read = crate::state::store::to_read(&known);
+        let subset = hosts.subset(&to_read, site.classes.len());
+        let read = self.block_on(crate::state::Observe::observe(&remote, site, &subset));
+        let was_read: Vec<bool> = known.iter().map(Option::is_none).collect();
+        let observed = crate::state::store::merge(known, read);
+        shared.started(site, hosts, desired, &observed, &was_read, &self.run_id);
+        observed
     }
 
     /// Shell text that gives this run's lock back on a host, for the rollout to end a host's
@@ -478,7 +563,10 @@ impl Session {
             },
         ));
         *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(journaled.clone());
-        Ok(journaled)
+        Ok(match self.shared.get() {
+            Some(shared) => shared.publishing(journaled, plan),
+            None => journaled,
+        })
     }
 
     /// After the rollout: `Some` when it was interrupted or its journal failed; otherwise the
@@ -492,6 +580,9 @@ impl Session {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        if let Some(ended) = self.finish_shared() {
+            return Some(ended);
+        }
         if let Some(error) = journaled.as_ref().and_then(|j| j.error()) {
             self.say(&format!("error: {error}; the run stopped starting steps"));
             return Some(Ended::JournalFailed);
@@ -546,6 +637,13 @@ impl Drop for Session {
                 ));
             }
         }
+        if let Some(shared) = self.shared.get() {
+            if let Err(e) = self.runtime.block_on(shared.release(&held.holder)) {
+                self.say(&format!(
+                    "warning: {e}; its lease frees it within the platform's lock-ttl"
+                ));
+            }
+        }
         if let Some(transport) = self.transport.get() {
             self.runtime.block_on(transport.close_all());
         }
@@ -554,6 +652,44 @@ impl Drop for Session {
                 self.say(&format!("warning: {e}"));
             }
         }
+    }
+}
+
+/// `.drover/unpublished/<site>`: a run's writes to the store did not all reach it; the next
+/// apply reads every host (and publishes what it reads), then removes it.
+const UNPUBLISHED: &str = "unpublished";
+
+fn lock_file(site: &str) -> String {
+    crate::state::lock::file_name(site)
+}
+
+impl Session {
+    /// With a store: waits for the run's writes; `Some(LockLost)` when the lock was lost.
+    /// Writes that could not be made leave a mark that makes the next apply read every host.
+    fn finish_shared(&self) -> Option<Ended> {
+        let shared = self.shared.get()?;
+        let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mark = self.root.join(UNPUBLISHED).join(lock_file(&site));
+        let published = self.runtime.block_on(shared.flush());
+        if published {
+            let _ = std::fs::remove_file(&mark);
+        } else {
+            let made = crate::state::lock::create_dirs(&self.root.join(UNPUBLISHED))
+                .and_then(|()| std::fs::write(&mark, &self.run_id));
+            if let Err(e) = made {
+                self.say(&format!("warning: cannot write {}: {e}", mark.display()));
+            }
+            self.say(
+                "warning: some of this run's state did not reach etcd; the next `deploy apply` \
+                 reads every host and publishes what it finds",
+            );
+        }
+        let why = shared.lost()?;
+        self.say(&format!(
+            "stopped: the site's lock in etcd was lost ({why}); every step that ran is recorded \
+             on its host and in the journal; run `deploy apply` again once etcd answers"
+        ));
+        Some(Ended::LockLost)
     }
 }
 

@@ -392,6 +392,16 @@ impl Checker {
                 None
             }
         };
+        let store = match raw.store {
+            Some(raw) => {
+                let mut r = Reader {
+                    src: &src,
+                    errors: &mut self.errors,
+                };
+                Some(super::check_store::store(&mut r, raw, &path)?)
+            }
+            None => None,
+        };
         Some(Platform {
             name: name.value,
             file: path,
@@ -399,6 +409,7 @@ impl Checker {
             state_dir,
             inventory: inventory.as_ref()?.0.clone(),
             on_empty: inventory?.1,
+            store,
         })
     }
 

@@ -3,11 +3,13 @@
 mod check;
 mod check_files;
 mod check_inventory;
+mod check_store;
 mod cycle;
 pub mod error;
 pub mod model;
 mod raw;
 mod raw_inventory;
+mod raw_store;
 mod read;
 mod source;
 pub(crate) mod suggest;

@@ -215,6 +215,37 @@ pub struct Platform {
     pub inventory: InventorySpec,
     /// What a class that resolves to no hosts is.
     pub on_empty: OnEmpty,
+    /// Where the fleet's state is kept besides each host (`store "etcd"`); `None`: the hosts'
+    /// own files only.
+    pub store: Option<StoreSpec>,
+}
+
+/// `store "etcd"`: the fleet's lock and state on an etcd cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSpec {
+    /// `http://host:port` or `https://host:port`, at least one.
+    pub endpoints: Vec<String>,
+    /// Every key is under `<prefix>/<site>/`.
+    pub prefix: String,
+    /// The lock's lease: a controller that stops renewing it loses the lock after this long.
+    pub lock_ttl: Duration,
+    pub tls: Option<StoreTls>,
+    pub auth: Option<StoreAuth>,
+}
+
+/// TLS to etcd: the CA that signed its certificates, and the controller's own certificate and
+/// key when etcd asks for one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreTls {
+    pub ca: PathBuf,
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+/// etcd's own users: the password is read from the environment variable at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreAuth {
+    pub user: String,
+    pub password_env: String,
 }
 
 /// A class that resolves to no hosts: an error (the default) or a warning.

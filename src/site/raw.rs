@@ -136,6 +136,7 @@ pub struct RawPlatform {
     pub transport: Option<RawTransport>,
     pub state_dir: Option<Spanned<String>>,
     pub inventory: Option<super::raw_inventory::RawInventory>,
+    pub store: Option<super::raw_store::RawStore>,
     pub span: Option<SourceSpan>,
 }
 
@@ -175,7 +176,7 @@ const POLICY_NODES: &[&str] = &[
     "spread",
     "on-failure",
 ];
-const PLATFORM_NODES: &[&str] = &["transport", "state-dir", "inventory"];
+const PLATFORM_NODES: &[&str] = &["transport", "state-dir", "inventory", "store"];
 const TRANSPORT_PROPS: &[&str] = &[
     "user",
     "port",
@@ -520,6 +521,7 @@ pub fn platform(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPlatform {
                     r.shape(n, 1, &[], false);
                     raw.state_dir = r.string_arg(n, "the state directory");
                 }
+                "store" => raw.store = super::raw_store::store(r, n),
                 _ => raw.inventory = super::raw_inventory::inventory(r, n),
             }
         }

@@ -18,6 +18,23 @@ use std::sync::Arc;
 pub struct Inputs(pub BTreeMap<String, Arc<str>>);
 
 impl Inputs {
+    /// One digest of every key and value (sha256, 128 bits, hex): what the shared store keeps
+    /// of a host's inputs, to tell whether they are the site's without holding them all.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for (k, v) in &self.0 {
+            h.update((k.len() as u64).to_le_bytes());
+            h.update(k.as_bytes());
+            h.update((v.len() as u64).to_le_bytes());
+            h.update(v.as_bytes());
+        }
+        h.finalize()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(|v| &**v)

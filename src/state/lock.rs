@@ -294,10 +294,15 @@ pub struct FleetLock<T> {
     read: Option<String>,
     /// What that script printed on each host locked: host → its output.
     reads: Mutex<HashMap<String, Output>>,
+    /// The run's fencing token (the etcd lock's create revision), recorded on each host as
+    /// its lock is taken; a host that has seen a higher one refuses.
+    fence: Option<i64>,
 }
 
 /// The exit code of the scripts for a lock held by someone else (its holder on stdout).
 const HELD: i32 = 10;
+/// The exit code of the lock script on a host that has seen a newer fencing token (on stderr).
+const FENCED: i32 = 13;
 
 /// How one host answered.
 enum HostLock {
@@ -323,7 +328,15 @@ impl<T: Transport> FleetLock<T> {
             taken: Mutex::new(Vec::new()),
             read: None,
             reads: Mutex::new(HashMap::new()),
+            fence: None,
         }
+    }
+
+    /// Records `token` (the etcd lock's create revision) on each host as its lock is taken,
+    /// and refuses a host that has recorded a higher one: a later run holds the site.
+    pub fn fenced(mut self, token: Option<i64>) -> Self {
+        self.fence = token;
+        self
     }
 
     /// Also runs `script` on each host, in the same command that takes its lock, once taken
@@ -369,7 +382,13 @@ impl<T: Transport> FleetLock<T> {
     async fn take_on(&self, link: &T::Link, target: &Target, me: &Holder, force: bool) -> HostLock {
         let place = format!("host {}", target.name);
         let read = self.read.as_deref();
-        let acquire = || acquire_script(&self.state_dir, &self.dir(), &me.json(), read);
+        let acquire = || {
+            let script = acquire_script(&self.state_dir, &self.dir(), &me.json(), read);
+            match self.fence {
+                Some(token) => format!("{}\n{script}", fence_script(&self.state_dir, token)),
+                None => script,
+            }
+        };
         let mut script = acquire();
         let mut broken = None;
         for _ in 0..3 {
@@ -391,6 +410,14 @@ impl<T: Transport> FleetLock<T> {
             }
             if read.is_none() && out.success() {
                 return HostLock::Taken(broken);
+            }
+            if out.code == Some(FENCED) {
+                let seen = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                return HostLock::Failed(format!(
+                    "it has seen fencing token {seen}, newer than this run's {}: a later run \
+                     took the site's lock in etcd",
+                    self.fence.unwrap_or_default()
+                ));
             }
             if out.code != Some(HELD) {
                 let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
@@ -604,6 +631,20 @@ fn acquire_script(state_dir: &str, dir: &str, me: &str, then: Option<&str>) -> S
         d = quote(dir),
         h = quote(&hooks_dir(state_dir)),
         me = quote(me)
+    )
+}
+
+/// Refuses (exit [`FENCED`], the host's token on stderr) when the host recorded a fencing token
+/// above `token`; else records `token`. Run before the lock is taken, so that a controller
+/// whose etcd lock was given to a later run cannot lock the host again.
+fn fence_script(state_dir: &str, token: i64) -> String {
+    format!(
+        "umask 077; f={f}; t=0; {{ IFS= read -r t <\"$f\"; }} 2>/dev/null; \
+         case \"$t\" in ''|*[!0-9]*) t=0;; esac; \
+         if [ \"$t\" -gt {token} ]; then printf '%s\\n' \"$t\" >&2; exit {FENCED}; fi; \
+         mkdir -p {d} && printf '%s\\n' {token} >\"$f.tmp\" && mv -f \"$f.tmp\" \"$f\" || exit 12",
+        f = quote(&format!("{state_dir}/fence")),
+        d = quote(state_dir),
     )
 }
 

@@ -8,6 +8,7 @@ mod observe;
 mod private;
 mod record;
 mod status;
+pub mod store;
 mod unreadable;
 
 pub use files::{missing_script, place_script, receive_script, restore_script, store_dir, Placed};
@@ -15,7 +16,10 @@ pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
-pub use status::{status, Expected, HostStatus, ServiceStatus, Status, Unaccounted, STATUS_SCHEMA};
+pub use status::{
+    status, Expected, Failure, HostStatus, ServiceStatus, Source, Status, Unaccounted,
+    STATUS_SCHEMA,
+};
 
 use crate::inventory::Hosts;
 use crate::site::Site;

@@ -5,8 +5,9 @@ use crate::inventory::{HostId, Hosts};
 use crate::site::{ServiceId, Site};
 use serde::Serialize;
 
-/// Version of the status JSON schema. 2: `diverged` per host and service.
-pub const STATUS_SCHEMA: u32 = 2;
+/// Version of the status JSON schema. 2: `diverged` per host and service. 3: `source` (hosts or
+/// store) and `disagreements` (`--hosts` with a store).
+pub const STATUS_SCHEMA: u32 = 3;
 
 /// What each service on each host must be given (the `desired` stage answers it): how the
 /// recorded inputs differ, one reason each; empty when they match.
@@ -27,6 +28,54 @@ pub struct Status {
     /// The run of `deploy apply` that did not finish (interrupted, or its process died), from
     /// its journal on this controller; `null` when there is none.
     pub unfinished_run: Option<super::journal::RunRecord>,
+    /// Where the records came from: `hosts` (each host's state file) or `store` (etcd).
+    pub source: Source,
+    /// With a store and `--hosts`: where the store and the hosts' own records disagree.
+    pub disagreements: Vec<super::store::Disagreement>,
+}
+
+/// Where `deploy status` read what the hosts run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    Hosts,
+    Store,
+}
+
+/// One failed category of one service on one host (`deploy status --failures`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    pub host: String,
+    pub service: String,
+    pub running: Option<String>,
+    /// `configured` or `validated`.
+    pub category: &'static str,
+    #[serde(flatten)]
+    pub mark: Mark,
+}
+
+impl Status {
+    /// Every failed category, host by host (get_failures).
+    pub fn failures(&self) -> Vec<Failure> {
+        let mut out = Vec::new();
+        for h in &self.hosts {
+            for sv in &h.services {
+                for (category, m) in [("configured", &sv.configured), ("validated", &sv.validated)]
+                {
+                    if let Some(m) = m.as_ref().filter(|m| m.outcome == Outcome::Failure) {
+                        out.push(Failure {
+                            host: h.host.clone(),
+                            service: sv.service.clone(),
+                            running: sv.running.clone(),
+                            category,
+                            mark: m.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -75,6 +124,8 @@ pub fn status(
         converged: 0,
         total: 0,
         unfinished_run: None,
+        source: Source::Hosts,
+        disagreements: Vec::new(),
     };
     for (hid, (h, o)) in hosts.hosts.iter().zip(observed).enumerate() {
         let reason = match o {

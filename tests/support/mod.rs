@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod etcd;
 pub mod fleet;
 pub mod hooks;
 pub mod moto;

@@ -1,0 +1,332 @@
+//! The session's part in the shared store (`store "etcd"`): the site's lease lock (held for
+//! the whole apply, its loss stopping the run from starting steps), which hosts must be read
+//! over SSH (the others are as the store says, converged), and what the run publishes: the
+//! desired state when it starts, every host it read, and each step's record as the step ends.
+//! Publishing never holds the rollout up: writes go through a queue to one writer task, each
+//! a transaction fenced by the lock.
+
+use super::{Say, SessionError};
+use crate::inventory::Hosts;
+use crate::plan::Plan;
+use crate::rollout::{Cancel, Event, EventKind, Level, Sink};
+use crate::site::Site;
+use crate::state::lock::{Holder, Lock, LockError, Taken};
+use crate::state::store::{self, Etcd, Fence, Fingerprints, Keys, LeaseLock, Store, Write};
+use crate::state::Observed;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The store of one apply, its lock taken.
+pub struct Shared {
+    etcd: Arc<Etcd>,
+    keys: Keys,
+    lock: LeaseLock,
+    /// Why the lock was lost, once it was.
+    lost: Arc<Mutex<Option<String>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<Vec<Write>>>>,
+    writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Time a write is stamped with.
+fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+impl Shared {
+    /// Connects to the platform's store and takes the site's lease lock. When the lock is
+    /// lost later (etcd unreachable for longer than `lock-ttl`), the run is told to start no
+    /// new step, and [`Shared::lost`] says why.
+    pub async fn open(
+        site: &Site,
+        me: &Holder,
+        force: bool,
+        cancel: Cancel,
+        say: Say,
+    ) -> Result<Option<(Shared, Taken)>, Result<SessionError, LockError>> {
+        let Some(spec) = &site.platform.store else {
+            return Ok(None);
+        };
+        let etcd = Etcd::connect(spec, &site.platform.name)
+            .await
+            .map_err(|e| Ok(SessionError::Store(e)))?;
+        let etcd = Arc::new(etcd);
+        let keys = Keys::new(&spec.prefix, &site.name);
+        let lock = LeaseLock::new(etcd.clone(), &keys, spec.lock_ttl);
+        let taken = lock.acquire(me, force).await.map_err(Err)?;
+        let lost = Arc::new(Mutex::new(None));
+        let mut watch = lock.lost();
+        let (why, stop) = (lost.clone(), cancel.clone());
+        tokio::spawn(async move {
+            if let Ok(reason) = watch.wait_for(Option::is_some).await {
+                let reason = reason.clone().unwrap_or_default();
+                say(&format!(
+                    "error: the site's lock in etcd is lost ({reason}); no new step starts, \
+                     running steps end and are recorded on their hosts and in the journal"
+                ));
+                *why.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
+                stop.raise(
+                    Level::Stop,
+                    &format!("the site's lock in etcd is lost: {reason}"),
+                );
+            }
+        });
+        let shared = Shared {
+            etcd,
+            keys,
+            lock,
+            lost,
+            queue: Mutex::new(None),
+            writer: Mutex::new(None),
+        };
+        shared.start_writer(cancel);
+        Ok(Some((shared, taken)))
+    }
+
+    /// The run's fencing token.
+    pub fn fence(&self) -> Option<Fence> {
+        self.lock.fence()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Per host, what the store says it runs if it need not be read (`None`: read it); all
+    /// `None` with `read_all`.
+    pub async fn converged(
+        &self,
+        site: &Site,
+        hosts: &Hosts,
+        desired: &dyn Fingerprints,
+        read_all: bool,
+    ) -> Result<Vec<Option<Observed>>, SessionError> {
+        if read_all {
+            return Ok(vec![None; hosts.hosts.len()]);
+        }
+        let view = self
+            .etcd
+            .read(&self.keys)
+            .await
+            .map_err(SessionError::Store)?;
+        Ok(store::converged(&view, site, hosts, desired))
+    }
+
+    /// Publishes what the run starts from: every service's desired version and fingerprint
+    /// (trigger_update), and every host that was read (`read`), with what it records.
+    pub fn started(
+        &self,
+        site: &Site,
+        hosts: &Hosts,
+        desired: &dyn Fingerprints,
+        observed: &[Observed],
+        read: &[bool],
+        run: &str,
+    ) {
+        let at = now();
+        let mut writes = Vec::new();
+        for (sid, s) in site.services.iter().enumerate() {
+            let ids = hosts.of_classes(&s.classes);
+            let fingerprint = store::service_fingerprint(
+                ids.iter()
+                    .map(|&h| (&*hosts.hosts[h].name, desired.fingerprint(sid, h))),
+            );
+            let value = store::DesiredValue {
+                schema: store::STORE_SCHEMA,
+                version: s.version.clone(),
+                fingerprint,
+                hosts: ids.len(),
+                run: run.into(),
+                at: at.clone(),
+            };
+            writes.extend(store::desired(&self.keys, &s.name, &value));
+        }
+        for (h, o) in observed.iter().enumerate() {
+            if !read.get(h).copied().unwrap_or(false) {
+                continue;
+            }
+            let host = &hosts.hosts[h];
+            let classes = host
+                .classes
+                .iter()
+                .map(|c| site.classes[*c].name.clone())
+                .collect();
+            let unreachable = match o {
+                Observed::Unreachable { reason } => Some(reason.as_str()),
+                _ => None,
+            };
+            writes.push(store::host_seen(
+                &self.keys,
+                &host.name,
+                &host.address,
+                classes,
+                unreachable,
+                run,
+                &at,
+            ));
+            if let Observed::Running { services } = o {
+                for (name, record) in services {
+                    let port = site.service(name).and_then(|sid| site.services[sid].port);
+                    let hs = store::HostService {
+                        service: name,
+                        host: &host.name,
+                        address: address(&host.address, port),
+                        record,
+                    };
+                    writes.extend(store::recorded(&self.keys, &hs, run, &at));
+                }
+            }
+        }
+        self.publish(writes);
+    }
+
+    fn publish(&self, writes: Vec<Write>) {
+        if let Some(q) = &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
+            let _ = q.send(writes);
+        }
+    }
+
+    /// The one writer: queued writes in order, batched, each batch fenced by the lock. A
+    /// write etcd does not take is tried again until the lock is lost.
+    fn start_writer(&self, cancel: Cancel) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<Write>>();
+        let (etcd, lost) = (self.etcd.clone(), self.lost.clone());
+        let Some(fence) = self.fence() else {
+            return;
+        };
+        let writer = tokio::spawn(async move {
+            while let Some(mut batch) = rx.recv().await {
+                while let Ok(more) = rx.try_recv() {
+                    batch.extend(more);
+                    if batch.len() >= store::MAX_OPS * 4 {
+                        break;
+                    }
+                }
+                loop {
+                    if lost.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                        return;
+                    }
+                    match etcd.write(&fence, &batch).await {
+                        Ok(()) => break,
+                        Err(store::StoreError::Fenced(why)) => {
+                            *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                            cancel.raise(
+                                Level::Stop,
+                                &format!("the site's lock in etcd is lost: {why}"),
+                            );
+                            return;
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+                    }
+                }
+            }
+        });
+        *self.queue.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(writer);
+    }
+
+    /// Waits for every queued write (at most `lock-ttl`, then gives up on them: the hosts'
+    /// own records and the journal have everything). Whether every write was made.
+    pub async fn flush(&self) -> bool {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(writer) = writer else {
+            return true;
+        };
+        let ok = tokio::time::timeout(self.lock.ttl(), writer).await.is_ok();
+        ok && self.lost().is_none()
+    }
+
+    /// Gives the lock back.
+    pub async fn release(&self, me: &Holder) -> Result<(), LockError> {
+        self.lock.release(me).await
+    }
+
+    /// A sink that publishes each step's record as it ends, then passes events on.
+    pub fn publishing(self: &Arc<Self>, inner: Arc<dyn Sink>, plan: &Plan) -> Arc<dyn Sink> {
+        let ports: HashMap<String, Option<u16>> = plan
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), s.port))
+            .collect();
+        let addresses: HashMap<String, String> = plan
+            .hosts
+            .iter()
+            .map(|h| (h.name.to_string(), h.address.to_string()))
+            .collect();
+        Arc::new(Publishing {
+            shared: self.clone(),
+            inner,
+            ports,
+            addresses,
+            run: Mutex::new(String::new()),
+        })
+    }
+}
+
+/// `address` or `address:port`.
+fn address(host: &str, port: Option<u16>) -> String {
+    match port {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    }
+}
+
+/// The event consumer that publishes steps' records (running_version, update_status).
+struct Publishing {
+    shared: Arc<Shared>,
+    inner: Arc<dyn Sink>,
+    ports: HashMap<String, Option<u16>>,
+    addresses: HashMap<String, String>,
+    run: Mutex<String>,
+}
+
+impl Sink for Publishing {
+    fn emit(&self, event: Event) {
+        match &event.kind {
+            EventKind::RunStarted { run, .. } => {
+                *self.run.lock().unwrap_or_else(|p| p.into_inner()) = run.clone();
+            }
+            EventKind::StepFinished {
+                service,
+                host,
+                failed_hook,
+                reason,
+                record,
+                ..
+            } => {
+                let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let at = now();
+                let host_address = self.addresses.get(host).cloned().unwrap_or_default();
+                let writes = match (failed_hook.as_deref(), record) {
+                    // It could not be reached: the store says so; its record is unchanged.
+                    (Some("connect"), _) => vec![store::host_seen(
+                        &self.shared.keys,
+                        host,
+                        &host_address,
+                        Vec::new(),
+                        Some(reason.as_deref().unwrap_or("it did not answer")),
+                        &run,
+                        &at,
+                    )],
+                    (_, Some(record)) => {
+                        let port = self.ports.get(service).copied().flatten();
+                        let hs = store::HostService {
+                            service,
+                            host,
+                            address: address(&host_address, port),
+                            record,
+                        };
+                        store::recorded(&self.shared.keys, &hs, &run, &at)
+                    }
+                    (_, None) => Vec::new(),
+                };
+                self.shared.publish(writes);
+            }
+            _ => {}
+        }
+        self.inner.emit(event);
+    }
+}

@@ -1,0 +1,50 @@
+//! A `deploy` built without the `etcd` feature: a platform naming `store "etcd"` still checks,
+//! and a command that needs the store says how to get a `deploy` that has it (exit 5).
+
+use super::{Fence, Keys, Store, StoreError, View, Write};
+use crate::site::StoreSpec;
+use std::time::Duration;
+
+/// No etcd client in this build: no value of this type can exist.
+pub enum Etcd {}
+
+impl Etcd {
+    pub async fn connect(_spec: &StoreSpec, platform: &str) -> Result<Etcd, StoreError> {
+        Err(StoreError::NotBuilt {
+            platform: platform.to_string(),
+        })
+    }
+    pub async fn grant(&self, _ttl: Duration) -> Result<i64, StoreError> {
+        match *self {}
+    }
+    pub async fn renew(&self, _lease: i64, _patience: Duration) -> Result<i64, StoreError> {
+        match *self {}
+    }
+    pub async fn revoke(&self, _lease: i64) -> Result<(), StoreError> {
+        match *self {}
+    }
+    #[allow(clippy::type_complexity)]
+    pub async fn create(
+        &self,
+        _key: &str,
+        _value: &str,
+        _lease: i64,
+    ) -> Result<Result<i64, (Vec<u8>, i64, i64)>, StoreError> {
+        match *self {}
+    }
+    pub async fn delete_if(&self, _key: &str, _revision: i64) -> Result<bool, StoreError> {
+        match *self {}
+    }
+    pub fn endpoints(&self) -> String {
+        match *self {}
+    }
+}
+
+impl Store for Etcd {
+    async fn read(&self, _keys: &Keys) -> Result<View, StoreError> {
+        match *self {}
+    }
+    async fn write(&self, _fence: &Fence, _writes: &[Write]) -> Result<(), StoreError> {
+        match *self {}
+    }
+}

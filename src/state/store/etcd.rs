@@ -1,0 +1,296 @@
+//! The etcd client: `etcd-client` over each endpoint in turn. That crate does not fail over
+//! (a call to a member that is down fails with `Unavailable`), so every call here goes to the
+//! endpoint that last answered and, when it cannot be reached, to the next one, round after
+//! round, until the call's patience runs out. Every call is safe to send twice: reads, lease
+//! renewals, and writes fenced by the lock (the lock's own creation checks its holder).
+
+use super::{Fence, Keys, Store, StoreError, View, Write, MAX_OPS};
+use crate::site::StoreSpec;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse,
+};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+/// Replies as large as a site's whole state (10,000 hosts is about 6.5 MiB): far above gRPC's
+/// default of 4 MiB.
+const MAX_REPLY: usize = 256 * 1024 * 1024;
+
+/// A connection to an etcd cluster.
+pub struct Etcd {
+    endpoints: Vec<String>,
+    options: ConnectOptions,
+    /// One client per endpoint, made when first used.
+    clients: Mutex<Vec<Option<Client>>>,
+    /// The endpoint that answered last.
+    current: AtomicUsize,
+    /// How long a call keeps trying other endpoints.
+    patience: Duration,
+}
+
+/// Whether an error means the request may not have been served, so another endpoint may be
+/// asked (etcd's own "leader changed" and "no leader" are `Unavailable` too).
+fn retryable(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match e {
+        E::TransportError(_) | E::IoError(_) | E::LeaseKeepAliveError(_) => true,
+        E::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Aborted
+        ),
+        _ => false,
+    }
+}
+
+impl Etcd {
+    /// Connects to `spec`'s endpoints (the password, with `auth`, from its variable) and
+    /// checks that one of them answers.
+    pub async fn connect(spec: &StoreSpec, _platform: &str) -> Result<Etcd, StoreError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(spec.lock_ttl.max(Duration::from_secs(2)) / 2)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        if let Some(tls) = &spec.tls {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).map_err(|e| StoreError::Failed(format!("{}: {e}", p.display())))
+            };
+            let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&tls.ca)?));
+            if let Some((cert, key)) = &tls.client {
+                t = t.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            options = options.with_tls(t);
+        }
+        if let Some(auth) = &spec.auth {
+            let password = std::env::var(&auth.password_env).map_err(|_| {
+                StoreError::Failed(format!(
+                    "the store's password is read from ${}, which is not set",
+                    auth.password_env
+                ))
+            })?;
+            options = options.with_user(auth.user.clone(), password);
+        }
+        let etcd = Etcd {
+            clients: Mutex::new(vec![None; spec.endpoints.len()]),
+            endpoints: spec.endpoints.clone(),
+            options,
+            current: AtomicUsize::new(0),
+            patience: spec.lock_ttl,
+        };
+        etcd.call(
+            |mut c| async move { c.get("/", Some(GetOptions::new().with_count_only())).await },
+        )
+        .await?;
+        Ok(etcd)
+    }
+
+    /// The client of endpoint `i`, connected on first use.
+    async fn client(&self, i: usize) -> Result<Client, etcd_client::Error> {
+        let mut clients = self.clients.lock().await;
+        if let Some(c) = &clients[i] {
+            return Ok(c.clone());
+        }
+        let c = Client::connect([&self.endpoints[i]], Some(self.options.clone())).await?;
+        clients[i] = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Runs `call` on the endpoint that answered last, then on the others in turn, until one
+    /// serves it or `patience` has passed.
+    pub async fn call<T, F, Fut>(&self, call: F) -> Result<T, StoreError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_for(self.patience, call).await
+    }
+
+    async fn call_for<T, F, Fut>(&self, patience: Duration, call: F) -> Result<T, StoreError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + patience;
+        let n = self.endpoints.len();
+        let mut last = String::new();
+        loop {
+            let start = self.current.load(Ordering::Relaxed);
+            for k in 0..n {
+                let i = (start + k) % n;
+                let result = match self.client(i).await {
+                    Ok(c) => call(c).await,
+                    Err(e) => Err(e),
+                };
+                match result {
+                    Ok(v) => {
+                        self.current.store(i, Ordering::Relaxed);
+                        return Ok(v);
+                    }
+                    Err(e) if retryable(&e) => {
+                        last = format!("{}: {e}", self.endpoints[i]);
+                    }
+                    Err(e) => return Err(StoreError::Failed(e.to_string())),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::Unavailable {
+                    endpoints: self.endpoints.join(","),
+                    reason: last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A new lease of `ttl`.
+    pub async fn grant(&self, ttl: Duration) -> Result<i64, StoreError> {
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        self.call(|mut c| async move { c.lease_grant(secs, None).await })
+            .await
+            .map(|r| r.id())
+    }
+
+    /// Renews `lease` once; its remaining TTL in seconds (0: it has expired). Tries for at
+    /// most `patience`.
+    pub async fn renew(&self, lease: i64, patience: Duration) -> Result<i64, StoreError> {
+        self.call_for(patience, |mut c| async move {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            match stream.message().await? {
+                Some(r) => Ok(r.ttl()),
+                None => Err(etcd_client::Error::LeaseKeepAliveError(
+                    "the keep-alive stream closed".into(),
+                )),
+            }
+        })
+        .await
+    }
+
+    /// Revokes `lease` (its keys go with it).
+    pub async fn revoke(&self, lease: i64) -> Result<(), StoreError> {
+        self.call(|mut c| async move {
+            match c.lease_revoke(lease).await {
+                Ok(_) => Ok(()),
+                // Already expired: nothing to revoke.
+                Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => {
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// Creates `key` with `value` under `lease` if it does not exist. `Ok(Ok(revision))`: made,
+    /// at that revision (its create revision). `Ok(Err((value, lease, create revision)))`: it
+    /// exists, and that is what it holds.
+    pub async fn create(
+        &self,
+        key: &str,
+        value: &str,
+        lease: i64,
+    ) -> Result<Result<i64, (Vec<u8>, i64, i64)>, StoreError> {
+        let r = self
+            .call(|mut c| {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key,
+                        value,
+                        Some(PutOptions::new().with_lease(lease)),
+                    )])
+                    .or_else([TxnOp::get(key, None)]);
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        let revision = r.header().map_or(0, |h| h.revision());
+        if r.succeeded() {
+            return Ok(Ok(revision));
+        }
+        let held = r.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(g) => g
+                .kvs()
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.lease(), kv.create_revision())),
+            _ => None,
+        });
+        // Gone between the compare and the read: as if held by no one readable.
+        Ok(Err(held.unwrap_or_default()))
+    }
+
+    /// Deletes `key` only while its create revision is `revision`; whether it did.
+    pub async fn delete_if(&self, key: &str, revision: i64) -> Result<bool, StoreError> {
+        self.call(|mut c| {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+                .and_then([TxnOp::delete(key, None)]);
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map(|r| r.succeeded())
+    }
+
+    /// The endpoints, as the platform names them.
+    pub fn endpoints(&self) -> String {
+        self.endpoints.join(",")
+    }
+}
+
+impl Store for Etcd {
+    async fn read(&self, keys: &Keys) -> Result<View, StoreError> {
+        let root = keys.root().to_string();
+        let mut r = self
+            .call(|c| {
+                let root = root.clone();
+                async move {
+                    c.kv_client()
+                        .max_decoding_message_size(MAX_REPLY)
+                        .get(root, Some(GetOptions::new().with_prefix()))
+                        .await
+                }
+            })
+            .await?;
+        let kvs = r.take_kvs();
+        let triples = kvs
+            .iter()
+            .filter_map(|kv| Some((kv.key_str().ok()?, kv.value(), kv.create_revision())));
+        Ok(View::parse(keys, triples))
+    }
+
+    async fn write(&self, fence: &Fence, writes: &[Write]) -> Result<(), StoreError> {
+        for chunk in writes.chunks(MAX_OPS) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|w| match w {
+                    Write::Put { key, value } => TxnOp::put(key.as_str(), value.as_str(), None),
+                    Write::Delete { key } => TxnOp::delete(key.as_str(), None),
+                })
+                .collect();
+            let r = self
+                .call(|mut c| {
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(
+                            fence.key.as_str(),
+                            CompareOp::Equal,
+                            fence.revision,
+                        )])
+                        .and_then(ops.clone());
+                    async move { c.txn(txn).await }
+                })
+                .await?;
+            if !r.succeeded() {
+                return Err(StoreError::Fenced(format!(
+                    "{} is no longer at revision {}",
+                    fence.key, fence.revision
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,340 @@
+//! The fleet's state in one shared place (`store "etcd"`): the key layout, the values (schema
+//! [`STORE_SCHEMA`]), the writes a run makes as data, and what one range read of the site's
+//! keys says of each host. The client itself is [`Etcd`] (the `etcd` cargo feature), the
+//! site's lease lock on it is [`LeaseLock`].
+//!
+//! Under `<prefix>/<site>/`, as the jiocloud notes keep it:
+//! - `schema`: `1`.
+//! - `lock`: the holder of the site (attached to its lease); its create revision is the run's
+//!   fencing token.
+//! - `desired/<service>`: the version and fingerprint the last apply set out to reach
+//!   (trigger_update).
+//! - `running/<service>/<host>`: the version the host runs, its `address:port`, and the
+//!   fingerprint of its inputs (running_version).
+//! - `status/<service>/<host>/configured` and `…/validated`: exactly one of success or failure
+//!   each, with time, run, version and log, both written in one transaction (update_status).
+//! - `hosts/<host>`: every host of the inventory, its classes, and whether it answered the last
+//!   run that tried it (to find the hosts that are not reporting).
+//!
+//! Service and host names are escaped in keys (`%` → `%25`, `/` → `%2F`).
+
+#[cfg_attr(not(feature = "etcd"), path = "absent.rs")]
+mod etcd;
+mod lease;
+#[cfg(test)]
+mod tests;
+mod view;
+
+pub use etcd::Etcd;
+pub use lease::{Fence, LeaseLock};
+pub use view::{
+    converged, disagreements, merge, observed, to_read, Disagreement, Fingerprints, HostEntry,
+    Published, View,
+};
+
+/// What the platform's store holds of `site`: one connection, one range read. `None` when the
+/// platform names no store.
+pub async fn read(site: &crate::site::Site) -> Result<Option<View>, StoreError> {
+    let Some(spec) = &site.platform.store else {
+        return Ok(None);
+    };
+    let etcd = Etcd::connect(spec, &site.platform.name).await?;
+    etcd.read(&Keys::new(&spec.prefix, &site.name))
+        .await
+        .map(Some)
+}
+
+use super::{Mark, Outcome, ServiceRecord};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+
+/// Version of the key layout and values; written to `<prefix>/<site>/schema`.
+pub const STORE_SCHEMA: u32 = 1;
+
+/// What went wrong with the shared store.
+#[derive(Debug, Clone, thiserror::Error, miette::Diagnostic)]
+pub enum StoreError {
+    /// This `deploy` was built without the store's client.
+    #[error("this deploy was built without etcd support, and platform {platform} names `store \"etcd\"`")]
+    #[diagnostic(
+        code(drover::store::not_built),
+        help("build it with `cargo build --release --features etcd` (it needs protoc: Debian's protobuf-compiler), or remove the store from the platform")
+    )]
+    NotBuilt { platform: String },
+    /// No endpoint answered.
+    #[error("etcd does not answer ({endpoints}): {reason}")]
+    #[diagnostic(
+        code(drover::store::unavailable),
+        help("check that etcd runs and that the platform's `store` endpoints, TLS and auth are right; `--read-hosts` does not help: the store holds the lock")
+    )]
+    Unavailable { endpoints: String, reason: String },
+    /// A fenced write found the lock no longer this run's.
+    #[error("the site's lock in etcd is no longer this run's: {0}")]
+    #[diagnostic(code(drover::store::fenced))]
+    Fenced(String),
+    /// etcd answered with an error.
+    #[error("etcd: {0}")]
+    #[diagnostic(code(drover::store::failed))]
+    Failed(String),
+}
+
+/// The keys of one site.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// `<prefix>/<site>/`.
+    root: String,
+}
+
+/// A name as one key segment.
+pub fn segment(name: &str) -> String {
+    name.replace('%', "%25").replace('/', "%2F")
+}
+
+/// A key segment back to the name.
+pub fn unsegment(seg: &str) -> String {
+    seg.replace("%2F", "/").replace("%25", "%")
+}
+
+impl Keys {
+    pub fn new(prefix: &str, site: &str) -> Keys {
+        Keys {
+            root: format!("{}/{}/", prefix.trim_end_matches('/'), segment(site)),
+        }
+    }
+    /// Every key of the site starts with this.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+    pub fn schema(&self) -> String {
+        format!("{}schema", self.root)
+    }
+    pub fn lock(&self) -> String {
+        format!("{}lock", self.root)
+    }
+    pub fn desired(&self, service: &str) -> String {
+        format!("{}desired/{}", self.root, segment(service))
+    }
+    pub fn running(&self, service: &str, host: &str) -> String {
+        format!(
+            "{}running/{}/{}",
+            self.root,
+            segment(service),
+            segment(host)
+        )
+    }
+    pub fn status(&self, service: &str, host: &str, category: Category) -> String {
+        format!(
+            "{}status/{}/{}/{}",
+            self.root,
+            segment(service),
+            segment(host),
+            category.name()
+        )
+    }
+    pub fn host(&self, host: &str) -> String {
+        format!("{}hosts/{}", self.root, segment(host))
+    }
+}
+
+/// The two categories a host records per service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    Configured,
+    Validated,
+}
+
+impl Category {
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Configured => "configured",
+            Category::Validated => "validated",
+        }
+    }
+}
+
+/// `desired/<service>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredValue {
+    pub schema: u32,
+    pub version: String,
+    /// sha256 (128 bits, hex) over every host's input fingerprint, in host name order.
+    pub fingerprint: String,
+    pub hosts: usize,
+    pub run: String,
+    pub at: String,
+}
+
+/// `running/<service>/<host>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningValue {
+    pub schema: u32,
+    pub version: String,
+    /// `address` or `address:port`.
+    pub address: String,
+    /// The fingerprint of the inputs the host recorded; `None` when it recorded none that
+    /// count (a failed switch-over, or a record older than state schema 2).
+    pub fingerprint: Option<String>,
+    pub run: String,
+    pub at: String,
+}
+
+/// `status/<service>/<host>/<category>`: the host's mark, with the version it was for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusValue {
+    pub schema: u32,
+    pub version: String,
+    #[serde(flatten)]
+    pub mark: Mark,
+}
+
+/// `hosts/<host>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostValue {
+    pub schema: u32,
+    pub address: String,
+    pub classes: Vec<String>,
+    /// Whether it answered the last run that tried it.
+    pub reporting: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub run: String,
+    pub at: String,
+}
+
+/// One write of a run, as data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Put { key: String, value: String },
+    Delete { key: String },
+}
+
+impl Write {
+    fn put(key: String, value: &impl Serialize) -> Write {
+        Write::Put {
+            key,
+            value: serde_json::to_string(value).unwrap_or_default(),
+        }
+    }
+    pub fn key(&self) -> &str {
+        match self {
+            Write::Put { key, .. } | Write::Delete { key } => key,
+        }
+    }
+}
+
+/// A place that keeps the fleet's state: one range read of a site's keys, and writes
+/// (in one transaction each call) fenced by the site's lock.
+pub trait Store {
+    fn read(&self, keys: &Keys) -> impl Future<Output = Result<View, StoreError>> + Send;
+    fn write(
+        &self,
+        fence: &Fence,
+        writes: &[Write],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// What a service on a host is, as [`running`] and [`status`] write it.
+pub struct HostService<'a> {
+    pub service: &'a str,
+    pub host: &'a str,
+    /// `address` or `address:port`.
+    pub address: String,
+    pub record: &'a ServiceRecord,
+}
+
+/// The `running` and both `status` keys of a service on a host, from its record: one
+/// transaction, so that a reader never sees one category of one step and the other of another.
+pub fn recorded(keys: &Keys, hs: &HostService<'_>, run: &str, at: &str) -> Vec<Write> {
+    let r = hs.record;
+    let mut out = vec![Write::put(
+        keys.running(hs.service, hs.host),
+        &RunningValue {
+            schema: STORE_SCHEMA,
+            version: r.version.clone(),
+            address: hs.address.clone(),
+            fingerprint: r.inputs.as_ref().map(super::Inputs::fingerprint),
+            run: run.into(),
+            at: at.into(),
+        },
+    )];
+    // A switch-over that failed before its check leaves no validation: it counts as failed
+    // (exactly one of success or failure per category).
+    let validated = r.validated.clone().or_else(|| {
+        r.configured
+            .clone()
+            .filter(|m| m.outcome == Outcome::Failure)
+    });
+    for (category, mark) in [
+        (Category::Configured, &r.configured),
+        (Category::Validated, &validated),
+    ] {
+        let key = keys.status(hs.service, hs.host, category);
+        out.push(match mark {
+            Some(mark) => Write::put(
+                key,
+                &StatusValue {
+                    schema: STORE_SCHEMA,
+                    version: r.version.clone(),
+                    mark: mark.clone(),
+                },
+            ),
+            None => Write::Delete { key },
+        });
+    }
+    out
+}
+
+/// `hosts/<host>`: a host of the inventory, and whether it answered.
+pub fn host_seen(
+    keys: &Keys,
+    host: &str,
+    address: &str,
+    classes: Vec<String>,
+    unreachable: Option<&str>,
+    run: &str,
+    at: &str,
+) -> Write {
+    Write::put(
+        keys.host(host),
+        &HostValue {
+            schema: STORE_SCHEMA,
+            address: address.into(),
+            classes,
+            reporting: unreachable.is_none(),
+            reason: unreachable.map(str::to_string),
+            run: run.into(),
+            at: at.into(),
+        },
+    )
+}
+
+/// `desired/<service>` (trigger_update), with the store's `schema`.
+pub fn desired(keys: &Keys, service: &str, value: &DesiredValue) -> Vec<Write> {
+    vec![
+        Write::Put {
+            key: keys.schema(),
+            value: STORE_SCHEMA.to_string(),
+        },
+        Write::put(keys.desired(service), value),
+    ]
+}
+
+/// The fingerprint of a service over its hosts' fingerprints, in the order given.
+pub fn service_fingerprint<'a>(hosts: impl Iterator<Item = (&'a str, Option<String>)>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (name, fp) in hosts {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(fp.unwrap_or_default().as_bytes());
+        h.update([b'\n']);
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// etcd takes at most 128 operations in one transaction by default: writes in chunks that keep
+/// a step's keys together.
+pub const MAX_OPS: usize = 120;

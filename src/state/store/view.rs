@@ -1,0 +1,349 @@
+//! One range read of a site's keys, made sense of: what the store says each host runs, which
+//! hosts a command must still read itself, and where the store and the hosts disagree.
+
+use super::{unsegment, HostValue, Keys, RunningValue, StatusValue, STORE_SCHEMA};
+use crate::inventory::{HostId, Hosts};
+use crate::site::{ServiceId, Site};
+use crate::state::lock::Holder;
+use crate::state::{Inputs, Observed, ServiceRecord};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Everything the store holds of a site.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// `schema`, when written.
+    pub schema: Option<u32>,
+    /// The lock's holder and create revision.
+    pub lock: Option<(Option<Holder>, i64)>,
+    pub desired: BTreeMap<String, super::DesiredValue>,
+    /// By host name.
+    pub hosts: BTreeMap<String, HostEntry>,
+    /// Keys or values this `deploy` cannot read (another schema, damage): `key: why`.
+    pub problems: Vec<String>,
+}
+
+/// What the store holds of one host.
+#[derive(Debug, Clone, Default)]
+pub struct HostEntry {
+    pub value: Option<HostValue>,
+    /// By service name.
+    pub services: BTreeMap<String, Published>,
+}
+
+/// What the store holds of one service on one host.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    pub running: Option<RunningValue>,
+    pub configured: Option<StatusValue>,
+    pub validated: Option<StatusValue>,
+}
+
+impl Published {
+    /// As the host's own record would be, but for its inputs (the store keeps their
+    /// fingerprint only).
+    pub fn record(&self, inputs: Option<Inputs>) -> Option<ServiceRecord> {
+        let running = self.running.as_ref()?;
+        Some(ServiceRecord {
+            version: running.version.clone(),
+            configured: self.configured.as_ref().map(|s| s.mark.clone()),
+            validated: self.validated.as_ref().map(|s| s.mark.clone()),
+            inputs,
+        })
+    }
+}
+
+/// What the store says of one service on one host, against what the host itself records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Disagreement {
+    pub host: String,
+    pub service: String,
+    /// What the store says, in words.
+    pub store: String,
+    /// What the host records, in words.
+    pub recorded: String,
+}
+
+impl View {
+    /// Reads `(key, value, create revision)` triples of one range read under `keys`.
+    pub fn parse<'a>(keys: &Keys, kvs: impl IntoIterator<Item = (&'a str, &'a [u8], i64)>) -> View {
+        let mut view = View::default();
+        for (key, value, created) in kvs {
+            let Some(rest) = key.strip_prefix(keys.root()) else {
+                continue;
+            };
+            if let Err(why) = view.take(rest, value, created) {
+                view.problems.push(format!("{key}: {why}"));
+            }
+        }
+        view
+    }
+
+    fn take(&mut self, rest: &str, value: &[u8], created: i64) -> Result<(), String> {
+        let parts: Vec<&str> = rest.split('/').collect();
+        let json = |v: &[u8]| -> Result<serde_json::Value, String> {
+            let v: serde_json::Value = serde_json::from_slice(v).map_err(|e| e.to_string())?;
+            match v.get("schema").and_then(serde_json::Value::as_u64) {
+                Some(s) if s == u64::from(STORE_SCHEMA) => Ok(v),
+                other => Err(format!(
+                    "schema {other:?}, this deploy reads {STORE_SCHEMA}"
+                )),
+            }
+        };
+        match parts.as_slice() {
+            ["schema"] => {
+                self.schema = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
+            }
+            ["lock"] => self.lock = Some((serde_json::from_slice(value).ok(), created)),
+            ["desired", service] => {
+                self.desired
+                    .insert(unsegment(service), typed(json(value)?)?);
+            }
+            ["running", service, host] => {
+                self.service(host, service).running = Some(typed(json(value)?)?);
+            }
+            ["status", service, host, category] => {
+                let v: StatusValue = typed(json(value)?)?;
+                let p = self.service(host, service);
+                match *category {
+                    "configured" => p.configured = Some(v),
+                    "validated" => p.validated = Some(v),
+                    other => return Err(format!("no category `{other}`")),
+                }
+            }
+            ["hosts", host] => {
+                self.hosts.entry(unsegment(host)).or_default().value = Some(typed(json(value)?)?);
+            }
+            _ => return Err("not a key of this deploy's layout".into()),
+        }
+        Ok(())
+    }
+
+    fn service(&mut self, host: &str, service: &str) -> &mut Published {
+        self.hosts
+            .entry(unsegment(host))
+            .or_default()
+            .services
+            .entry(unsegment(service))
+            .or_default()
+    }
+}
+
+/// A value of the layout, as its type.
+fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
+    serde_json::from_value(v).map_err(|e| e.to_string())
+}
+
+/// What a host's services are given now, as the `desired` stage answers it.
+pub trait Fingerprints {
+    /// `None` when it cannot be known here (a secret this command cannot read).
+    fn fingerprint(&self, service: ServiceId, host: HostId) -> Option<String>;
+    fn inputs(&self, service: ServiceId, host: HostId) -> Inputs;
+}
+
+/// The services `host` runs by its classes, in site order.
+fn services_of(site: &Site, hosts: &Hosts, host: HostId) -> Vec<ServiceId> {
+    let mut ids: Vec<ServiceId> = hosts.hosts[host]
+        .classes
+        .iter()
+        .flat_map(|c| site.classes[*c].services.iter().copied())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// For `plan` and `apply`: per host, what it runs when the store shows it converged (its
+/// desired version, healthy, with exactly the site's inputs, and it answered its last run), so
+/// that it need not be read; `None` for a host to read: one the store knows nothing of, that
+/// did not answer, or whose recorded state differs from the site.
+pub fn converged(
+    view: &View,
+    site: &Site,
+    hosts: &Hosts,
+    desired: &dyn Fingerprints,
+) -> Vec<Option<Observed>> {
+    (0..hosts.hosts.len())
+        .map(|h| {
+            let entry = view.hosts.get(&*hosts.hosts[h].name)?;
+            if !entry.value.as_ref()?.reporting {
+                return None;
+            }
+            let mut services = BTreeMap::new();
+            for sid in services_of(site, hosts, h) {
+                let s = &site.services[sid];
+                let published = entry.services.get(&s.name)?;
+                let fp = published.running.as_ref()?.fingerprint.as_deref()?;
+                if desired.fingerprint(sid, h)?.as_str() != fp {
+                    return None;
+                }
+                let record = published.record(Some(desired.inputs(sid, h)))?;
+                if record.version != s.version || !record.healthy() {
+                    return None;
+                }
+                services.insert(s.name.clone(), record);
+            }
+            Some(Observed::Running { services })
+        })
+        .collect()
+}
+
+/// For `status`: what the store says every host runs. A host it knows nothing of, or that did
+/// not answer its last run, is unaccounted for. Inputs are the site's where the fingerprint
+/// says so; elsewhere `None`, and the pair is returned in the second list to say they differ.
+pub fn observed(
+    view: &View,
+    site: &Site,
+    hosts: &Hosts,
+    desired: &dyn Fingerprints,
+) -> (Vec<Observed>, Vec<(ServiceId, HostId)>) {
+    let mut differ = Vec::new();
+    let observed = hosts
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(h, host)| {
+            let Some(entry) = view.hosts.get(&*host.name) else {
+                return Observed::Unreachable {
+                    reason: "not reporting: the store has no record of it (no apply has read \
+                             it since the store was set up); `deploy status --hosts` reads it"
+                        .into(),
+                };
+            };
+            if let Some(v) = entry.value.as_ref().filter(|v| !v.reporting) {
+                return Observed::Unreachable {
+                    reason: format!(
+                        "not reporting since {} (run {}): {}",
+                        v.at,
+                        v.run,
+                        v.reason.as_deref().unwrap_or("it did not answer")
+                    ),
+                };
+            }
+            let mut services = BTreeMap::new();
+            for (name, published) in &entry.services {
+                let sid = site.service(name);
+                let fp = published
+                    .running
+                    .as_ref()
+                    .and_then(|r| r.fingerprint.clone());
+                let inputs = match sid {
+                    Some(sid) if fp.is_some() && desired.fingerprint(sid, h) == fp => {
+                        Some(desired.inputs(sid, h))
+                    }
+                    Some(sid) => {
+                        differ.push((sid, h));
+                        None
+                    }
+                    None => None,
+                };
+                if let Some(record) = published.record(inputs) {
+                    services.insert(name.clone(), record);
+                }
+            }
+            if services.is_empty() {
+                Observed::Fresh
+            } else {
+                Observed::Running { services }
+            }
+        })
+        .collect();
+    (observed, differ)
+}
+
+/// Where what the store says differs from what each host records (`observed`, read from the
+/// hosts themselves): version, either category's outcome, or the inputs' fingerprint.
+pub fn disagreements(view: &View, hosts: &Hosts, observed: &[Observed]) -> Vec<Disagreement> {
+    let mut out = Vec::new();
+    for (host, o) in hosts.hosts.iter().zip(observed) {
+        let Observed::Running { services } = o else {
+            if matches!(o, Observed::Fresh) {
+                if let Some(e) = view.hosts.get(&*host.name) {
+                    for name in e.services.keys() {
+                        out.push(Disagreement {
+                            host: host.name.to_string(),
+                            service: name.clone(),
+                            store: "recorded".into(),
+                            recorded: "nothing (no state file)".into(),
+                        });
+                    }
+                }
+            }
+            continue;
+        };
+        let entry = view.hosts.get(&*host.name);
+        let mut names: Vec<&String> = services.keys().collect();
+        if let Some(e) = entry {
+            names.extend(e.services.keys());
+        }
+        names.sort();
+        names.dedup();
+        for name in names {
+            let store = entry.and_then(|e| e.services.get(name));
+            let said = store.and_then(|p| {
+                let fp = p.running.as_ref()?.fingerprint.clone();
+                Some((p.record(None)?, fp))
+            });
+            let recorded = services.get(name);
+            let words = |r: &ServiceRecord, fp: Option<&str>| {
+                let mark = |m: &Option<crate::state::Mark>| {
+                    m.as_ref().map_or("-".to_string(), |m| {
+                        format!("{:?}", m.outcome).to_lowercase()
+                    })
+                };
+                // As published: a failed switch-over counts as not validated.
+                let validated = r.validated.clone().or_else(|| {
+                    r.configured
+                        .clone()
+                        .filter(|m| m.outcome == crate::state::Outcome::Failure)
+                });
+                format!(
+                    "{} (configured {}, validated {}, inputs {})",
+                    r.version,
+                    mark(&r.configured),
+                    mark(&validated),
+                    fp.unwrap_or("-")
+                )
+            };
+            let host_words = recorded.map(|r| {
+                let fp = r.inputs.as_ref().map(Inputs::fingerprint);
+                (words(r, fp.as_deref()), r)
+            });
+            let store_words = said.as_ref().map(|(r, fp)| (words(r, fp.as_deref()), r));
+            let same = match (&store_words, &host_words) {
+                (Some((a, _)), Some((b, _))) => a == b,
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                out.push(Disagreement {
+                    host: host.name.to_string(),
+                    service: name.clone(),
+                    store: store_words.map_or("nothing".into(), |(w, _)| w),
+                    recorded: host_words.map_or("nothing".into(), |(w, _)| w),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The hosts `known` leaves to be read (`None`), in order.
+pub fn to_read(known: &[Option<Observed>]) -> std::collections::BTreeSet<usize> {
+    (0..known.len()).filter(|&h| known[h].is_none()).collect()
+}
+
+/// What every host runs: `known` where the store says so, and `read` (the hosts of
+/// [`to_read`], in order) for the rest.
+pub fn merge(known: Vec<Option<Observed>>, read: Vec<Observed>) -> Vec<Observed> {
+    let mut read = read.into_iter();
+    known
+        .into_iter()
+        .map(|k| match k {
+            Some(o) => o,
+            None => read.next().unwrap_or(Observed::Fresh),
+        })
+        .collect()
+}

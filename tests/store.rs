@@ -1,0 +1,448 @@
+//! The fleet's state on a real etcd (Debian's etcd-server) and a real sshd fleet: the site's
+//! lease lock (two controllers refuse each other; a killed one frees it; a lease that lapses
+//! frees it), fencing (etcd gone mid-run: no new step, exit 6, host state exact), published
+//! state (`status` from the store equals the hosts', a host that stopped answering is not
+//! reporting, a converged site plans without SSH), a three-member cluster losing a member, TLS.
+#![cfg(feature = "etcd")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::etcd::Etcd;
+use support::fleet::{Fleet, FleetHost};
+use support::hooks::EV;
+
+const PREFIX: &str = "/drover-test";
+
+struct Site {
+    fleet: Fleet,
+    etcd: Etcd,
+    ttl: &'static str,
+}
+
+impl Site {
+    fn start(apps: usize, etcd: Etcd, ttl: &'static str) -> Site {
+        let hosts: Vec<FleetHost> = (1..=apps)
+            .map(|i| FleetHost::new(&format!("app{i}"), "app"))
+            .collect();
+        Site {
+            fleet: Fleet::start(&hosts),
+            etcd,
+            ttl,
+        }
+    }
+
+    /// The site at `version`, each `start` sleeping `sleep` seconds; `check` fails on a host
+    /// that has /srv/fail-check.
+    fn write(&self, version: &str, sleep: &str) -> PathBuf {
+        let platform = self.fleet.write_platform("/var/lib/drover");
+        let text = std::fs::read_to_string(&platform).expect("platform");
+        let store = self.etcd.store_node(PREFIX, self.ttl);
+        let text = text.replacen(
+            "platform \"fleet\" {\n",
+            &format!("platform \"fleet\" {{\n    {store}\n"),
+            1,
+        );
+        std::fs::write(&platform, text).expect("platform");
+        let dir = &self.fleet.dir;
+        std::fs::write(
+            dir.join("policy.kdl"),
+            "policy \"default\" { batch 1; max-failed 10; }\n",
+        )
+        .expect("policy");
+        let site = format!(
+            r####"site "shared" {{
+    version "{version}"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}}
+class "app" {{ service "api" }}
+service "api" {{
+    port 18080
+    stop #"{EV}ev stop"#
+    install #"{EV}ev install; mkdir -p /srv/api && printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version"#
+    start #"{EV}ev start; sleep {sleep}"#
+    check #"{EV}ev checked; [ ! -e /srv/fail-check ]"# timeout="2s" interval="100ms"
+}}
+"####
+        );
+        let path = dir.join("site.kdl");
+        std::fs::write(&path, site).expect("site");
+        path
+    }
+
+    fn deploy_in(&self, dir: &Path, args: &[&str]) -> Output {
+        support::cli::deploy_in(dir)
+            .args(args)
+            .output()
+            .expect("run deploy")
+    }
+
+    fn deploy(&self, args: &[&str]) -> Output {
+        self.deploy_in(&self.fleet.dir, args)
+    }
+
+    /// `deploy ARGS` in the background, its stderr in a file.
+    fn spawn(&self, args: &[&str]) -> (Child, PathBuf) {
+        let err = self.fleet.dir.join(format!("spawned-{}.err", args.len()));
+        let file = std::fs::File::create(&err).expect("stderr file");
+        let child = support::cli::deploy_in(&self.fleet.dir)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start deploy");
+        (child, err)
+    }
+
+    /// `(what, service)` of the hooks that ran on `host`, in order.
+    fn whats(&self, host: &str) -> Vec<String> {
+        support::hooks::events(&self.fleet)
+            .into_iter()
+            .filter(|e| e.1 == host)
+            .map(|e| e.2)
+            .collect()
+    }
+
+    /// The version `host` records for api, if any.
+    fn recorded(&self, host: &str) -> Option<String> {
+        let path = self.fleet.host_root(host).join("var-lib/drover/state.json");
+        let text = std::fs::read_to_string(path).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v["services"]["api"]["version"].as_str().map(str::to_string)
+    }
+
+    /// What etcd says `host` runs (`running/api/<host>`).
+    fn published(&self, host: &str) -> Option<serde_json::Value> {
+        let key = format!("{PREFIX}/shared/running/api/{host}");
+        self.etcd
+            .keys(&key)
+            .into_iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| serde_json::from_str(&v).expect("JSON value"))
+    }
+
+    fn lock_holder(&self) -> Option<serde_json::Value> {
+        let key = format!("{PREFIX}/shared/lock");
+        self.etcd
+            .keys(&key)
+            .into_iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| serde_json::from_str(&v).expect("holder JSON"))
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn status_json(site: &Site, path: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["status", path.to_str().unwrap(), "--json"];
+    args.extend(extra);
+    let out = site.deploy(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lease lock
+
+#[test]
+fn two_controllers_refuse_each_other_and_a_killed_one_is_carried_on_without_break_lock() {
+    let site = Site::start(4, Etcd::start(), "3s");
+    let path = site.write("1.0", "0");
+    let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(site.lock_holder().is_none(), "the lock is given back");
+
+    let path = site.write("2.0", "1.5");
+    let (mut a, a_err) = site.spawn(&["apply", path.to_str().unwrap(), "--yes"]);
+    wait_until("app1 is upgraded", Duration::from_secs(30), || {
+        site.recorded("app1").as_deref() == Some("2.0")
+            && site
+                .published("app1")
+                .is_some_and(|v| v["version"] == "2.0")
+    });
+    let holder = site
+        .lock_holder()
+        .expect("the running apply holds the lock");
+    assert_eq!(holder["pid"], a.id());
+
+    // A second controller, in a working directory of its own (its own file lock).
+    let other = tempfile::tempdir().expect("other controller");
+    let out = site.deploy_in(other.path(), &["apply", path.to_str().unwrap(), "--yes"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", a.id())) && err.contains("/drover-test/shared/lock"),
+        "{err}"
+    );
+
+    // The first dies mid-run.
+    assert!(Command::new("kill")
+        .args(["-KILL", &a.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let _ = a.wait();
+    let first_err = std::fs::read_to_string(&a_err).unwrap_or_default();
+    let done: Vec<String> = ["app1", "app2", "app3", "app4"]
+        .into_iter()
+        .filter(|h| site.recorded(h).as_deref() == Some("2.0"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        done.len() < 4,
+        "killed before the end: {done:?}\n{first_err}"
+    );
+
+    // Again, from the same directory: no --break-lock, it takes over the dead holder's lock
+    // (at most the lease's TTL later) and carries the run on.
+    let started = Instant::now();
+    let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("carrying on: run"), "{err}");
+    assert!(err.contains("its process is gone"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    for h in ["app1", "app2", "app3", "app4"] {
+        assert_eq!(site.recorded(h).as_deref(), Some("2.0"), "{h}");
+        let installs = site.whats(h).iter().filter(|w| *w == "install").count();
+        // 1.0 once, 2.0 once: a host finished before the kill is not redone.
+        if done.contains(&h.to_string()) {
+            assert_eq!(installs, 2, "{h}: {:?}", site.whats(h));
+        } else {
+            assert!((2..=3).contains(&installs), "{h}: {:?}", site.whats(h));
+        }
+        assert_eq!(site.published(h).expect("published")["version"], "2.0");
+    }
+    assert!(site.lock_holder().is_none());
+}
+
+#[test]
+fn a_lock_whose_holder_cannot_be_told_dead_refuses_until_its_lease_lapses() {
+    let site = Site::start(2, Etcd::start(), "2s");
+    let path = site.write("1.0", "0");
+    // Another machine's controller took the lock and vanished: its lease has 3 s to live.
+    let lease = support::etcd::grant(&site.etcd, 3);
+    let holder = r#"{"user":"ops","controller":"elsewhere","boot":"","pid":4242,"since":"2026-11-25T00:00:00Z","run":"r-elsewhere","site":"shared"}"#;
+    support::etcd::put(&site.etcd, &format!("{PREFIX}/shared/lock"), holder, lease);
+    let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("ops on elsewhere (pid 4242, run r-elsewhere)"),
+        "{err}"
+    );
+    assert!(site.recorded("app1").is_none(), "nothing ran");
+    std::thread::sleep(Duration::from_secs(4));
+    let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(site.recorded("app1").as_deref(), Some("1.0"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fencing: etcd gone mid-run
+
+#[test]
+fn etcd_gone_mid_run_starts_no_new_step_exits_6_and_leaves_host_state_exact() {
+    let site = Site::start(6, Etcd::start(), "2s");
+    let path = site.write("1.0", "0");
+    let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let path = site.write("2.0", "1");
+    let (mut run, err_file) = site.spawn(&["apply", path.to_str().unwrap(), "--yes"]);
+    wait_until("app1 is upgraded", Duration::from_secs(30), || {
+        site.recorded("app1").as_deref() == Some("2.0")
+    });
+    site.etcd.stop();
+    let stopped = Instant::now();
+    let status = run.wait().expect("wait");
+    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+    assert_eq!(status.code(), Some(6), "{err}");
+    assert!(err.contains("the site's lock in etcd is lost"), "{err}");
+    assert!(stopped.elapsed() < Duration::from_secs(20), "{err}");
+    // Every host is exactly what its hooks did: upgraded hosts ran the whole switch-over.
+    let mut upgraded = 0;
+    for h in site.fleet.names() {
+        let whats = site.whats(h);
+        let starts = whats.iter().filter(|w| *w == "start").count();
+        match site.recorded(h).as_deref() {
+            Some("2.0") => {
+                upgraded += 1;
+                assert_eq!(starts, 2, "{h}: {whats:?}");
+            }
+            Some("1.0") => assert_eq!(starts, 1, "{h} never started 2.0: {whats:?}"),
+            other => panic!("{h}: {other:?}"),
+        }
+    }
+    assert!(
+        (1..6).contains(&upgraded),
+        "{upgraded} of 6 upgraded\n{err}"
+    );
+
+    // etcd back: the next apply reads every host (some writes never reached etcd) and ends it.
+    site.etcd.restart();
+    let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    for h in site.fleet.names() {
+        assert_eq!(site.recorded(h).as_deref(), Some("2.0"), "{h}");
+        assert_eq!(
+            site.published(h).expect("published")["version"],
+            "2.0",
+            "{h}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Published state and reads
+
+#[test]
+fn status_from_the_store_equals_the_hosts_and_a_converged_site_plans_without_ssh() {
+    let site = Site::start(4, Etcd::start(), "3s");
+    let path = site.write("1.0", "0");
+    let p = path.to_str().unwrap();
+    assert_eq!(site.deploy(&["apply", p, "--yes"]).status.code(), Some(0));
+    // A partial rollout: app3's check fails.
+    site.fleet.ssh("app3", "touch /srv/fail-check");
+    let path = site.write("2.0", "0");
+    let out = site.deploy(&["apply", p, "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+
+    let store = status_json(&site, &path, &[]);
+    let hosts = status_json(&site, &path, &["--hosts"]);
+    assert_eq!(store["source"], "store");
+    assert_eq!(hosts["source"], "hosts");
+    assert_eq!(store["hosts"], hosts["hosts"]);
+    assert_eq!(store["converged"], 3);
+    assert_eq!(hosts["disagreements"], serde_json::json!([]));
+    // --failures: only app3, with its log.
+    let out = site.deploy(&["status", p, "--failures"]);
+    let failures = text(&out.stdout);
+    assert_eq!(failures.lines().count(), 1, "{failures}");
+    assert!(
+        failures.starts_with("app3 api ")
+            && failures.contains("validated: failed in check")
+            && failures.contains("log: .drover/runs/"),
+        "{failures}"
+    );
+    // A host whose record changed behind the store's back: `--hosts` says so.
+    let state = site
+        .fleet
+        .host_root("app2")
+        .join("var-lib/drover/state.json");
+    let edited = std::fs::read_to_string(&state)
+        .unwrap()
+        .replace("\"2.0\"", "\"9.9\"");
+    std::fs::write(&state, edited).unwrap();
+    let hosts = status_json(&site, &path, &["--hosts"]);
+    let d = &hosts["disagreements"];
+    assert_eq!(d.as_array().map(Vec::len), Some(1), "{d}");
+    assert_eq!(d[0]["host"], "app2");
+    assert!(d[0]["recorded"].as_str().unwrap().starts_with("9.9"), "{d}");
+
+    // Converge (app3 fixed, app2 back), then stop app4's sshd: the next apply publishes
+    // it as not reporting, and `status` from the store says so without SSH.
+    site.fleet.ssh("app3", "rm /srv/fail-check");
+    let out = site.deploy(&["apply", p, "--yes", "--read-hosts"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = site.deploy(&["status", p]);
+    assert!(text(&out.stdout).contains("4 of 4 host services converged (desired version and inputs, healthy) (as the store says)"), "{}", text(&out.stdout));
+    // A converged site plans from the store alone: with every sshd gone, nothing to change.
+    for h in site.fleet.names() {
+        site.fleet.kill_host(h);
+    }
+    let out = site.deploy(&["plan", p]);
+    let plan = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !plan.contains("does not answer") && !plan.contains("unreachable"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("skipped, converged: app1, app2, app3, app4") && plan.contains("0 steps"),
+        "{plan}"
+    );
+    // `apply` connects no host either, and finds nothing to do.
+    let out = site.deploy(&["apply", p, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Now a change: every host must be read, none answers, and the store learns it.
+    let path = site.write("3.0", "0");
+    let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let store = status_json(&site, &path, &[]);
+    let unaccounted = store["unaccounted"].as_array().expect("unaccounted");
+    assert_eq!(unaccounted.len(), 4, "{store}");
+    assert!(
+        unaccounted[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not reporting since"),
+        "{store}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A cluster, and TLS
+
+#[test]
+fn a_three_member_cluster_losing_a_member_mid_apply_completes_the_run() {
+    let site = Site::start(4, Etcd::cluster(), "3s");
+    let path = site.write("1.0", "0.7");
+    let (mut run, err_file) = site.spawn(&["apply", path.to_str().unwrap(), "--yes"]);
+    wait_until("app1 is installed", Duration::from_secs(30), || {
+        site.recorded("app1").is_some()
+    });
+    // The first endpoint, the one the controller talks to.
+    site.etcd.kill(0);
+    let status = run.wait().expect("wait");
+    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{err}");
+    for h in site.fleet.names() {
+        assert_eq!(site.recorded(h).as_deref(), Some("1.0"), "{h}");
+        assert_eq!(
+            site.published(h).expect("published")["version"],
+            "1.0",
+            "{h}"
+        );
+    }
+}
+
+#[test]
+fn a_tls_endpoint_with_the_sites_ca_works_and_without_it_fails_clearly() {
+    let site = Site::start(2, Etcd::start_tls(), "3s");
+    let path = site.write("1.0", "0");
+    let p = path.to_str().unwrap();
+    let out = site.deploy(&["apply", p, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let store = status_json(&site, &path, &[]);
+    assert_eq!(store["source"], "store");
+    assert_eq!(store["converged"], 2);
+    // The same endpoint without the CA: the server's certificate is not trusted.
+    let platform = site.fleet.dir.join("platform.kdl");
+    let text_now = std::fs::read_to_string(&platform).unwrap();
+    let start = text_now.find(" { tls ca=").expect("tls node");
+    let end = text_now[start..].find('}').unwrap() + start + 1;
+    std::fs::write(
+        &platform,
+        format!("{}{}", &text_now[..start], &text_now[end..]),
+    )
+    .unwrap();
+    let out = site.deploy(&["status", p]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("etcd does not answer"), "{err}");
+}

@@ -1,0 +1,359 @@
+//! A real etcd (Debian's `etcd-server`, 3.4) on loopback for tests: one member or a cluster of
+//! three, on ports of their own (a system etcd may hold 2379), data in a temporary directory,
+//! `--unsafe-no-fsync` for speed; optionally TLS with a CA the test makes (openssl).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    child: Mutex<Option<Child>>,
+}
+
+/// A running etcd; every member is killed when dropped.
+pub struct Etcd {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+    /// With TLS: the CA's certificate (`tls ca=`).
+    pub ca: Option<PathBuf>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("run openssl");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, and a server certificate for 127.0.0.1 signed by it, in `dir`.
+fn make_certs(dir: &Path) {
+    let p = |n: &str| dir.join(n);
+    run(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=drover test CA",
+        ])
+        .arg("-keyout")
+        .arg(p("ca-key.pem"))
+        .arg("-out")
+        .arg(p("ca.pem")));
+    run(Command::new("openssl")
+        .args([
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(p("server-key.pem"))
+        .arg("-out")
+        .arg(p("server.csr")));
+    std::fs::write(
+        p("san.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("san");
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+        .arg("-in")
+        .arg(p("server.csr"))
+        .arg("-CA")
+        .arg(p("ca.pem"))
+        .arg("-CAkey")
+        .arg(p("ca-key.pem"))
+        .arg("-out")
+        .arg(p("server.pem"))
+        .arg("-extfile")
+        .arg(p("san.ext")));
+}
+
+impl Etcd {
+    /// One member.
+    pub fn start() -> Etcd {
+        Etcd::launch(1, false)
+    }
+
+    /// Three members.
+    pub fn cluster() -> Etcd {
+        Etcd::launch(3, false)
+    }
+
+    /// One member serving clients over TLS, its certificate signed by a CA made here.
+    pub fn start_tls() -> Etcd {
+        Etcd::launch(1, true)
+    }
+
+    fn launch(n: usize, tls: bool) -> Etcd {
+        let dir = tempfile::tempdir().expect("etcd dir");
+        if tls {
+            make_certs(dir.path());
+        }
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client: free_port(),
+                peer: free_port(),
+                child: Mutex::new(None),
+            })
+            .collect();
+        let etcd = Etcd {
+            ca: tls.then(|| dir.path().join("ca.pem")),
+            members,
+            dir,
+        };
+        for i in 0..n {
+            etcd.spawn(i, "new");
+        }
+        etcd.wait_ready(Duration::from_secs(30));
+        etcd
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.ca.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    fn spawn(&self, i: usize, state: &str) {
+        let m = &self.members[i];
+        let cluster: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect();
+        let client = format!("{}://127.0.0.1:{}", self.scheme(), m.client);
+        let peer = format!("http://127.0.0.1:{}", m.peer);
+        let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name)))
+            .expect("etcd log");
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(self.dir.path().join(&m.name))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &cluster.join(",")])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "drover-test"])
+            .args(["--unsafe-no-fsync", "--logger", "zap"]);
+        if self.ca.is_some() {
+            let p = |n: &str| self.dir.path().join(n);
+            cmd.arg("--cert-file")
+                .arg(p("server.pem"))
+                .arg("--key-file")
+                .arg(p("server-key.pem"));
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start etcd (is etcd-server installed? tests/run.sh installs it)");
+        *m.child.lock().unwrap() = Some(child);
+    }
+
+    /// Until every running member serves clients (its log says so and its port answers).
+    fn wait_ready(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        for m in &self.members {
+            if m.child.lock().unwrap().is_none() {
+                continue;
+            }
+            let log = self.dir.path().join(format!("{}.log", m.name));
+            loop {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let serving = text.contains("serving client traffic");
+                let health = self.ca.is_some() || healthy(m.client);
+                if serving && health {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd {} did not start:\n{text}",
+                    m.name
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The client URLs, comma-separated (`endpoints=`).
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}://127.0.0.1:{}", self.scheme(), m.client))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The platform's `store` node.
+    pub fn store_node(&self, prefix: &str, ttl: &str) -> String {
+        let tls = match &self.ca {
+            Some(ca) => format!(" {{ tls ca=\"{}\"; }}", ca.display()),
+            None => String::new(),
+        };
+        format!(
+            "store \"etcd\" endpoints=\"{}\" prefix=\"{prefix}\" lock-ttl=\"{ttl}\"{tls}",
+            self.endpoints()
+        )
+    }
+
+    /// Kills member `i` (SIGKILL: a member left without quorum may ignore SIGTERM).
+    pub fn kill(&self, i: usize) {
+        if let Some(mut c) = self.members[i].child.lock().unwrap().take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills every member.
+    pub fn stop(&self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+
+    /// Starts every member that was stopped again, on its data.
+    pub fn restart(&self) {
+        for i in 0..self.members.len() {
+            if self.members[i].child.lock().unwrap().is_none() {
+                self.spawn(i, "existing");
+            }
+        }
+        self.wait_ready(Duration::from_secs(30));
+    }
+
+    /// Every key under `prefix` with its value, through etcd's JSON gateway (plain HTTP only).
+    pub fn keys(&self, prefix: &str) -> Vec<(String, String)> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let body = format!(
+            "{{\"key\":\"{}\",\"range_end\":\"{}\"}}",
+            b64.encode(prefix),
+            b64.encode(&end)
+        );
+        let m = self
+            .members
+            .iter()
+            .find(|m| m.child.lock().unwrap().is_some())
+            .expect("a running member");
+        let reply = http_post(m.client, "/v3/kv/range", &body);
+        let json: serde_json::Value = serde_json::from_str(&reply).expect("etcd's JSON");
+        json["kvs"]
+            .as_array()
+            .map(|kvs| {
+                kvs.iter()
+                    .map(|kv| {
+                        let dec = |v: &serde_json::Value| {
+                            String::from_utf8(b64.decode(v.as_str().unwrap_or("")).unwrap())
+                                .unwrap()
+                        };
+                        (dec(&kv["key"]), dec(&kv["value"]))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn healthy(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.contains("\"health\":\"true\"")
+}
+
+fn http_post(port: u16, path: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to etcd");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let req = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send");
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("read");
+    reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Etcd {
+    fn any_client_port(&self) -> u16 {
+        self.members
+            .iter()
+            .find(|m| m.child.lock().unwrap().is_some())
+            .expect("a running member")
+            .client
+    }
+}
+
+/// A lease of `ttl` seconds, granted through the JSON gateway; its id.
+pub fn grant(etcd: &Etcd, ttl: u64) -> String {
+    let reply = http_post(
+        etcd.any_client_port(),
+        "/v3/lease/grant",
+        &format!("{{\"TTL\":{ttl}}}"),
+    );
+    let json: serde_json::Value = serde_json::from_str(&reply).expect("lease JSON");
+    json["ID"].as_str().expect("lease id").to_string()
+}
+
+/// Puts `key` = `value` under `lease`.
+pub fn put(etcd: &Etcd, key: &str, value: &str, lease: String) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = format!(
+        "{{\"key\":\"{}\",\"value\":\"{}\",\"lease\":\"{lease}\"}}",
+        b64.encode(key),
+        b64.encode(value)
+    );
+    let reply = http_post(etcd.any_client_port(), "/v3/kv/put", &body);
+    assert!(reply.contains("header"), "put: {reply}");
+}
