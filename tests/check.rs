@@ -115,6 +115,7 @@ fixtures! {
     keep_shell_string => INVALID,
     file_problems => INVALID,
     template_problems => INVALID,
+    store_problems => INVALID,
 }
 
 #[test]

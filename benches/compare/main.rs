@@ -17,6 +17,9 @@
 //! Without `--run` or `--smoke` it prints how to run it and exits (so `cargo bench` and
 //! `cargo test --benches` do not start a fleet by accident).
 
+#[cfg(feature = "etcd")]
+#[path = "../../tests/support/etcd.rs"]
+mod etcd;
 #[path = "../../tests/support/fleet.rs"]
 mod fleet;
 #[path = "../common/stats.rs"]
@@ -76,10 +79,14 @@ enum Mode {
     DroverAllTmpfs,
     DroverFlowing,
     DroverSessions,
+    DroverStore,
+    DroverPlanStore,
 }
 
-const MODES: [Mode; 14] = [
+const MODES: [Mode; 16] = [
     Mode::DroverRolling,
+    Mode::DroverStore,
+    Mode::DroverPlanStore,
     Mode::DroverSessions,
     Mode::DroverFlowing,
     Mode::DroverAll,
@@ -114,6 +121,8 @@ impl Mode {
             Mode::DroverSessions => {
                 "Drover, rolling 30%, a session per command (`keep-shell=#false`)"
             }
+            Mode::DroverStore => "Drover, rolling 30%, with `store \"etcd\"`",
+            Mode::DroverPlanStore => "Drover, `deploy plan` with `store \"etcd\"` (converged)",
         }
     }
 
@@ -133,6 +142,8 @@ impl Mode {
             Mode::DroverAllTmpfs => "drover-all-tmpfs",
             Mode::DroverFlowing => "drover-flowing",
             Mode::DroverSessions => "drover-sessions",
+            Mode::DroverStore => "drover-store",
+            Mode::DroverPlanStore => "drover-plan-store",
         }
     }
 
@@ -141,7 +152,7 @@ impl Mode {
             Mode::DroverRolling | Mode::DroverAll => "drover",
             Mode::DroverPlan | Mode::DroverPlanOffline => "drover",
             Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs | Mode::DroverFlowing => "drover",
-            Mode::DroverSessions => "drover",
+            Mode::DroverSessions | Mode::DroverStore | Mode::DroverPlanStore => "drover",
             Mode::AnsibleLinear | Mode::AnsibleFree => "ansible",
             Mode::Pyinfra => "pyinfra",
             Mode::SshRolling | Mode::SshAll | Mode::SshConnect => "ssh",
@@ -152,7 +163,7 @@ impl Mode {
     fn deploys(self) -> bool {
         !matches!(
             self,
-            Mode::SshConnect | Mode::DroverPlan | Mode::DroverPlanOffline
+            Mode::SshConnect | Mode::DroverPlan | Mode::DroverPlanOffline | Mode::DroverPlanStore
         )
     }
 }
@@ -330,9 +341,19 @@ impl Tools {
                 Mode::AnsibleLinear | Mode::AnsibleFree => self.ansible_playbook.is_some(),
                 Mode::Pyinfra => self.pyinfra.is_some(),
                 Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs => shm().is_some(),
+                // A `deploy` built with the store, and Debian's etcd-server to run.
+                Mode::DroverStore | Mode::DroverPlanStore => {
+                    cfg!(feature = "etcd") && which("etcd")
+                }
                 _ => true,
             }
     }
+}
+
+/// Whether `program` is on the PATH.
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 /// One timed run.
@@ -473,6 +494,9 @@ struct Bench<'a> {
     version: u64,
     started_in: f64,
     ansible_runs: usize,
+    /// A one-member etcd (fsync on, as in production) for the store modes.
+    #[cfg(feature = "etcd")]
+    etcd: Option<etcd::Etcd>,
     /// The relay that delays SSH traffic (`--rtt`), killed with the bench.
     _relay: Option<Relay>,
 }
@@ -546,6 +570,10 @@ impl<'a> Bench<'a> {
             version: 0,
             started_in,
             ansible_runs: 0,
+            #[cfg(feature = "etcd")]
+            etcd: tools
+                .has(args, Mode::DroverStore)
+                .then(etcd::Etcd::start_durable),
             _relay: relay,
         };
         bench.write_inputs();
@@ -574,6 +602,19 @@ impl<'a> Bench<'a> {
             1,
         );
         fs::write(platform.with_file_name("platform-sessions.kdl"), sessions).unwrap();
+        // The same platform, its state also in etcd.
+        #[cfg(feature = "etcd")]
+        if let Some(etcd) = &self.etcd {
+            let store = text.replacen(
+                "platform \"fleet\" {\n",
+                &format!(
+                    "platform \"fleet\" {{\n    {}\n",
+                    etcd.store_node("/drover", "10s")
+                ),
+                1,
+            );
+            fs::write(platform.with_file_name("platform-store.kdl"), store).unwrap();
+        }
         // Drover: two policies; the sites are written before each run.
         write(
             "rolling.kdl",
@@ -706,7 +747,8 @@ impl<'a> Bench<'a> {
             | Mode::DroverRollingTmpfs
             | Mode::DroverAllTmpfs
             | Mode::DroverFlowing
-            | Mode::DroverSessions => {
+            | Mode::DroverSessions
+            | Mode::DroverStore => {
                 let (seconds, events, spawned, exited) = self.drover(mode, &logs, &stem, None);
                 let text = fs::read_to_string(&events).unwrap_or_default();
                 (seconds, Phases::of(&text, spawned, exited))
@@ -716,6 +758,30 @@ impl<'a> Bench<'a> {
             Mode::SshRolling => (self.ssh(self.batch(), true), None),
             Mode::SshAll => (self.ssh(self.n, true), None),
             Mode::SshConnect => (self.ssh(self.n, false), None),
+            Mode::DroverPlanStore => {
+                // The store learns the fleet first (untimed): an apply that finds nothing to
+                // do publishes what it read; the timed plan then connects no host.
+                let site = self.write_site("rolling.kdl", "platform-store.kdl");
+                let out = Command::new(&self.tools.deploy)
+                    .arg("apply")
+                    .arg(&site)
+                    .arg("--yes")
+                    .current_dir(&self.work)
+                    .output()
+                    .expect("run deploy");
+                self.require(out.status.success(), "deploy apply (store)", &stem);
+                let connections = self.sshd_lines(ACCEPTED);
+                let mut cmd = Command::new(&self.tools.deploy);
+                cmd.arg("plan").arg(site).current_dir(&self.work);
+                let seconds = self.timed(cmd, &logs, &stem, "deploy plan (store)");
+                let opened = self.sshd_lines(ACCEPTED) - connections;
+                self.require(
+                    opened == 0,
+                    "deploy plan (store) opened no SSH connection",
+                    &stem,
+                );
+                (seconds, None)
+            }
             Mode::DroverPlan | Mode::DroverPlanOffline => {
                 let mut cmd = Command::new(&self.tools.deploy);
                 cmd.arg("plan")
@@ -767,7 +833,10 @@ impl<'a> Bench<'a> {
         memory: Option<&mut Memory>,
     ) -> (f64, PathBuf, SystemTime, SystemTime) {
         let policy = match mode {
-            Mode::DroverRolling | Mode::DroverRollingTmpfs | Mode::DroverSessions => "rolling.kdl",
+            Mode::DroverRolling
+            | Mode::DroverRollingTmpfs
+            | Mode::DroverSessions
+            | Mode::DroverStore => "rolling.kdl",
             Mode::DroverFlowing => "flowing.kdl",
             _ => "all.kdl",
         };
@@ -778,6 +847,7 @@ impl<'a> Bench<'a> {
         };
         let platform = match mode {
             Mode::DroverSessions => "platform-sessions.kdl",
+            Mode::DroverStore => "platform-store.kdl",
             _ => "platform.kdl",
         };
         let site = self.write_site(policy, platform);
@@ -1478,6 +1548,7 @@ fn render(
         (!s.is_empty()).then(|| format!("{:.2} s ({min:.2} to {max:.2})", median(&s)))
     });
     let targets = [
+        (Mode::DroverStore, Mode::DroverRolling, 1.05),
         (Mode::DroverRolling, Mode::AnsibleLinear, 0.15),
         (Mode::DroverRolling, Mode::AnsibleFree, 0.15),
         (Mode::DroverRolling, Mode::Pyinfra, 1.0),

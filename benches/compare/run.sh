@@ -6,9 +6,10 @@
 #                               [--out DIR] [--no-memory]
 #   bash benches/compare/run.sh --smoke     # 10 hosts, 1 run, debug build (CI)
 #
-# Needs root on Linux with openssh-server, openssh-client, util-linux, curl and python3 (with
-# venv); installs the missing ones with apt-get. Makes benches/compare/.venv (ansible-core and
-# pyinfra from PyPI, versions in requirements.txt), then runs benches/compare/main.rs: the
+# Needs root on Linux with openssh-server, openssh-client, util-linux, curl, python3 (with
+# venv), protoc and etcd (the store modes); installs the missing ones with apt-get. Makes
+# benches/compare/.venv (ansible-core and pyinfra from PyPI, versions in requirements.txt),
+# then runs benches/compare/main.rs: the
 # release build through `cargo bench`, or the debug build with --smoke. Results go to
 # benches/compare/out/ (results.md or smoke.md, runs.csv, logs/). See book/src/performance.md.
 set -euo pipefail
@@ -26,6 +27,9 @@ command -v unshare >/dev/null || missing+=(util-linux)
 command -v curl >/dev/null || missing+=(curl)
 [ -x /usr/bin/python3 ] || missing+=(python3) # on the hosts: the HTTP server, Ansible's modules
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv) # the controller's virtualenv
+# the store modes: `deploy` built with etcd (its build needs protoc) and a real etcd
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+command -v etcd >/dev/null || missing+=(etcd-server)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "$here/run.sh: installing ${missing[*]}" >&2
     apt-get update -qq
@@ -54,7 +58,7 @@ fi
 
 if $smoke; then
     # The debug build: the smoke test checks the harness, not the speed.
-    exec cargo test --quiet --bench compare -- "$@"
+    exec cargo test --quiet --features etcd --bench compare -- "$@"
 else
-    exec cargo bench --quiet --bench compare -- --run "$@"
+    exec cargo bench --quiet --features etcd --bench compare -- --run "$@"
 fi

@@ -126,6 +126,8 @@ pub struct Session {
     shared: OnceLock<Arc<Shared>>,
     /// Per host: what the store says it runs, for hosts not read (`None`: read it).
     known: Mutex<Vec<Option<Observed>>>,
+    /// The run's writes to the store were waited for (once, by `finish` or on drop).
+    shared_done: std::sync::atomic::AtomicBool,
     /// The unfinished run found when the locks were taken.
     resumed: Mutex<Option<RunRecord>>,
     journal: Mutex<Option<Arc<Journaled>>>,
@@ -204,6 +206,7 @@ impl Session {
             read_hosts: options.read_hosts,
             shared: OnceLock::new(),
             known: Mutex::new(Vec::new()),
+            shared_done: std::sync::atomic::AtomicBool::new(false),
             held: Mutex::new(Held {
                 holder,
                 file: None,
@@ -638,6 +641,8 @@ impl Drop for Session {
             }
         }
         if let Some(shared) = self.shared.get() {
+            // What was queued for the store (a run with nothing to do publishes what it read).
+            self.finish_shared();
             if let Err(e) = self.runtime.block_on(shared.release(&held.holder)) {
                 self.say(&format!(
                     "warning: {e}; its lease frees it within the platform's lock-ttl"
@@ -668,6 +673,12 @@ impl Session {
     /// Writes that could not be made leave a mark that makes the next apply read every host.
     fn finish_shared(&self) -> Option<Ended> {
         let shared = self.shared.get()?;
+        if self
+            .shared_done
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return None;
+        }
         let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mark = self.root.join(UNPUBLISHED).join(lock_file(&site));
         let published = self.runtime.block_on(shared.flush());

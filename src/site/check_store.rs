@@ -131,10 +131,14 @@ pub fn store(r: &mut Reader<'_>, raw: RawStore, platform: &Path) -> Option<Store
                     client: Some((cert, key)),
                 }),
                 (Some(ca), None, None) => Some(StoreTls { ca, client: None }),
-                (Some(_), _, _) => {
+                (Some(_), cert, _) => {
                     r.missing(
                         t.span,
-                        "both `cert=` and `key=`".into(),
+                        if cert.is_some() {
+                            "`key=`, the client certificate's key".into()
+                        } else {
+                            "`cert=`, the client certificate of `key=`".into()
+                        },
                         "a client certificate comes with its key: give both or neither".into(),
                     );
                     ok = false;
@@ -161,10 +165,14 @@ pub fn store(r: &mut Reader<'_>, raw: RawStore, platform: &Path) -> Option<Store
                 user: user.value,
                 password_env: env.value,
             }),
-            _ => {
+            (user, _) => {
                 r.missing(
                     a.span,
-                    "both `user=` and `password-env=`".into(),
+                    if user.is_some() {
+                        "`password-env=`, the variable that holds etcd's password".into()
+                    } else {
+                        "`user=`, etcd's user name".into()
+                    },
                     "write `auth user=\"deploy\" password-env=\"ETCD_PASSWORD\"`: the password \
                      is read from that variable when `deploy` runs, never from a file of the site"
                         .into(),

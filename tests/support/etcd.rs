@@ -1,6 +1,7 @@
 //! A real etcd (Debian's `etcd-server`, 3.4) on loopback for tests: one member or a cluster of
 //! three, on ports of their own (a system etcd may hold 2379), data in a temporary directory,
 //! `--unsafe-no-fsync` for speed; optionally TLS with a CA the test makes (openssl).
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -8,6 +9,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// How a member keeps its data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sync {
+    /// `--unsafe-no-fsync`: tests.
+    Never,
+    /// etcd's default, fsync per commit: benchmarks.
+    Durable,
+}
 
 struct Member {
     name: String,
@@ -22,6 +32,7 @@ pub struct Etcd {
     dir: tempfile::TempDir,
     /// With TLS: the CA's certificate (`tls ca=`).
     pub ca: Option<PathBuf>,
+    sync: Sync,
 }
 
 fn free_port() -> u16 {
@@ -97,6 +108,11 @@ impl Etcd {
         Etcd::launch(1, false)
     }
 
+    /// One member that syncs every commit to disk, as etcd does by default (benchmarks).
+    pub fn start_durable() -> Etcd {
+        Etcd::launch_with(1, false, Sync::Durable)
+    }
+
     /// Three members.
     pub fn cluster() -> Etcd {
         Etcd::launch(3, false)
@@ -108,6 +124,10 @@ impl Etcd {
     }
 
     fn launch(n: usize, tls: bool) -> Etcd {
+        Etcd::launch_with(n, tls, Sync::Never)
+    }
+
+    fn launch_with(n: usize, tls: bool, sync: Sync) -> Etcd {
         let dir = tempfile::tempdir().expect("etcd dir");
         if tls {
             make_certs(dir.path());
@@ -124,6 +144,7 @@ impl Etcd {
             ca: tls.then(|| dir.path().join("ca.pem")),
             members,
             dir,
+            sync,
         };
         for i in 0..n {
             etcd.spawn(i, "new");
@@ -163,7 +184,10 @@ impl Etcd {
             .args(["--initial-cluster", &cluster.join(",")])
             .args(["--initial-cluster-state", state])
             .args(["--initial-cluster-token", "drover-test"])
-            .args(["--unsafe-no-fsync", "--logger", "zap"]);
+            .args(["--logger", "zap"]);
+        if self.sync == Sync::Never {
+            cmd.arg("--unsafe-no-fsync");
+        }
         if self.ca.is_some() {
             let p = |n: &str| self.dir.path().join(n);
             cmd.arg("--cert-file")

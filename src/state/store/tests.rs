@@ -1,1 +1,313 @@
-//! Unit tests of the store layout and view.
+//! The store's layout and view, without etcd: what a step's record becomes as keys, what a
+//! range read of those keys says back, which hosts a plan must still read, and disagreements.
+
+use super::*;
+use crate::inventory::{HostId, Hosts};
+use crate::site::{ServiceId, Site};
+use crate::state::{Inputs, Mark, Observed, Outcome, ServiceRecord};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+fn keys() -> Keys {
+    Keys::new("/drover", "shop")
+}
+
+fn mark(outcome: Outcome, hook: Option<&str>) -> Mark {
+    Mark {
+        outcome,
+        at: "2026-11-25T00:00:00Z".into(),
+        run: "r1".into(),
+        log: ".drover/runs/r1/app1/api.log".into(),
+        hook: hook.map(str::to_string),
+    }
+}
+
+fn inputs(version: &str) -> Inputs {
+    Inputs(
+        [("version".to_string(), Arc::<str>::from(version))]
+            .into_iter()
+            .collect(),
+    )
+}
+
+fn healthy(version: &str) -> ServiceRecord {
+    ServiceRecord {
+        version: version.into(),
+        configured: Some(mark(Outcome::Success, None)),
+        validated: Some(mark(Outcome::Success, None)),
+        inputs: Some(inputs(version)),
+    }
+}
+
+/// The view of `writes` as etcd would hold them (puts in order, deletes remove).
+fn view_of(writes: &[Write]) -> View {
+    let mut kv = std::collections::BTreeMap::new();
+    for w in writes {
+        match w {
+            Write::Put { key, value } => {
+                kv.insert(key.clone(), value.clone());
+            }
+            Write::Delete { key } => {
+                kv.remove(key);
+            }
+        }
+    }
+    View::parse(
+        &keys(),
+        kv.iter().map(|(k, v)| (k.as_str(), v.as_bytes(), 7)),
+    )
+}
+
+fn step(host: &str, record: &ServiceRecord) -> Vec<Write> {
+    let hs = HostService {
+        service: "api",
+        host,
+        address: "10.0.0.1:8080".into(),
+        record,
+    };
+    recorded(&keys(), &hs, "r1", "2026-11-25T00:00:00Z")
+}
+
+#[test]
+fn a_step_is_one_running_key_and_exactly_one_outcome_per_category() {
+    let w = step("app1", &healthy("2.0"));
+    let keys: Vec<&str> = w.iter().map(Write::key).collect();
+    assert_eq!(
+        keys,
+        [
+            "/drover/shop/running/api/app1",
+            "/drover/shop/status/api/app1/configured",
+            "/drover/shop/status/api/app1/validated",
+        ]
+    );
+    // A switch-over that failed before its check: not validated either.
+    let failed = ServiceRecord {
+        version: "1.0".into(),
+        configured: Some(mark(Outcome::Failure, Some("start"))),
+        validated: None,
+        inputs: None,
+    };
+    let view = view_of(&step("app1", &failed));
+    let p = &view.hosts["app1"].services["api"];
+    assert_eq!(
+        p.configured.as_ref().map(|s| s.mark.outcome),
+        Some(Outcome::Failure)
+    );
+    assert_eq!(
+        p.validated.as_ref().map(|s| s.mark.outcome),
+        Some(Outcome::Failure)
+    );
+    assert_eq!(
+        p.running.as_ref().map(|r| r.fingerprint.clone()),
+        Some(None)
+    );
+    // The next success replaces both.
+    let mut all = step("app1", &failed);
+    all.extend(step("app1", &healthy("2.0")));
+    let view = view_of(&all);
+    let p = &view.hosts["app1"].services["api"];
+    assert_eq!(p.record(None).map(|r| r.healthy()), Some(true));
+    assert_eq!(
+        p.running.as_ref().map(|r| r.address.as_str()),
+        Some("10.0.0.1:8080")
+    );
+}
+
+#[test]
+fn a_record_comes_back_from_a_range_read_as_it_was_but_its_inputs() {
+    let rec = healthy("2.0");
+    let view = view_of(&step("app1", &rec));
+    let back = view.hosts["app1"].services["api"].record(rec.inputs.clone());
+    assert_eq!(back, Some(rec.clone()));
+    assert_eq!(
+        view.hosts["app1"].services["api"]
+            .running
+            .as_ref()
+            .and_then(|r| r.fingerprint.clone()),
+        rec.inputs.as_ref().map(Inputs::fingerprint)
+    );
+    assert!(view.problems.is_empty());
+}
+
+#[test]
+fn values_of_another_schema_and_unknown_keys_are_problems_not_state() {
+    let other = r#"{"schema":2,"version":"9"}"#;
+    let view = View::parse(
+        &keys(),
+        [
+            ("/drover/shop/running/api/app1", other.as_bytes(), 1),
+            ("/drover/shop/elsewhere", b"x".as_slice(), 1),
+            ("/drover/other-site/running/api/app1", other.as_bytes(), 1),
+        ],
+    );
+    assert_eq!(view.problems.len(), 2, "{:?}", view.problems);
+    assert!(view
+        .hosts
+        .values()
+        .all(|h| h.services.values().all(|p| p.running.is_none())));
+}
+
+proptest! {
+    #[test]
+    fn names_survive_keys(service in "[a-z%/]{1,8}", host in "[a-z0-9%/.]{1,12}") {
+        let rec = healthy("1.0");
+        let hs = HostService { service: &service, host: &host, address: "a".into(), record: &rec };
+        let w = recorded(&keys(), &hs, "r", "t");
+        let view = view_of(&w);
+        prop_assert!(view.hosts.get(&host).is_some_and(|h| h.services.contains_key(&service)));
+        prop_assert_eq!(unsegment(&segment(&host)), host);
+    }
+}
+
+/// A site of three app hosts running api 2.0, through a temporary directory.
+fn site() -> (tempfile::TempDir, Site, Hosts) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let w = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+    w(
+        "platform.kdl",
+        "platform \"p\" { transport \"local\"; inventory \"static\" {\n\
+         host \"app1\" address=\"10.0.0.1\" class=\"app\"\n\
+         host \"app2\" address=\"10.0.0.2\" class=\"app\"\n\
+         host \"app3\" address=\"10.0.0.3\" class=\"app\"\n} }",
+    );
+    w(
+        "site.kdl",
+        "site \"shop\" { version \"1\"; platform \"platform.kdl\" }\n\
+         class \"app\" { service \"api\" }\n\
+         service \"api\" { version \"2.0\"; port 8080; start \"run\" }\n",
+    );
+    let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
+    let hosts = crate::inventory::resolve(&site).expect("hosts");
+    (dir, site, hosts)
+}
+
+/// Every host is given `inputs("2.0")`, but `odd` is given `inputs("odd")`.
+struct Given {
+    odd: Option<HostId>,
+}
+
+impl Fingerprints for Given {
+    fn fingerprint(&self, s: ServiceId, h: HostId) -> Option<String> {
+        Some(self.inputs(s, h).fingerprint())
+    }
+    fn inputs(&self, _s: ServiceId, h: HostId) -> Inputs {
+        inputs(if Some(h) == self.odd { "odd" } else { "2.0" })
+    }
+}
+
+fn seen(host: &str, reporting: bool) -> Write {
+    host_seen(
+        &keys(),
+        host,
+        "10.0.0.1",
+        vec!["app".into()],
+        (!reporting).then_some("connection refused"),
+        "r1",
+        "t",
+    )
+}
+
+#[test]
+fn a_plan_reads_only_hosts_the_store_does_not_show_converged() {
+    let (_dir, site, hosts) = site();
+    let mut writes = Vec::new();
+    // app1: converged. app2: at 1.0. app3: converged but not reporting.
+    writes.extend(step("app1", &healthy("2.0")));
+    writes.push(seen("app1", true));
+    writes.extend(step("app2", &healthy("1.0")));
+    writes.push(seen("app2", true));
+    writes.extend(step("app3", &healthy("2.0")));
+    writes.push(seen("app3", false));
+    let view = view_of(&writes);
+    let known = converged(&view, &site, &hosts, &Given { odd: None });
+    assert!(matches!(known[0], Some(Observed::Running { .. })));
+    assert!(known[1].is_none() && known[2].is_none());
+    assert_eq!(to_read(&known).into_iter().collect::<Vec<_>>(), [1, 2]);
+    // The same store, but app1 is now given other inputs: read it.
+    let known = converged(&view, &site, &hosts, &Given { odd: Some(0) });
+    assert!(known[0].is_none());
+    // A store with nothing: every host is read.
+    let known = converged(&View::default(), &site, &hosts, &Given { odd: None });
+    assert!(known.iter().all(Option::is_none));
+    // What was read goes where it belongs.
+    let read = vec![
+        Observed::Fresh,
+        Observed::Unreachable { reason: "x".into() },
+    ];
+    let merged = merge(
+        vec![
+            Some(Observed::Running {
+                services: Default::default(),
+            }),
+            None,
+            None,
+        ],
+        read,
+    );
+    assert!(matches!(merged[1], Observed::Fresh));
+    assert!(matches!(merged[2], Observed::Unreachable { .. }));
+}
+
+#[test]
+fn status_from_the_store_says_not_reporting_and_which_inputs_differ() {
+    let (_dir, site, hosts) = site();
+    let mut writes = step("app1", &healthy("2.0"));
+    writes.push(seen("app1", true));
+    writes.extend(step("app2", &healthy("2.0")));
+    writes.push(seen("app2", false));
+    let view = view_of(&writes);
+    let (observed, differ) = observed(&view, &site, &hosts, &Given { odd: Some(0) });
+    assert!(
+        matches!(&observed[0], Observed::Running { services } if services["api"].inputs.is_none())
+    );
+    assert_eq!(differ, [(0, 0)]);
+    assert!(
+        matches!(&observed[1], Observed::Unreachable { reason } if reason.starts_with("not reporting since t (run r1): connection refused"))
+    );
+    assert!(
+        matches!(&observed[2], Observed::Unreachable { reason } if reason.contains("the store has no record of it"))
+    );
+}
+
+#[test]
+fn disagreements_name_what_differs_and_only_that() {
+    let (_dir, _site, hosts) = site();
+    let mut writes = step("app1", &healthy("2.0"));
+    writes.extend(step("app2", &healthy("2.0")));
+    let view = view_of(&writes);
+    let running = |r: ServiceRecord| Observed::Running {
+        services: [("api".to_string(), r)].into_iter().collect(),
+    };
+    let observed = vec![
+        running(healthy("2.0")),
+        running(healthy("1.0")),
+        running(healthy("2.0")),
+    ];
+    let d = disagreements(&view, &hosts, &observed);
+    assert_eq!(d.len(), 2, "{d:?}");
+    assert_eq!((d[0].host.as_str(), d[1].host.as_str()), ("app2", "app3"));
+    assert!(d[0].store.starts_with("2.0 (configured success") && d[0].recorded.starts_with("1.0"));
+    assert_eq!(d[1].store, "nothing");
+}
+
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn without_the_etcd_feature_a_store_says_how_to_get_one() {
+    let (_dir, site, _hosts) = site();
+    let spec = crate::site::StoreSpec {
+        endpoints: vec!["http://127.0.0.1:1".into()],
+        prefix: "/drover".into(),
+        lock_ttl: std::time::Duration::from_secs(10),
+        tls: None,
+        auth: None,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let err = rt
+        .block_on(Etcd::connect(&spec, &site.platform.name))
+        .err()
+        .expect("no etcd in this build");
+    assert!(matches!(err, StoreError::NotBuilt { .. }));
+    assert!(err.to_string().contains("built without etcd support"));
+}
