@@ -1,0 +1,353 @@
+//! Taking the site's locks (the controller's, the store's lease, each host's), reading what
+//! each host runs once they are taken, carrying on an unfinished run, and waiting for the run's
+//! writes to the store: the part of the [`Session`] around the locks.
+
+use super::{Ended, RunTransport, Session, SessionError, Shared};
+use crate::inventory::Hosts;
+use crate::rollout::kill_script;
+use crate::site::Site;
+use crate::state::journal;
+use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError};
+use crate::state::store::Fingerprints;
+use crate::state::Observed;
+use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Session {
+    /// Locks the site, on the controller and on every host; then looks for an unfinished run
+    /// and stops what it left running. Refuses (exit 4) when someone else holds a lock.
+    ///
+    /// Returns the transport the rest of the run uses: the links the lock opened stay open
+    /// for it (when the fleet fits under `--max-connections`), and are closed when the
+    /// session ends.
+    pub fn lock(
+        &self,
+        site: &Site,
+        hosts: &Hosts,
+        desired: &dyn Fingerprints,
+    ) -> Result<RunTransport, SessionError> {
+        *self.site.lock().unwrap_or_else(|p| p.into_inner()) = site.name.clone();
+        let me = Holder::me(&site.name, &self.run_id);
+        let refused = |e: LockError| match e {
+            LockError::Held { place, holder } => SessionError::Refused {
+                reason: match holder {
+                    // Hosts are locked whatever the site: another site on the same hosts.
+                    Some(h) if h.site != site.name => format!(
+                        "another `deploy apply` is running on these hosts: {place} is locked \
+                         by {}, applying site {}",
+                        h.describe(),
+                        h.site
+                    ),
+                    Some(h) => format!(
+                        "another `deploy apply` of site {} is running: {place} is locked by {}",
+                        site.name,
+                        h.describe()
+                    ),
+                    None => format!(
+                        "{place} is locked by a holder that cannot be read (a lock being \
+                         taken, or a damaged one)"
+                    ),
+                },
+                help: "wait for it to finish (`deploy status` shows the run); if it is dead \
+                       and its machine cannot tell (another controller), run `deploy apply \
+                       --break-lock`"
+                    .into(),
+            },
+            LockError::Failed { place, reason } => SessionError::Refused {
+                reason: format!("cannot lock site {} ({place}): {reason}", site.name),
+                help: "nothing was changed; check that the directory and the hosts' state \
+                       directories are writable"
+                    .into(),
+            },
+        };
+        let file = FileLock::new(&self.root, &site.name);
+        let taken = self
+            .runtime
+            .block_on(file.acquire(&me, self.break_lock))
+            .map_err(refused)?;
+        self.report_broken(&taken.broken);
+        {
+            let mut held = self.held();
+            held.holder = me.clone();
+            held.file = Some(file);
+        }
+        // With a store: its lease lock next, and what it says of each host.
+        let opened = self.runtime.block_on(Shared::open(
+            site,
+            &me,
+            self.break_lock,
+            self.cancel.clone(),
+            self.say.clone(),
+        ));
+        let shared = match opened {
+            Ok(shared) => shared,
+            Err(Ok(e)) => return Err(e),
+            Err(Err(e)) => return Err(refused(e)),
+        };
+        let mut known = vec![None; hosts.hosts.len()];
+        let mut fence = None;
+        if let Some((shared, taken)) = shared {
+            self.report_broken(&taken.broken);
+            let shared = self.shared.get_or_init(|| Arc::new(shared));
+            fence = shared.fence().map(|f| f.revision);
+            let unpublished = self.root.join(UNPUBLISHED).join(lock_file(&site.name));
+            let read_all = self.read_hosts || unpublished.exists();
+            known = self
+                .runtime
+                .block_on(shared.converged(site, hosts, desired, read_all))?;
+            // The hosts an unfinished run was busy on are read whatever the store says.
+            if let Ok(Some(rec)) = journal::unfinished(&self.root, &site.name) {
+                for step in &rec.in_flight {
+                    if let Some(h) = hosts.find(&step.host) {
+                        known[h] = None;
+                    }
+                }
+            }
+        }
+        let transport = self
+            .transport
+            .get_or_init(|| {
+                Arc::new(Kept::new(
+                    AnyTransport::for_platform(&site.platform),
+                    hosts.hosts.len(),
+                    self.max_connections,
+                ))
+            })
+            .clone();
+        let targets: Vec<Target> = hosts
+            .hosts
+            .iter()
+            .zip(&known)
+            .filter(|(_, k)| k.is_none())
+            .map(|(h, _)| Target {
+                name: h.name.to_string(),
+                address: h.address.to_string(),
+            })
+            .collect();
+        // Every connection at once, before the lock takes its first host alone.
+        self.runtime.block_on(transport.warm(&targets));
+        let state_dir = site.platform.host_state_dir();
+        // Each host's state file is read in the same command that locks it.
+        let fleet = FleetLock::new(
+            transport.clone(),
+            targets.clone(),
+            &state_dir,
+            self.max_connections,
+        )
+        .reading(crate::state::read_script(&state_dir))
+        .fenced(fence);
+        let taken = self
+            .runtime
+            .block_on(fleet.acquire(&me, self.break_lock))
+            .map_err(refused)?;
+        self.report_broken(&taken.broken);
+        if !taken.unreachable.is_empty() {
+            let names: Vec<&str> = taken.unreachable.iter().map(|(h, _)| h.as_str()).collect();
+            self.say(&format!(
+                "warning: not locked, since they do not answer: {}",
+                names.join(", ")
+            ));
+        }
+        self.held().fleet = Some(fleet);
+        *self.known.lock().unwrap_or_else(|p| p.into_inner()) = known;
+        self.carry_on(site, &transport, &targets, &state_dir);
+        Ok(transport)
+    }
+
+    /// What every host runs, once the site is locked: each host's state file as read in the
+    /// command that locked it, and read now only for hosts not locked. When an unfinished run
+    /// was carried on, its hooks may have written state files until `carry_on` stopped them:
+    /// then every host is read again.
+    ///
+    /// With a store, only the hosts it does not show converged are read; what was read is
+    /// published with the desired state the run sets out to reach.
+    pub fn observe(
+        &self,
+        transport: &RunTransport,
+        site: &Site,
+        hosts: &Hosts,
+        desired: &dyn Fingerprints,
+    ) -> Vec<Observed> {
+        let carried_on = self
+            .resumed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        let read = {
+            let held = self.held();
+            let read = held.fleet.as_ref().map(FleetLock::take_reads);
+            read.filter(|_| !carried_on).unwrap_or_default()
+        };
+        let remote = crate::state::Remote {
+            transport: transport.clone(),
+            state_dir: site.platform.host_state_dir(),
+            max_connections: self.max_connections,
+            read,
+        };
+        let known = std::mem::take(&mut *self.known.lock().unwrap_or_else(|p| p.into_inner()));
+        let Some(shared) = self.shared.get() else {
+            return self.block_on(crate::state::Observe::observe(&remote, site, hosts));
+        };
+        let to_read = crate::state::store::to_read(&known);
+        let subset = hosts.subset(&to_read, site.classes.len());
+        let read = self.block_on(crate::state::Observe::observe(&remote, site, &subset));
+        let was_read: Vec<bool> = known.iter().map(Option::is_none).collect();
+        let observed = crate::state::store::merge(known, read);
+        shared.started(site, hosts, desired, &observed, &was_read, &self.run_id);
+        observed
+    }
+
+    /// Shell text that gives this run's lock back on a host, for the rollout to end a host's
+    /// last command with ([`Session::finish`] hears which hosts it was given back on).
+    pub fn release_text(&self) -> Option<String> {
+        let held = self.held();
+        Some(held.fleet.as_ref()?.release_text(&held.holder))
+    }
+
+    /// An unfinished run of this site: say where it stopped, and kill the hooks it may have
+    /// left running on the hosts of its steps in flight (a run that died, rather than stopped
+    /// on a signal, does not get to stop them).
+    fn carry_on(&self, site: &Site, transport: &RunTransport, targets: &[Target], state_dir: &str) {
+        let rec = match journal::unfinished(&self.root, &site.name) {
+            Ok(Some(rec)) => rec,
+            Ok(None) => return,
+            Err(e) => {
+                self.say(&format!(
+                    "warning: the unfinished run of {} cannot be read: {e}",
+                    site.name
+                ));
+                return;
+            }
+        };
+        self.say(&format!("carrying on: run {}", rec.describe()));
+        if rec.site_digest.as_deref().is_some_and(|d| d != site.digest) {
+            self.say(
+                "note: the site files changed since that run started; the new site is applied",
+            );
+        }
+        let Some(holder) = rec
+            .holder
+            .clone()
+            .filter(|h| h.liveness() != Liveness::Alive)
+        else {
+            *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
+            return;
+        };
+        let mut hosts: Vec<&Target> = rec
+            .in_flight
+            .iter()
+            .filter_map(|s| targets.iter().find(|t| t.name == s.host))
+            .collect();
+        hosts.dedup_by(|a, b| a.name == b.name);
+        let script = kill_script(state_dir, holder.pid);
+        for target in hosts {
+            let killed = self.runtime.block_on(async {
+                let link = transport.connect(target).await.ok()?;
+                let out = tokio::time::timeout(Duration::from_secs(30), link.run(&script)).await;
+                match out {
+                    Ok(Ok(_)) => transport.park(&target.name, link).await,
+                    _ => link.close().await,
+                }
+                let out = out.ok()?.ok()?;
+                String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            });
+            match killed {
+                Some(0) => {}
+                Some(n) => self.say(&format!(
+                    "stopped {n} hook{} that run {} left running on {}",
+                    if n == 1 { "" } else { "s" },
+                    rec.run,
+                    target.name
+                )),
+                None => self.say(&format!(
+                    "warning: could not check {} for hooks run {} left running",
+                    target.name, rec.run
+                )),
+            }
+        }
+        *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
+    }
+}
+
+/// `.drover/unpublished/<site>`: a run's writes to the store did not all reach it; the next
+/// apply reads every host (and publishes what it reads), then removes it.
+const UNPUBLISHED: &str = "unpublished";
+
+fn lock_file(site: &str) -> String {
+    crate::state::lock::file_name(site)
+}
+
+impl Session {
+    /// With a store: waits for the run's writes; `Some(LockLost)` when the lock was lost.
+    /// Writes that could not be made leave a mark that makes the next apply read every host.
+    pub(super) fn finish_shared(&self) -> Option<Ended> {
+        let shared = self.shared.get()?;
+        if self
+            .shared_done
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return None;
+        }
+        let site = self.site.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mark = self.root.join(UNPUBLISHED).join(lock_file(&site));
+        let published = self.runtime.block_on(shared.flush());
+        if published {
+            let _ = std::fs::remove_file(&mark);
+        } else {
+            let made = crate::state::lock::create_dirs(&self.root.join(UNPUBLISHED))
+                .and_then(|()| std::fs::write(&mark, &self.run_id));
+            if let Err(e) = made {
+                self.say(&format!("warning: cannot write {}: {e}", mark.display()));
+            }
+            self.say(
+                "warning: some of this run's state did not reach etcd; the next `deploy apply` \
+                 reads every host and publishes what it finds",
+            );
+        }
+        let why = shared.lost()?;
+        self.say(&format!(
+            "stopped: the site's lock in etcd was lost ({why}); every step that ran is recorded \
+             on its host and in the journal; run `deploy apply` again once etcd answers"
+        ));
+        Some(Ended::LockLost)
+    }
+}
+
+impl Session {
+    /// Locks that were taken over or broken, one line per holder.
+    fn report_broken(&self, broken: &[Broken]) {
+        let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
+        for b in broken {
+            match seen
+                .iter_mut()
+                .find(|(h, s, _)| *h == &b.holder && *s == b.stale)
+            {
+                Some((_, _, places)) => places.push(&b.place),
+                None => seen.push((&b.holder, b.stale, vec![&b.place])),
+            }
+        }
+        for (holder, stale, places) in seen {
+            let whose = holder
+                .as_ref()
+                .map_or("a lock whose holder cannot be read".into(), |h| {
+                    format!("the lock of {}", h.describe())
+                });
+            let places = if places.len() > 3 {
+                format!("{}, … ({} places)", places[..3].join(", "), places.len())
+            } else {
+                places.join(", ")
+            };
+            if stale {
+                self.say(&format!(
+                    "took over {whose}: its process is gone ({places})"
+                ));
+            } else {
+                self.say(&format!("--break-lock: broke {whose} ({places})"));
+            }
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The locks on the controller and on the hosts, with real files and the local transport's
+//! /bin/sh.
+use super::*;
+use crate::transport::Local;
+use std::os::unix::fs::PermissionsExt;
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn dead_here(run: &str) -> Holder {
+    // A pid that does not run: past the kernel's limit.
+    Holder {
+        pid: 4_194_304 + 7,
+        pid_start: Some(1),
+        ..Holder::me("shop", run)
+    }
+}
+
+#[test]
+fn this_process_is_alive_and_a_gone_one_is_dead() {
+    assert_eq!(Holder::me("s", "r").liveness(), Liveness::Alive);
+    assert_eq!(dead_here("old").liveness(), Liveness::Dead);
+    let elsewhere = Holder {
+        controller: "laptop-2".into(),
+        ..dead_here("old")
+    };
+    assert_eq!(elsewhere.liveness(), Liveness::Unknown);
+}
+
+#[test]
+fn file_lock_refuses_then_takes_over_a_dead_holder_and_breaks_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join(".drover");
+    let a = Holder::me("shop", "run-a");
+    let lock = FileLock::new(&root, "shop");
+    assert_eq!(block_on(lock.acquire(&a, false)), Ok(Taken::default()));
+    let b = Holder {
+        run: "run-b".into(),
+        ..Holder::me("shop", "run-b")
+    };
+    let refused = block_on(lock.acquire(&b, false)).unwrap_err();
+    assert_eq!(
+        refused,
+        LockError::Held {
+            place: lock.path.display().to_string(),
+            holder: Some(Box::new(a.clone()))
+        }
+    );
+    assert!(refused.to_string().contains("(pid "));
+    // Broken on request: says whose it was.
+    let taken = block_on(lock.acquire(&b, true)).unwrap();
+    assert_eq!(taken.broken.len(), 1);
+    assert_eq!(taken.broken[0].holder.as_ref(), Some(&a));
+    assert!(!taken.broken[0].stale);
+    // Releasing someone else's lock does nothing; one's own removes it.
+    block_on(lock.release(&a)).unwrap();
+    assert_eq!(read_file_lock(&lock), Some(b.clone()));
+    block_on(lock.release(&b)).unwrap();
+    assert_eq!(read_file_lock(&lock), None);
+    // A dead holder of this machine: taken over without asking.
+    let dead = dead_here("run-dead");
+    std::fs::write(&lock.path, dead.json()).unwrap();
+    let taken = block_on(lock.acquire(&a, false)).unwrap();
+    assert_eq!(taken.broken[0].holder.as_ref(), Some(&dead));
+    assert!(taken.broken[0].stale);
+    assert_eq!(read_file_lock(&lock), Some(a));
+}
+
+#[test]
+fn release_removes_only_its_own_lock_and_always_its_pid_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("st ate");
+    let lock = state.join("lock");
+    let run = |me: &str| {
+        std::fs::create_dir_all(state.join("hooks")).unwrap();
+        std::fs::write(state.join("hooks/42-7.pid"), "").unwrap();
+        std::fs::write(state.join("hooks/43-7.pid"), "99").unwrap();
+        let script = release_script(
+            &state.display().to_string(),
+            &lock.display().to_string(),
+            me,
+            42,
+        );
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    };
+    let mine = r#"{"user":"a b","pid":1,"x":"$(touch pwned)'"}"#;
+    std::fs::create_dir_all(&lock).unwrap();
+    std::fs::write(lock.join("holder.json"), "{\"someone\":\"else\"}\n").unwrap();
+    run(mine);
+    assert!(lock.join("holder.json").exists(), "another's lock stays");
+    assert!(!state.join("hooks/42-7.pid").exists());
+    assert!(
+        state.join("hooks/43-7.pid").exists(),
+        "another run's pid file stays"
+    );
+    std::fs::write(lock.join("holder.json"), format!("{mine}\n")).unwrap();
+    run(mine);
+    assert!(!lock.exists(), "its own lock goes");
+    assert!(!dir.path().join("pwned").exists());
+    // No lock at all: nothing to release, and no error.
+    run(mine);
+}
+
+#[test]
+fn fleet_lock_takes_every_host_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = Arc::new(Local::new(dir.path().to_path_buf()));
+    let hosts: Vec<Target> = ["h3", "h1", "h2"]
+        .iter()
+        .map(|n| Target {
+            name: n.to_string(),
+            address: "127.0.0.1".into(),
+        })
+        .collect();
+    let fleet = |_: ()| FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8);
+    let holder_file = |h: &str| dir.path().join(h).join("var/lib/drover/lock/holder.json");
+    let a = Holder::me("shop", "run-a");
+    let lock_a = fleet(());
+    block_on(lock_a.acquire(&a, false)).unwrap();
+    for h in ["h1", "h2", "h3"] {
+        assert_eq!(
+            std::fs::read_to_string(holder_file(h)).unwrap().trim(),
+            a.json()
+        );
+        // The hooks' directory is made with the lock, private (the first hook's `mkdir`).
+        let hooks = dir.path().join(h).join("var/lib/drover/hooks");
+        let mode = std::fs::metadata(&hooks).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode.ok(), Some(0o700), "{h}");
+    }
+    // Another laptop: refused, naming the holder, and nothing of it is left behind.
+    let b = Holder {
+        controller: "laptop-2".into(),
+        ..Holder::me("shop", "run-b")
+    };
+    let lock_b = fleet(());
+    let err = block_on(lock_b.acquire(&b, false)).unwrap_err();
+    assert_eq!(
+        err,
+        LockError::Held {
+            place: "host h1".into(),
+            holder: Some(Box::new(a.clone()))
+        }
+    );
+    // A half-taken fleet (h2 held by a third party) is given back whole.
+    block_on(lock_a.release(&a)).unwrap();
+    assert!(!holder_file("h1").exists());
+    let c = Holder {
+        controller: "laptop-3".into(),
+        ..Holder::me("shop", "run-c")
+    };
+    std::fs::create_dir_all(holder_file("h2").parent().unwrap()).unwrap();
+    std::fs::write(holder_file("h2"), c.json() + "\n").unwrap();
+    let err = block_on(lock_b.acquire(&b, false)).unwrap_err();
+    assert_eq!(
+        err,
+        LockError::Held {
+            place: "host h2".into(),
+            holder: Some(Box::new(c.clone()))
+        }
+    );
+    assert!(!holder_file("h1").exists() && !holder_file("h3").exists());
+    // --break-lock: broken on h2 only, and it says whose.
+    let taken = block_on(lock_b.acquire(&b, true)).unwrap();
+    assert_eq!(taken.broken.len(), 1);
+    assert_eq!(taken.broken[0].place, "host h2");
+    assert_eq!(taken.broken[0].holder.as_ref(), Some(&c));
+    for h in ["h1", "h2", "h3"] {
+        assert_eq!(
+            std::fs::read_to_string(holder_file(h)).unwrap().trim(),
+            b.json()
+        );
+    }
+    block_on(lock_b.release(&b)).unwrap();
+    for h in ["h1", "h2", "h3"] {
+        assert!(!holder_file(h).exists(), "{h}");
+    }
+    // A dead process of this machine: taken over without asking.
+    let dead = dead_here("run-dead");
+    std::fs::create_dir_all(holder_file("h3").parent().unwrap()).unwrap();
+    std::fs::write(holder_file("h3"), dead.json() + "\n").unwrap();
+    let taken = block_on(lock_a.acquire(&a, false)).unwrap();
+    assert_eq!(taken.broken.len(), 1);
+    assert!(taken.broken[0].stale);
+    block_on(lock_a.release(&a)).unwrap();
+}
+
+#[test]
+fn a_taken_lock_is_told_after_whatever_a_login_shell_printed_first() {
+    let out = format!("Welcome to host\n{TAKEN}{{\"schema\":1}}\n");
+    assert_eq!(after_taken(out.as_bytes()), Some(&b"{\"schema\":1}\n"[..]));
+    assert_eq!(after_taken(TAKEN.as_bytes()), Some(&b""[..]));
+    // Only a whole line counts, and a holder printed on refusal has none.
+    let inside = format!("x{TAKEN}");
+    assert_eq!(after_taken(inside.as_bytes()), None);
+    assert_eq!(after_taken(b"{\"user\":\"a\"}\n"), None);
+}
+
+#[test]
+fn the_lock_command_also_reads_once_taken_and_only_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = Arc::new(Local::new(dir.path().to_path_buf()));
+    let hosts: Vec<Target> = ["h1", "h2"]
+        .iter()
+        .map(|n| Target {
+            name: n.to_string(),
+            address: "127.0.0.1".into(),
+        })
+        .collect();
+    let state = |h: &str| dir.path().join(h).join("var/lib/drover");
+    std::fs::create_dir_all(state("h2")).unwrap();
+    std::fs::write(state("h2").join("state.json"), "{\"on\":\"h2\"}\n").unwrap();
+    let read = crate::state::read_script("var/lib/drover");
+    let fleet = |_: ()| {
+        FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8).reading(read.clone())
+    };
+    let a = Holder::me("shop", "run-a");
+    let lock_a = fleet(());
+    block_on(lock_a.acquire(&a, false)).unwrap();
+    let reads = lock_a.take_reads();
+    assert_eq!(reads["h1"].code, Some(crate::state::record::NO_STATE));
+    assert_eq!(reads["h2"].code, Some(0));
+    assert_eq!(reads["h2"].stdout, b"{\"on\":\"h2\"}\n");
+    assert!(state("h1").join("lock/holder.json").exists());
+    // Held by another: refused, and nothing read.
+    let b = Holder {
+        controller: "laptop-2".into(),
+        ..Holder::me("shop", "run-b")
+    };
+    let lock_b = fleet(());
+    assert!(block_on(lock_b.acquire(&b, false)).is_err());
+    assert!(lock_b.take_reads().is_empty());
+    // Given back by a host's last command, in a hook's wrapper shell: the lock and the
+    // run's pid file go, and the wrapper's exit trap does not bring the pid file back.
+    let pid = state("h1").join(format!("hooks/{}-1.pid", a.pid));
+    std::fs::create_dir_all(pid.parent().unwrap()).unwrap();
+    std::fs::write(&pid, "").unwrap();
+    let script = format!(
+        "trap ': >{}' EXIT; true && {{ trap - EXIT; {}; }}",
+        pid.display(),
+        lock_a.release_text(&a)
+    );
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir.path().join("h1"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!state("h1").join("lock").exists());
+    assert!(!pid.exists());
+    lock_a.released(&["h1".to_string()]);
+    assert_eq!(lock_a.lock_taken().len(), 1, "only h2 is left to release");
+    block_on(lock_a.release(&a)).unwrap();
+    assert!(!state("h2").join("lock").exists());
+}
+
+#[test]
+fn a_host_refuses_a_lower_fencing_token_and_keeps_the_highest() {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = Arc::new(Local::new(dir.path().to_path_buf()));
+    let hosts = vec![Target {
+        name: "h1".into(),
+        address: "127.0.0.1".into(),
+    }];
+    let fence = dir.path().join("h1/var/lib/drover/fence");
+    let lock = |token: i64| {
+        FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8).fenced(Some(token))
+    };
+    let a = Holder::me("shop", "run-a");
+    let first = lock(40);
+    block_on(first.acquire(&a, false)).unwrap();
+    assert_eq!(std::fs::read_to_string(&fence).unwrap(), "40\n");
+    block_on(first.release(&a)).unwrap();
+    // A later run (token 52) took the site; a run still holding 40 is refused.
+    let b = Holder::me("shop", "run-b");
+    let later = lock(52);
+    block_on(later.acquire(&b, false)).unwrap();
+    block_on(later.release(&b)).unwrap();
+    match block_on(lock(40).acquire(&a, false)) {
+        Err(LockError::Failed { reason, .. }) => {
+            assert!(
+                reason.contains("fencing token 52, newer than this run's 40"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read_to_string(&fence).unwrap(), "52\n");
+    assert!(!dir.path().join("h1/var/lib/drover/lock").exists());
+    // A damaged token is taken as none.
+    std::fs::write(&fence, "x; rm -rf /\n").unwrap();
+    block_on(lock(41).acquire(&a, false)).unwrap();
+    assert_eq!(std::fs::read_to_string(&fence).unwrap(), "41\n");
+}
