@@ -1,11 +1,13 @@
-//! Planning a big site: 100,000 hosts, 1,000 services (100 classes × 10 services).
+//! Planning a big site: 100,000 hosts, 1,000 services (100 classes × 10 services), written
+//! flat in one file and again from 10 templates with the services in 50 included files.
 //!
 //! `cargo bench --bench plan` generates the site, its platform (a static inventory with zone
 //! tags) and its policies into a temporary directory, then measures, as the median of three
 //! runs each: the bare KDL parse of every file, `site::load`, `inventory::resolve`,
 //! `desired::resolve` (a template on one service of each class: every host renders it once),
 //! `plan::plan`, and the whole `deploy plan --offline SITE > /dev/null` as a child process
-//! (with its peak RSS when `/usr/bin/time` is there).
+//! (with its peak RSS when `/usr/bin/time` is there); then `site::load` and `deploy plan
+//! --offline` of the templated layout, which must plan the same site within the same bounds.
 //!
 //! `DROVER_BENCH_HOSTS=2000` scales the inventory down (a smoke test for CI; also the default
 //! under `cargo test --benches`);
@@ -27,6 +29,8 @@ const DEFAULT_HOSTS: usize = 100_000;
 const SMOKE_HOSTS: usize = 2_000;
 const ZONES: usize = 4;
 const RUNS: usize = 3;
+/// The templated layout spreads the services over this many included files.
+const INCLUDED_FILES: usize = 50;
 
 const POLICIES: [(&str, &str); 4] = [
     (
@@ -53,6 +57,8 @@ const TEMPLATE: &str = "# {{ service }} {{ version }} on {{ host }} ({{ address 
 /// The files of the generated site.
 struct Generated {
     site: PathBuf,
+    /// The same site from templates and included files.
+    templated: PathBuf,
     files: Vec<PathBuf>,
     platform_bytes: usize,
 }
@@ -90,61 +96,13 @@ fn generate(dir: &Path, hosts: usize) -> Generated {
     }
     for c in 0..classes {
         for k in 0..SERVICES_PER_CLASS {
-            let name = service_name(c, k);
-            let _ = writeln!(s, "\nservice \"{name}\" {{");
-            if (c + k) % 7 == 0 {
-                let _ = writeln!(s, "    version \"{}.{}\"", 1 + c % 5, k);
-            }
-            let _ = writeln!(s, "    port {}", 10_000 + c * SERVICES_PER_CLASS + k);
-            // A chain inside the class: every host orders up to 9 same-host steps.
-            if k > 0 {
-                let _ = writeln!(s, "    needs \"{}\"", service_name(c, k - 1));
-            }
-            if k > 2 && k % 3 == 0 {
-                let _ = writeln!(s, "    needs \"{}\"", service_name(c, k - 3));
-            }
-            // Across classes: a deep DAG, 100 classes long.
-            if c > 0 {
-                let _ = writeln!(
-                    s,
-                    "    needs \"{}\" healthy=\"50%\"",
-                    service_name(c - 1, k)
-                );
-            }
-            if c > 3 && k % 4 == 0 {
-                let _ = writeln!(s, "    needs \"{}\" healthy=1", service_name(c - 4, 9 - k));
-            }
-            // Data dependencies, some pointing forward (data cycles are fine).
-            if k % 2 == 0 {
-                let _ = writeln!(
-                    s,
-                    "    needs \"{}\" addressable=\"all\"",
-                    service_name((c + 1) % classes, k)
-                );
-            }
-            match (c + k) % 5 {
-                1 => s.push_str("    policy \"../policies/canary-zones.kdl\"\n"),
-                2 => s.push_str("    policy \"../policies/fifty-at-a-time.kdl\"\n"),
-                3 => s.push_str("    policy \"../policies/one-zone-at-a-time.kdl\"\n"),
-                _ => {}
-            }
-            let _ = writeln!(
-                s,
-                "    install \"/opt/{name}/fetch \\\"$DEPLOY_NEW_VERSION\\\"\" timeout=\"5m\""
-            );
-            // One service of every class renders a template on each of its hosts: every one of
-            // the fleet's hosts renders it once.
-            if k == 0 {
-                s.push_str(
-                    "    file \"../templates/hosts.j2\" to=\"/etc/app/hosts.conf\" template=#true\n",
-                );
-            }
-            let _ = writeln!(s, "    stop \"systemctl stop {name}\"");
-            let _ = writeln!(s, "    start \"systemctl start {name}\"");
-            let _ = writeln!(
-                s,
-                "    check \"curl -fsS http://$DEPLOY_ADDRESS:$DEPLOY_PORT/health\" timeout=\"20s\" interval=\"1s\""
-            );
+            let _ = writeln!(s, "\nservice \"{}\" {{", service_name(c, k));
+            s.push_str(&service_own(c, k, classes));
+            s.push_str(&service_kind(
+                k,
+                &service_name(c, k),
+                "../templates/hosts.j2",
+            ));
             s.push_str("}\n");
         }
     }
@@ -154,6 +112,7 @@ fn generate(dir: &Path, hosts: usize) -> Generated {
     let site = dir.join("sites/big.kdl");
     std::fs::write(&site, &s).unwrap();
     files.insert(0, site.clone());
+    let templated = templated(dir, classes);
 
     let mut p = String::with_capacity(hosts * 72 + 200);
     p.push_str("platform \"big\" {\n    transport \"ssh\" user=\"root\"\n    state-dir \"/var/lib/drover\"\n    inventory \"static\" {\n");
@@ -180,9 +139,127 @@ fn generate(dir: &Path, hosts: usize) -> Generated {
     files.insert(1, platform);
     Generated {
         site,
+        templated,
         files,
         platform_bytes: p.len(),
     }
+}
+
+/// A service's own nodes: version, port, needs and policy.
+fn service_own(c: usize, k: usize, classes: usize) -> String {
+    let mut s = String::new();
+    if (c + k).is_multiple_of(7) {
+        let _ = writeln!(s, "    version \"{}.{}\"", 1 + c % 5, k);
+    }
+    let _ = writeln!(s, "    port {}", 10_000 + c * SERVICES_PER_CLASS + k);
+    // A chain inside the class: every host orders up to 9 same-host steps.
+    if k > 0 {
+        let _ = writeln!(s, "    needs \"{}\"", service_name(c, k - 1));
+    }
+    if k > 2 && k.is_multiple_of(3) {
+        let _ = writeln!(s, "    needs \"{}\"", service_name(c, k - 3));
+    }
+    // Across classes: a deep DAG, 100 classes long.
+    if c > 0 {
+        let _ = writeln!(
+            s,
+            "    needs \"{}\" healthy=\"50%\"",
+            service_name(c - 1, k)
+        );
+    }
+    if c > 3 && k.is_multiple_of(4) {
+        let _ = writeln!(s, "    needs \"{}\" healthy=1", service_name(c - 4, 9 - k));
+    }
+    // Data dependencies, some pointing forward (data cycles are fine).
+    if k.is_multiple_of(2) {
+        let _ = writeln!(
+            s,
+            "    needs \"{}\" addressable=\"all\"",
+            service_name((c + 1) % classes, k)
+        );
+    }
+    match (c + k) % 5 {
+        1 => s.push_str("    policy \"../policies/canary-zones.kdl\"\n"),
+        2 => s.push_str("    policy \"../policies/fifty-at-a-time.kdl\"\n"),
+        3 => s.push_str("    policy \"../policies/one-zone-at-a-time.kdl\"\n"),
+        _ => {}
+    }
+    s
+}
+
+/// The nodes every service of kind `k` shares: its hooks, and for kind 0 a template file
+/// (`hosts`: its path from the file written in). `name`: the service's name, or
+/// `$DEPLOY_SERVICE` in a template.
+fn service_kind(k: usize, name: &str, hosts: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "    install \"/opt/{name}/fetch \\\"$DEPLOY_NEW_VERSION\\\"\" timeout=\"5m\""
+    );
+    // One service of every class renders a template on each of its hosts: every one of
+    // the fleet's hosts renders it once.
+    if k == 0 {
+        let _ = writeln!(
+            s,
+            "    file \"{hosts}\" to=\"/etc/app/hosts.conf\" template=#true"
+        );
+    }
+    let _ = writeln!(s, "    stop \"systemctl stop {name}\"");
+    let _ = writeln!(s, "    start \"systemctl start {name}\"");
+    let _ = writeln!(
+        s,
+        "    check \"curl -fsS http://$DEPLOY_ADDRESS:$DEPLOY_PORT/health\" timeout=\"20s\" interval=\"1s\""
+    );
+    s
+}
+
+/// The same services as `sites/big.kdl`, from 10 templates (one per kind) in
+/// `sites/templates/kinds.kdl`, the services spread over 50 included files
+/// (`sites/services/part-NN.kdl`); returns `sites/templated.kdl`.
+fn templated(dir: &Path, classes: usize) -> PathBuf {
+    std::fs::create_dir_all(dir.join("sites/templates")).unwrap();
+    std::fs::create_dir_all(dir.join("sites/services")).unwrap();
+    let mut t = String::new();
+    for k in 0..SERVICES_PER_CLASS {
+        let _ = writeln!(t, "template \"kind-{k}\" {{");
+        t.push_str(&service_kind(
+            k,
+            "$DEPLOY_SERVICE",
+            "../../templates/hosts.j2",
+        ));
+        t.push_str("}\n");
+    }
+    std::fs::write(dir.join("sites/templates/kinds.kdl"), t).unwrap();
+    let parts = INCLUDED_FILES.min(classes);
+    let mut texts = vec![String::new(); parts];
+    for c in 0..classes {
+        let s = &mut texts[c * parts / classes];
+        let _ = write!(s, "class \"{}\" {{", class_name(c));
+        for k in 0..SERVICES_PER_CLASS {
+            let _ = write!(s, " service \"{}\";", service_name(c, k));
+        }
+        s.push_str(" }\n");
+        for k in 0..SERVICES_PER_CLASS {
+            let _ = writeln!(
+                s,
+                "service \"{}\" template=\"kind-{k}\" {{",
+                service_name(c, k)
+            );
+            // Paths in an included file are relative to it.
+            s.push_str(&service_own(c, k, classes).replace("\"../policies/", "\"../../policies/"));
+            s.push_str("}\n");
+        }
+    }
+    for (i, text) in texts.iter().enumerate() {
+        std::fs::write(dir.join(format!("sites/services/part-{i:02}.kdl")), text).unwrap();
+    }
+    let site = dir.join("sites/templated.kdl");
+    std::fs::write(
+        &site,
+        "site \"big\" {\n    version \"2026.11.2\"\n    platform \"../platforms/big.kdl\"\n    policy \"../policies/thirty-percent.kdl\"\n}\n\ninclude \"templates/*.kdl\"\ninclude \"services/*.kdl\"\n",
+    )
+    .unwrap();
+    site
 }
 
 /// One run of a stage: wall-clock time, and CPU time (user + system) when it can be read.
@@ -202,6 +279,9 @@ struct Timings {
     plan: Vec<Run>,
     text: Vec<Run>,
     whole: Vec<Run>,
+    /// `site::load` and `deploy plan --offline` of the templated layout.
+    load_templated: Vec<Run>,
+    whole_templated: Vec<Run>,
 }
 
 /// CPU time of the calling thread so far (user + system), from the scheduler's statistics.
@@ -334,6 +414,8 @@ fn main() {
     // Rounds, each measuring every stage once: a busy machine slows all of them alike.
     let mut t = Timings::default();
     let mut rss = None;
+    let mut rss_templated = None;
+    let service_count = CLASSES.min(hosts) * SERVICES_PER_CLASS;
     let (mut steps, mut waves, mut text_bytes) = (0, 0, 0);
     for _ in 0..RUNS {
         let docs = time(&mut t.parse, || {
@@ -372,9 +454,26 @@ fn main() {
         let (run, kib) = deploy_once(&deploy, &g.site, &rss_file);
         t.whole.push(run);
         rss = rss.max(kib);
+
+        let site = time(&mut t.load_templated, || {
+            site::load(&g.templated).expect("the templated site checks")
+        });
+        assert_eq!(site.services.len(), service_count);
+        drop(site);
+        let (run, kib) = deploy_once(&deploy, &g.templated, &rss_file);
+        t.whole_templated.push(run);
+        rss_templated = rss_templated.max(kib);
     }
-    let [parse, load, resolve, desired, planning, text, whole] = [
-        &t.parse, &t.load, &t.resolve, &t.desired, &t.plan, &t.text, &t.whole,
+    let [parse, load, resolve, desired, planning, text, whole, load_t, whole_t] = [
+        &t.parse,
+        &t.load,
+        &t.resolve,
+        &t.desired,
+        &t.plan,
+        &t.text,
+        &t.whole,
+        &t.load_templated,
+        &t.whole_templated,
     ]
     .map(|v| summary(v));
 
@@ -424,6 +523,38 @@ fn main() {
             "{:.0} MiB",
             kib as f64 / 1024.0
         ))
+    );
+    let mib = |r: Option<u64>| {
+        r.map_or("n/a".into(), |kib| {
+            format!("{:.0} MiB", kib as f64 / 1024.0)
+        })
+    };
+    println!();
+    println!("the same site from 10 templates, services in {INCLUDED_FILES} included files:");
+    row("(b') site::load", &load_t);
+    row("(e') deploy plan --offline > /dev/null", &whole_t);
+    println!(
+        "{:<40} {:>9} {:>9}",
+        "    (b') / (b)",
+        ratio(Some(load_t.wall), Some(load.wall)),
+        ratio(load_t.cpu, load.cpu)
+    );
+    println!(
+        "{:<40} {:>9} {:>9}",
+        "    (e') / (e)",
+        ratio(Some(whole_t.wall), Some(whole.wall)),
+        ratio(whole_t.cpu, whole.cpu)
+    );
+    println!(
+        "{:<40} {:>9} {:>9}",
+        "    (e') / (a) (target ≤ 1.5)",
+        ratio(Some(whole_t.wall), Some(parse.wall)),
+        ratio(whole_t.cpu, parse.cpu)
+    );
+    println!(
+        "{:<40} {:>9}",
+        "    peak RSS of (e') (target < 1 GiB)",
+        mib(rss_templated)
     );
     println!();
     println!(

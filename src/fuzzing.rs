@@ -39,6 +39,12 @@ pub fn site(input: &[u8]) -> usize {
             dir
         };
     }
+    // An `include` glob walks the file system (`include "/*/*/*/*"` could take minutes): the
+    // walk is not the parser, so such inputs are left out; plain includes are fuzzed.
+    let has = |needle: &[u8]| input.windows(needle.len()).any(|w| w == needle);
+    if has(b"include") && (has(b"*") || has(b"?") || has(b"[")) {
+        return 0;
+    }
     DIR.with(|dir| {
         let path = dir.join("site.kdl");
         if std::fs::write(&path, input).is_err() {

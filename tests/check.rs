@@ -116,6 +116,10 @@ fixtures! {
     file_problems => INVALID,
     template_problems => INVALID,
     store_problems => INVALID,
+    service_template_problems => INVALID,
+    include_problems => INVALID,
+    every_error_at_once => INVALID,
+    templated => OK,
 }
 
 #[test]

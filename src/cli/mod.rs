@@ -18,7 +18,10 @@ macro_rules! errln {
 
 mod apply;
 mod check;
+mod completions;
 mod graph;
+mod init;
+mod man;
 mod plan;
 mod safety;
 mod status;
@@ -85,6 +88,24 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
         format: GraphFormat,
+    },
+    /// Write a small working starter site on the `local` platform, commented, into DIR.
+    Init {
+        /// Where to write it (created if need be); no file there is ever overwritten.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Print shell completions for `deploy` to standard output.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, deploy(1), as roff: `deploy man > deploy.1`.
+    Man {
+        /// Write deploy.1 and a deploy-COMMAND.1 for every command into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
     },
 }
 
@@ -239,6 +260,12 @@ pub enum Error {
         help("make a new plan with `deploy plan --out`")
     )]
     BadPlan { path: PathBuf, reason: String },
+    #[error("refused: deploy init would overwrite files that are already there:\n  {files}")]
+    #[diagnostic(
+        code(drover::cli::init_exists),
+        help("nothing was written; move those files away, or write the starter into a new directory: `deploy init NEW-DIR`")
+    )]
+    InitExists { files: String },
     #[error("cannot read {path}: {source}")]
     #[diagnostic(code(drover::cli::read))]
     Read {
@@ -260,6 +287,7 @@ impl Error {
             Error::Site(_) | Error::BadPlan { .. } | Error::Desired(_) => code::INVALID,
             Error::UnknownService { .. } | Error::Usage { .. } | Error::Select(_) => code::USAGE,
             Error::Refused { .. }
+            | Error::InitExists { .. }
             | Error::Drift { .. }
             | Error::Session(crate::session::SessionError::Refused { .. }) => code::REFUSED,
             Error::Session(_) => code::ENVIRONMENT,
@@ -300,6 +328,9 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Apply(args) => apply::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Verify(args) => verify::run(&args),
+        Command::Init { dir } => init::run(&dir),
+        Command::Completions { shell } => completions::run(shell),
+        Command::Man { out_dir } => man::run(out_dir.as_deref()),
     }
 }
 

@@ -1,16 +1,18 @@
 //! Raw nodes → the checked [`Site`]: names resolved, defaults applied, every problem collected.
 
 use super::check_files;
+use super::check_service::{first_index, secrets, Classes, Context};
 use super::cycle;
 use super::error::{SiteError, Src};
+use super::include;
 use super::model::*;
-use super::raw::{self, HookKind, RawHook, RawPlatform, RawPolicy, RawSecret, RawService, RawSite};
+use super::raw::{self, RawPlatform, RawPolicy, RawSite};
 use super::read::{Reader, Spanned};
 use super::source::{beside, Referrer, Sources};
 use super::suggest;
 use super::value::Quota;
 use miette::SourceSpan;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +24,6 @@ pub struct Checker {
     policies: HashMap<PathBuf, Option<Arc<Policy>>>,
 }
 
-const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
-const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Checker {
@@ -37,15 +37,7 @@ impl Checker {
 
     /// Reads the site at `path` and everything it names; `None` when anything is wrong.
     pub fn site(&mut self, path: &Path) -> Option<Site> {
-        let (src, doc) = self.sources.load(path, None, &mut self.errors)?;
-        let raw = raw::site(
-            &mut Reader {
-                src: &src,
-                errors: &mut self.errors,
-            },
-            &doc,
-        );
-        drop(doc);
+        let (src, raw) = include::read(&mut self.sources, &mut self.errors, path)?;
         let start = SourceSpan::from(0..0);
         let Some(name) = raw.name.clone() else {
             if raw.site_span.is_none() {
@@ -63,7 +55,7 @@ impl Checker {
             Some(p) => self.policy(path, &src, p),
             None => Some(Arc::new(Policy::default())),
         };
-        let (classes, class_ids) = self.classes(&src, &raw);
+        let (classes, class_ids) = self.classes(&raw);
         let site_env = check_files::env(
             &mut Reader {
                 src: &src,
@@ -71,8 +63,13 @@ impl Checker {
             },
             &raw.env,
         );
-        let services = self.services(path, &src, &raw, &class_ids, default_policy, &site_env);
-        let platform = platform.and_then(|p| self.platform_model(p, &class_ids, &src));
+        let services = self.services(Context {
+            raw: &raw,
+            classes: &class_ids,
+            default_policy,
+            site_env: &site_env,
+        });
+        let platform = platform.and_then(|p| self.platform_model(p, &class_ids));
         let secrets = secrets(
             &mut Reader {
                 src: &src,
@@ -104,18 +101,21 @@ impl Checker {
         })
     }
 
-    fn classes(
-        &mut self,
-        src: &Src,
-        raw: &RawSite,
-    ) -> (Vec<Class>, BTreeMap<String, (ClassId, SourceSpan)>) {
-        let mut ids: BTreeMap<String, (ClassId, SourceSpan)> = BTreeMap::new();
+    fn classes(&mut self, raw: &RawSite) -> (Vec<Class>, Classes) {
+        let mut ids = Classes::new();
         let mut classes = Vec::new();
         let service_names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
         let service_ids = first_index(&service_names);
         for c in &raw.classes {
-            if let Some((_, first)) = ids.get(&c.name.value) {
-                self.duplicate(src, "class", &c.name, *first);
+            let src = &c.origin.src;
+            if let Some((_, first, first_src)) = ids.get(&c.name.value) {
+                self.errors.push(SiteError::duplicate(
+                    "class",
+                    &c.name.value,
+                    (first_src, *first),
+                    (src, c.name.span),
+                    "rename one of them or merge them into one `class`".into(),
+                ));
                 continue;
             }
             let mut members: Vec<(ServiceId, SourceSpan)> = Vec::new();
@@ -129,7 +129,10 @@ impl Checker {
                     None => members.push((sid, s.span)),
                 }
             }
-            ids.insert(c.name.value.clone(), (classes.len(), c.name.span));
+            ids.insert(
+                c.name.value.clone(),
+                (classes.len(), c.name.span, src.clone()),
+            );
             classes.push(Class {
                 name: c.name.value.clone(),
                 services: members.into_iter().map(|m| m.0).collect(),
@@ -138,136 +141,7 @@ impl Checker {
         (classes, ids)
     }
 
-    fn services(
-        &mut self,
-        site_path: &Path,
-        src: &Src,
-        raw: &RawSite,
-        classes: &BTreeMap<String, (ClassId, SourceSpan)>,
-        default_policy: Option<Arc<Policy>>,
-        site_env: &[(String, String)],
-    ) -> Option<Vec<Service>> {
-        let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
-        let names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
-        let ids = first_index(&names);
-        // The services some declared class runs, found once rather than once per service.
-        let in_classes: HashSet<&str> = raw
-            .classes
-            .iter()
-            .filter(|c| classes.contains_key(&c.name.value))
-            .flat_map(|c| c.services.iter().map(|m| m.value.as_str()))
-            .collect();
-        let mut out = Vec::with_capacity(raw.services.len());
-        let mut ok = true;
-        for s in &raw.services {
-            if let Some(first) = seen.get(s.name.value.as_str()) {
-                self.duplicate(src, "service", &s.name, *first);
-                ok = false;
-                continue;
-            }
-            seen.insert(&s.name.value, s.name.span);
-            let in_a_class = in_classes.contains(s.name.value.as_str());
-            if !in_a_class {
-                let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
-                let name = &s.name.value;
-                let help = if class_names.is_empty() {
-                    format!("define a class that runs it: `class \"app\" {{ service \"{name}\" }}`")
-                } else {
-                    format!(
-                        "add `service \"{name}\"` to a class ({})",
-                        class_names.join(", ")
-                    )
-                };
-                self.errors.push(SiteError::OrphanService {
-                    name: name.clone(),
-                    src: src.clone(),
-                    span: s.name.span,
-                    help,
-                });
-            }
-            let version = s
-                .version
-                .as_ref()
-                .or(raw.version.as_ref())
-                .map(|v| v.value.clone());
-            if version.is_none() {
-                self.errors.push(SiteError::Missing {
-                    what: format!("a version for `{}`", s.name.value),
-                    src: src.clone(),
-                    span: s.name.span,
-                    help: "give the site a default `version \"…\"` or the service its own".into(),
-                });
-            }
-            let needs = self.needs(src, s, &names, &ids);
-            let own_secrets = secrets(
-                &mut Reader {
-                    src,
-                    errors: &mut self.errors,
-                },
-                site_path,
-                &s.secrets,
-            );
-            let mut reader = Reader {
-                src,
-                errors: &mut self.errors,
-            };
-            let own_env = check_files::env(&mut reader, &s.env);
-            let files = check_files::files(&mut reader, &mut self.sources, site_path, &s.files);
-            let policy = match &s.policy {
-                Some(p) => self.policy(site_path, src, p),
-                None => default_policy.clone(),
-            };
-            match (version, needs, policy) {
-                (Some(version), Some(needs), Some(policy)) => out.push(Service {
-                    name: s.name.value.clone(),
-                    version,
-                    port: s.port.as_ref().and_then(|p| u16::try_from(p.value).ok()),
-                    classes: Vec::new(),
-                    needs,
-                    policy,
-                    hooks: hooks(&s.hooks, raw.hook_timeout.as_ref().map(|t| t.value)),
-                    secrets: own_secrets,
-                    env: check_files::merged_env(site_env, &own_env),
-                    files,
-                }),
-                _ => ok = false,
-            }
-        }
-        if ok {
-            cycle::report(src, raw, &out, &mut self.errors);
-        }
-        ok.then_some(out)
-    }
-
-    fn needs(
-        &mut self,
-        src: &Src,
-        s: &RawService,
-        names: &[&str],
-        ids: &HashMap<&str, ServiceId>,
-    ) -> Option<Vec<Need>> {
-        let mut out = Vec::new();
-        let mut ok = true;
-        for n in &s.needs {
-            let Some(&service) = ids.get(n.service.value.as_str()) else {
-                self.unknown(src, "service", &n.service, names);
-                ok = false;
-                continue;
-            };
-            let healthy = match (&n.healthy, &n.addressable) {
-                (None, None) => Some(Quota::All),
-                (h, _) => h.as_ref().map(|h| h.value),
-            };
-            out.push(Need {
-                service,
-                healthy,
-                addressable: n.addressable.as_ref().map(|a| a.value),
-            });
-        }
-        ok.then_some(out)
-    }
-
-    fn policy(
+    pub(super) fn policy(
         &mut self,
         site_path: &Path,
         src: &Src,
@@ -345,8 +219,7 @@ impl Checker {
     fn platform_model(
         &mut self,
         (raw, src, path): (RawPlatform, Src, PathBuf),
-        classes: &BTreeMap<String, (ClassId, SourceSpan)>,
-        site: &Src,
+        classes: &Classes,
     ) -> Option<Platform> {
         let mut r = Reader {
             src: &src,
@@ -381,7 +254,7 @@ impl Checker {
             .map(|s| s.value)
             .unwrap_or_else(|| "/var/lib/drover".into());
         let inventory = match raw.inventory {
-            Some(inv) => super::check_inventory::inventory(self, inv, &src, &path, classes, site),
+            Some(inv) => super::check_inventory::inventory(self, inv, &src, &path, classes),
             None => {
                 r.missing(
                     name.span,
@@ -427,7 +300,13 @@ impl Checker {
         });
     }
 
-    fn unknown(&mut self, src: &Src, kind: &str, name: &Spanned<String>, known: &[&str]) {
+    pub(super) fn unknown(
+        &mut self,
+        src: &Src,
+        kind: &str,
+        name: &Spanned<String>,
+        known: &[&str],
+    ) {
         self.errors.push(SiteError::UnknownName {
             kind: kind.into(),
             name: name.value.clone(),
@@ -438,111 +317,10 @@ impl Checker {
     }
 }
 
-/// Each name → the index of its first occurrence (later duplicates are reported elsewhere).
-fn first_index<'a>(names: &[&'a str]) -> HashMap<&'a str, usize> {
-    let mut ids = HashMap::with_capacity(names.len());
-    for (i, n) in names.iter().enumerate() {
-        ids.entry(*n).or_insert(i);
-    }
-    ids
-}
-
 impl Default for Checker {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// The hooks of a service; `default_timeout` (the site's `hook-timeout`) applies to every hook
-/// but `check` that gives no `timeout=` of its own.
-fn hooks(raw: &[RawHook], default_timeout: Option<Duration>) -> Hooks {
-    let mut h = Hooks::default();
-    for hook in raw {
-        let plain = Some(Hook {
-            command: hook.command.clone(),
-            timeout: hook.timeout.or(default_timeout),
-        });
-        match hook.kind {
-            HookKind::Stop => h.stop = plain,
-            HookKind::Install => h.install = plain,
-            HookKind::Migrate => h.migrate = plain,
-            HookKind::Start => h.start = plain,
-            HookKind::Rollback => h.rollback = plain,
-            HookKind::Reload => h.reload = plain,
-            HookKind::Check => {
-                h.check = Some(Check {
-                    command: hook.command.clone(),
-                    timeout: hook.timeout.unwrap_or(DEFAULT_CHECK_TIMEOUT),
-                    interval: hook.interval.unwrap_or(DEFAULT_CHECK_INTERVAL),
-                })
-            }
-        }
-    }
-    h
-}
-
-/// Checks `secret` nodes of one scope (the site, or one service): a name fit for an
-/// environment variable and not one of drover's own, given once, with exactly one source.
-fn secrets(r: &mut Reader<'_>, site_path: &Path, raw: &[RawSecret]) -> Vec<Secret> {
-    let mut out: Vec<Secret> = Vec::new();
-    let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
-    for s in raw {
-        let name = &s.name.value;
-        if !check_files::variable(r, &s.name, "the secret's name", "DB_PASSWORD") {
-            continue;
-        }
-        if let Some(first) = seen.get(name.as_str()) {
-            r.errors.push(SiteError::Duplicate {
-                kind: "secret".into(),
-                name: name.clone(),
-                src: r.src.clone(),
-                first: *first,
-                second: s.name.span,
-                help: "give each secret once".into(),
-            });
-            continue;
-        }
-        seen.insert(name, s.name.span);
-        let source = match (&s.env, &s.file) {
-            (Some(env), None) if !env.value.is_empty() => SecretSource::Env(env.value.clone()),
-            (None, Some(file)) if !file.value.is_empty() => {
-                SecretSource::File(beside(site_path, &file.value))
-            }
-            (Some(_), Some(file)) => {
-                r.bad(
-                    file.span,
-                    "the secret's source".into(),
-                    "a secret has one source".into(),
-                    "give either `env=\"VAR\"` or `file=\"path\"`".into(),
-                );
-                continue;
-            }
-            (Some(e), None) | (None, Some(e)) => {
-                r.bad(
-                    e.span,
-                    "the secret's source".into(),
-                    "empty".into(),
-                    "name an environment variable or a file".into(),
-                );
-                continue;
-            }
-            (None, None) => {
-                r.missing(
-                    s.span,
-                    format!("the source of secret `{name}`"),
-                    format!(
-                        "write `secret \"{name}\" env=\"VAR\"` or `secret \"{name}\" file=\"path\"`"
-                    ),
-                );
-                continue;
-            }
-        };
-        out.push(Secret {
-            name: name.clone(),
-            source,
-        });
-    }
-    out
 }
 
 fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {

@@ -8,11 +8,11 @@ use super::read::Reader;
 use super::source::{beside, Referrer};
 use super::suggest;
 use miette::SourceSpan;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-type Classes = BTreeMap<String, (ClassId, SourceSpan)>;
+use super::check_service::Classes;
 
 const BACKENDS: [&str; 3] = ["static", "ec2", "command"];
 const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -24,7 +24,6 @@ pub fn inventory(
     src: &Src,
     path: &Path,
     classes: &Classes,
-    site: &Src,
 ) -> Option<(InventorySpec, OnEmpty)> {
     let mut r = Reader {
         src,
@@ -101,7 +100,7 @@ pub fn inventory(
                     .map_or(DEFAULT_COMMAND_TIMEOUT, |t| t.value),
             })
         }),
-        _ => static_hosts(ck, inv, src, path, classes, site, on_empty),
+        _ => static_hosts(ck, inv, src, path, classes, on_empty),
     }?;
     Some((spec, on_empty))
 }
@@ -135,16 +134,16 @@ fn ec2(r: &mut Reader<'_>, inv: &RawInventory, classes: &Classes) -> Option<Inve
                 span: c.name.span,
                 help: suggest::help(&c.name.value, "class", &class_names),
             }),
-            Some((cid, _)) if mapped.iter().any(|(m, _)| m == cid) => r.bad(
+            Some((cid, _, _)) if mapped.iter().any(|(m, _)| m == cid) => r.bad(
                 c.name.span,
                 "the ec2 inventory".into(),
                 format!("class `{}` is mapped twice", c.name.value),
                 "give each class one `class` node; several tags on it are ANDed".into(),
             ),
-            Some((cid, _)) => mapped.push((*cid, c.tags.clone())),
+            Some((cid, _, _)) => mapped.push((*cid, c.tags.clone())),
         }
     }
-    for (name, (cid, _)) in classes {
+    for (name, (cid, _, _)) in classes {
         if !mapped.iter().any(|(m, _)| m == cid) {
             r.missing(
                 inv.kind.span,
@@ -165,14 +164,12 @@ fn ec2(r: &mut Reader<'_>, inv: &RawInventory, classes: &Classes) -> Option<Inve
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn static_hosts(
     ck: &mut Checker,
     inv: RawInventory,
     src: &Src,
     path: &Path,
     classes: &Classes,
-    site: &Src,
     on_empty: OnEmpty,
 ) -> Option<InventorySpec> {
     // Each host with the index of its file in `srcs` (not a copy of the file's name per host).
@@ -229,7 +226,7 @@ fn static_hosts(
         let (Some(_), Some(class)) = (&h.address, &h.class) else {
             continue;
         };
-        let Some((cid, _)) = classes.get(&class.value) else {
+        let Some((cid, _, _)) = classes.get(&class.value) else {
             errors.push(SiteError::UnknownName {
                 kind: "class".into(),
                 name: class.value.clone(),
@@ -257,7 +254,7 @@ fn static_hosts(
         })
         .collect();
     if on_empty == OnEmpty::Error {
-        for (name, (cid, span)) in classes {
+        for (name, (cid, span, site)) in classes {
             if counts[*cid] == 0 {
                 errors.push(SiteError::EmptyClass {
                     name: name.clone(),

@@ -2,8 +2,7 @@
 
 use super::error::{SiteError, Src};
 use super::model::{Service, ServiceId};
-use super::raw::RawSite;
-use miette::LabeledSpan;
+use miette::{LabeledSpan, SourceSpan};
 use std::collections::BTreeSet;
 
 /// The services each service needs at runtime (deduplicated, self-needs kept).
@@ -55,41 +54,69 @@ pub fn order(services: &[Service]) -> Vec<ServiceId> {
     kahn(&runtime_needs(services), &vec![true; services.len()]).0
 }
 
-/// Reports every independent runtime cycle, each edge labelled at its `needs` line.
-pub fn report(src: &Src, raw: &RawSite, services: &[Service], errors: &mut Vec<SiteError>) {
-    let needs = runtime_needs(services);
-    let mut alive = vec![true; services.len()];
+/// A runtime `needs` of one service on another, where it is written.
+#[derive(Debug, Clone)]
+pub struct Edge {
+    pub to: ServiceId,
+    pub src: Src,
+    /// The whole `needs` line.
+    pub span: SourceSpan,
+    /// The template it comes from, if not the service's own node.
+    pub via: Option<String>,
+}
+
+/// Reports every independent runtime cycle among `edges` (per service, its runtime needs that
+/// resolved, whatever else is wrong with the site), each edge labelled at its `needs` line.
+pub fn report(names: &[&str], edges: &[Vec<Edge>], errors: &mut Vec<SiteError>) {
+    let needs: Vec<Vec<ServiceId>> = edges
+        .iter()
+        .map(|es| {
+            let set: BTreeSet<ServiceId> = es.iter().map(|e| e.to).collect();
+            set.into_iter().collect()
+        })
+        .collect();
+    let mut alive = vec![true; names.len()];
     loop {
         let (_, left) = kahn(&needs, &alive);
         let Some(start) = left.iter().position(|l| *l) else {
             return;
         };
         let cycle = find_cycle(&needs, &left, start);
-        let mut edges = Vec::new();
+        let mut labelled: Vec<(Src, LabeledSpan)> = Vec::new();
         for (i, &s) in cycle.iter().enumerate() {
             let t = cycle[(i + 1) % cycle.len()];
-            let (from, to) = (&services[s].name, &services[t].name);
-            let span = raw.services[s]
-                .needs
-                .iter()
-                .find(|n| {
-                    n.service.value == *to && (n.healthy.is_some() || n.addressable.is_none())
-                })
-                .map(|n| n.span);
-            if let Some(span) = span {
-                edges.push(LabeledSpan::new_with_span(
-                    Some(format!("`{from}` needs `{to}` at runtime")),
-                    span,
+            if let Some(e) = edges[s].iter().find(|e| e.to == t) {
+                let via = e
+                    .via
+                    .as_ref()
+                    .map_or(String::new(), |t| format!(" (template `{t}`)"));
+                let label = format!("`{}` needs `{}` at runtime{via}", names[s], names[t]);
+                labelled.push((
+                    e.src.clone(),
+                    LabeledSpan::new_with_span(Some(label), e.span),
                 ));
             }
         }
-        let mut names: Vec<&str> = cycle.iter().map(|s| services[*s].name.as_str()).collect();
-        names.push(names[0]);
-        errors.push(SiteError::Cycle {
-            cycle: names.join(" → "),
-            src: src.clone(),
-            edges,
-        });
+        let mut shown: Vec<&str> = cycle.iter().map(|s| names[*s]).collect();
+        shown.push(shown[0]);
+        if let Some((src, _)) = labelled.first().cloned() {
+            let (here, elsewhere): (Vec<_>, Vec<_>) = labelled
+                .into_iter()
+                .partition(|(s, _)| s.name() == src.name());
+            errors.push(SiteError::Cycle {
+                cycle: shown.join(" → "),
+                src,
+                edges: here.into_iter().map(|(_, l)| l).collect(),
+                elsewhere: elsewhere
+                    .into_iter()
+                    .map(|(src, l)| SiteError::CycleEdge {
+                        label: l.label().unwrap_or_default().to_string(),
+                        span: *l.inner(),
+                        src,
+                    })
+                    .collect(),
+            });
+        }
         for s in cycle {
             alive[s] = false;
         }

@@ -109,6 +109,22 @@ pub enum SiteError {
         help: String,
     },
 
+    /// Two definitions of one name in different files.
+    #[error("{kind} `{name}` is defined twice")]
+    #[diagnostic(code(drover::site::duplicate))]
+    DuplicateElsewhere {
+        kind: String,
+        name: String,
+        #[source_code]
+        src: Src,
+        #[label("defined again here (first at {first})")]
+        span: SourceSpan,
+        /// `file:line` of the first definition.
+        first: String,
+        #[help]
+        help: String,
+    },
+
     /// A name that refers to nothing.
     #[error("unknown {kind} `{name}`")]
     #[diagnostic(code(drover::site::unknown_name))]
@@ -177,6 +193,48 @@ pub enum SiteError {
         src: Src,
         #[label(collection)]
         edges: Vec<LabeledSpan>,
+        /// The cycle's edges written in other files (included ones, or templates' files).
+        #[related]
+        elsewhere: Vec<SiteError>,
+    },
+
+    /// One edge of a runtime cycle, in a file other than the cycle's first edge.
+    #[error("…and {label}")]
+    #[diagnostic(code(drover::site::cycle))]
+    CycleEdge {
+        label: String,
+        #[source_code]
+        src: Src,
+        #[label("{label}")]
+        span: SourceSpan,
+    },
+
+    /// Templates that take each other's children, round in a circle.
+    #[error("template cycle: {cycle}")]
+    #[diagnostic(
+        code(drover::site::template_cycle),
+        help("a template may take another's children, but never its own; remove one `template=` of the cycle")
+    )]
+    TemplateCycle {
+        cycle: String,
+        #[source_code]
+        src: Src,
+        #[label("this closes the cycle")]
+        span: SourceSpan,
+    },
+
+    /// Files that include each other.
+    #[error("include cycle: {cycle}")]
+    #[diagnostic(
+        code(drover::site::include_cycle),
+        help("a file may not include itself or a file that includes it; remove this include or narrow its pattern")
+    )]
+    IncludeCycle {
+        cycle: String,
+        #[source_code]
+        src: Src,
+        #[label("this includes a file already being read")]
+        span: SourceSpan,
     },
 }
 
@@ -195,7 +253,11 @@ impl SiteError {
             | UnknownName { src, span, .. }
             | OrphanService { src, span, .. }
             | EmptyClass { src, span, .. }
-            | Template { src, span, .. } => (Some(src), Some(*span)),
+            | Template { src, span, .. }
+            | DuplicateElsewhere { src, span, .. }
+            | CycleEdge { src, span, .. }
+            | TemplateCycle { src, span, .. }
+            | IncludeCycle { src, span, .. } => (Some(src), Some(*span)),
             Duplicate { src, second, .. } => (Some(src), Some(*second)),
             Cycle { src, edges, .. } => (
                 Some(src),
@@ -204,6 +266,45 @@ impl SiteError {
         };
         (src.map(|s| s.name()), span.map_or(0, |s| s.offset()))
     }
+}
+
+impl SiteError {
+    /// `name` defined again at `span` of `src`, first at `first_span` of `first_src`: one
+    /// diagnostic showing both where they are in one file, else naming the first's line.
+    pub fn duplicate(
+        kind: &str,
+        name: &str,
+        (first_src, first_span): (&Src, SourceSpan),
+        (src, span): (&Src, SourceSpan),
+        help: String,
+    ) -> SiteError {
+        if first_src.name() == src.name() {
+            SiteError::Duplicate {
+                kind: kind.into(),
+                name: name.into(),
+                src: src.clone(),
+                first: first_span,
+                second: span,
+                help,
+            }
+        } else {
+            SiteError::DuplicateElsewhere {
+                kind: kind.into(),
+                name: name.into(),
+                src: src.clone(),
+                span,
+                first: format!("{}:{}", first_src.name(), line_of(first_src, first_span)),
+                help,
+            }
+        }
+    }
+}
+
+/// The 1-based line `span` starts on in `src`.
+pub fn line_of(src: &Src, span: SourceSpan) -> usize {
+    let text = src.inner().as_str();
+    let end = span.offset().min(text.len());
+    text[..end].matches('\n').count() + 1
 }
 
 /// Every problem found, in file order.

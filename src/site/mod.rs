@@ -3,9 +3,11 @@
 mod check;
 mod check_files;
 mod check_inventory;
+mod check_service;
 mod check_store;
 mod cycle;
 pub mod error;
+mod include;
 pub mod model;
 mod raw;
 mod raw_inventory;
@@ -13,6 +15,9 @@ mod raw_store;
 mod read;
 mod source;
 pub(crate) mod suggest;
+mod template;
+#[cfg(test)]
+mod tests;
 pub mod value;
 
 pub use check_files::{template_error, TEMPLATE_VARIABLES};
@@ -35,6 +40,12 @@ pub fn load(path: &Path) -> Result<Site, SiteErrors> {
             errors.sort_by_key(|e| {
                 let (file, offset) = e.location();
                 (file.map(|f| files.iter().position(|x| x == f)), offset)
+            });
+            // One problem once, however many routes lead to it.
+            let mut seen = std::collections::HashSet::new();
+            errors.retain(|e| {
+                let (file, offset) = e.location();
+                seen.insert((file.map(str::to_string), offset, e.to_string()))
             });
             Err(SiteErrors {
                 file: path.display().to_string(),

@@ -1,10 +1,20 @@
 //! KDL documents → raw site, policy and platform nodes: typed, with spans, not yet cross-checked.
 
+use super::error::Src;
 use super::read::{Reader, Spanned};
 use super::value::Quota;
 use kdl::{KdlDocument, KdlNode};
 use miette::SourceSpan;
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// The file a node was written in: its text, for diagnostics, and its path, against which the
+/// node's relative paths (policies, files, secrets) resolve.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub src: Src,
+    pub path: PathBuf,
+}
 
 /// The site file.
 #[derive(Debug, Default)]
@@ -19,8 +29,11 @@ pub struct RawSite {
     pub max_failed: Option<Spanned<Quota>>,
     pub secrets: Vec<RawSecret>,
     pub env: Vec<RawEnv>,
+    /// In declaration order, included files read in place of their `include` node.
     pub classes: Vec<RawClass>,
     pub services: Vec<RawService>,
+    /// `template` nodes: service children under a name, for services to take.
+    pub templates: Vec<RawService>,
     /// Where a missing `site` node would go (the start of the file).
     pub site_span: Option<SourceSpan>,
 }
@@ -29,11 +42,16 @@ pub struct RawSite {
 pub struct RawClass {
     pub name: Spanned<String>,
     pub services: Vec<Spanned<String>>,
+    pub origin: Origin,
 }
 
+/// A `service` node, or a `template` node (which holds the same children).
 #[derive(Debug)]
 pub struct RawService {
     pub name: Spanned<String>,
+    /// `template="NAME"`: the template whose children this one takes.
+    pub template: Option<Spanned<String>>,
+    pub origin: Origin,
     pub version: Option<Spanned<String>>,
     pub port: Option<Spanned<u64>>,
     pub needs: Vec<RawNeed>,
@@ -153,7 +171,10 @@ pub struct RawTransport {
     pub root: Option<Spanned<String>>,
 }
 
-const SITE_TOP: &[&str] = &["site", "class", "service"];
+/// The top-level nodes of the site file.
+pub const SITE_TOP: &[&str] = &["site", "class", "service", "template", "include"];
+/// The top-level nodes of an included file.
+pub const INCLUDED_TOP: &[&str] = &["class", "service", "template", "include"];
 const SITE_SETTINGS: &[&str] = &[
     "version",
     "platform",
@@ -163,7 +184,7 @@ const SITE_SETTINGS: &[&str] = &[
     "secret",
     "env",
 ];
-const SERVICE_NODES: &[&str] = &[
+pub const SERVICE_NODES: &[&str] = &[
     "version", "port", "needs", "policy", "install", "stop", "migrate", "start", "check",
     "rollback", "reload", "secret", "env", "file",
 ];
@@ -188,26 +209,17 @@ const TRANSPORT_PROPS: &[&str] = &[
     "root",
 ];
 
-/// Reads the site file's nodes.
-pub fn site(r: &mut Reader<'_>, doc: &KdlDocument) -> RawSite {
-    let mut raw = RawSite::default();
-    let mut seen_site = None;
-    for node in r.known_nodes(doc.nodes(), "the site file", SITE_TOP) {
-        match node.name().value() {
-            "site" => {
-                if r.once(&mut seen_site, node) {
-                    raw.site_span = Some(Reader::name_span(node));
-                    site_node(r, node, &mut raw);
-                }
-            }
-            "class" => raw.classes.extend(class(r, node)),
-            _ => raw.services.extend(service(r, node)),
-        }
+/// A `class`, `service` or `template` node of the file `origin`, added to `raw`.
+pub fn unit(r: &mut Reader<'_>, node: &KdlNode, origin: &Origin, raw: &mut RawSite) {
+    match node.name().value() {
+        "class" => raw.classes.extend(class(r, node, origin)),
+        "service" => raw.services.extend(service(r, node, origin)),
+        _ => raw.templates.extend(service(r, node, origin)),
     }
-    raw
 }
 
-fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
+/// The `site` node's settings.
+pub fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
     r.shape(node, 1, &[], true);
     raw.name = r.string_arg(node, "the site's name");
     let (mut v, mut pl, mut po, mut ht, mut mf) = (None, None, None, None, None);
@@ -311,7 +323,7 @@ fn secret(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawSecret> {
     })
 }
 
-fn class(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawClass> {
+fn class(r: &mut Reader<'_>, node: &KdlNode, origin: &Origin) -> Option<RawClass> {
     r.shape(node, 1, &[], true);
     let name = r.string_arg(node, "the class's name")?;
     let mut services = Vec::new();
@@ -339,14 +351,23 @@ fn class(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawClass> {
             );
         }
     }
-    Some(RawClass { name, services })
+    Some(RawClass {
+        name,
+        services,
+        origin: origin.clone(),
+    })
 }
 
-fn service(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawService> {
-    r.shape(node, 1, &[], true);
-    let name = r.string_arg(node, "the service's name")?;
+/// A `service` or `template` node: the same children, and `template="NAME"` on either.
+fn service(r: &mut Reader<'_>, node: &KdlNode, origin: &Origin) -> Option<RawService> {
+    let kind = node.name().value();
+    r.shape(node, 1, &["template"], true);
+    let template = r.string_prop(node, "template");
+    let name = r.string_arg(node, &format!("the {kind}'s name"))?;
     let mut s = RawService {
         name,
+        template,
+        origin: origin.clone(),
         version: None,
         port: None,
         needs: Vec::new(),
@@ -357,7 +378,17 @@ fn service(r: &mut Reader<'_>, node: &KdlNode) -> Option<RawService> {
         files: Vec::new(),
     };
     let mut seen: [Option<SourceSpan>; SERVICE_NODES.len()] = Default::default();
-    for n in r.children(node, SERVICE_NODES) {
+    let children = node.children().map_or(&[][..], |d| d.nodes());
+    let context = format!("`{kind}`");
+    let misplaced = |name: &str| {
+        SITE_TOP.contains(&name).then(|| {
+            format!(
+                "`{name}` stands at the top level of a file; a {kind} holds service children only ({})",
+                SERVICE_NODES.join(", ")
+            )
+        })
+    };
+    for n in r.known_nodes_or(children, &context, SERVICE_NODES, misplaced) {
         let key = n.name().value();
         if key == "needs" {
             s.needs.extend(need(r, n));

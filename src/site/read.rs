@@ -41,6 +41,18 @@ impl Reader<'_> {
         context: &str,
         known: &[&str],
     ) -> Vec<&'n KdlNode> {
+        self.known_nodes_or(nodes, context, known, |_| None)
+    }
+
+    /// As [`Reader::known_nodes`], with `misplaced` giving the help for a node that is known
+    /// elsewhere (a `service` inside a `template`) instead of a did-you-mean.
+    pub fn known_nodes_or<'n>(
+        &mut self,
+        nodes: &'n [KdlNode],
+        context: &str,
+        known: &[&str],
+        misplaced: impl Fn(&str) -> Option<String>,
+    ) -> Vec<&'n KdlNode> {
         let mut out = Vec::with_capacity(nodes.len());
         for n in nodes {
             let name = n.name().value();
@@ -52,7 +64,7 @@ impl Reader<'_> {
                     context: context.into(),
                     src: self.src.clone(),
                     span: Self::name_span(n),
-                    help: suggest::help(name, "node", known),
+                    help: misplaced(name).unwrap_or_else(|| suggest::help(name, "node", known)),
                 });
             }
         }
