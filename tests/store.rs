@@ -37,21 +37,6 @@ impl Site {
     /// The site at `version`, each `start` sleeping `sleep` seconds; `check` fails on a host
     /// that has /srv/fail-check.
     fn write(&self, version: &str, sleep: &str) -> PathBuf {
-        let platform = self.fleet.write_platform("/var/lib/drover");
-        let text = std::fs::read_to_string(&platform).expect("platform");
-        let store = self.etcd.store_node(PREFIX, self.ttl);
-        let text = text.replacen(
-            "platform \"fleet\" {\n",
-            &format!("platform \"fleet\" {{\n    {store}\n"),
-            1,
-        );
-        std::fs::write(&platform, text).expect("platform");
-        let dir = &self.fleet.dir;
-        std::fs::write(
-            dir.join("policy.kdl"),
-            "policy \"default\" { batch 1; max-failed 10; }\n",
-        )
-        .expect("policy");
         let site = format!(
             r####"site "shared" {{
     version "{version}"
@@ -68,6 +53,26 @@ service "api" {{
 }}
 "####
         );
+        self.write_site(&site)
+    }
+
+    /// `site.kdl` with this text, on the fleet's platform with the store, policy batch 1.
+    fn write_site(&self, site: &str) -> PathBuf {
+        let platform = self.fleet.write_platform("/var/lib/drover");
+        let text = std::fs::read_to_string(&platform).expect("platform");
+        let store = self.etcd.store_node(PREFIX, self.ttl);
+        let text = text.replacen(
+            "platform \"fleet\" {\n",
+            &format!("platform \"fleet\" {{\n    {store}\n"),
+            1,
+        );
+        std::fs::write(&platform, text).expect("platform");
+        let dir = &self.fleet.dir;
+        std::fs::write(
+            dir.join("policy.kdl"),
+            "policy \"default\" { batch 1; max-failed 10; }\n",
+        )
+        .expect("policy");
         let path = dir.join("site.kdl");
         std::fs::write(&path, site).expect("site");
         path
@@ -311,6 +316,55 @@ fn etcd_gone_mid_run_starts_no_new_step_exits_6_and_leaves_host_state_exact() {
 // Published state and reads
 
 #[test]
+fn a_site_of_several_services_reaches_etcd_whole() {
+    // Every service's `desired` write carries the store's `schema` key: with two services one
+    // batch named `schema` twice, and etcd refused that transaction on every retry.
+    let site = Site::start(2, Etcd::start(), "3s");
+    let path = site.write_site(&format!(
+        r####"site "shared" {{
+    version "1.0"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}}
+class "app" {{ service "api"; service "worker" }}
+service "api" {{
+    install #"{EV}ev install"#
+}}
+service "worker" {{
+    needs "api"
+    install #"{EV}ev install"#
+}}
+"####
+    ));
+    let p = path.to_str().unwrap();
+    for args in [
+        vec!["apply", p, "--yes"],
+        vec!["apply", p, "--yes", "--read-hosts"],
+    ] {
+        let started = Instant::now();
+        let out = site.deploy(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            !text(&out.stderr).contains("did not reach etcd"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{args:?} waited for its writes: {:?}",
+            started.elapsed()
+        );
+    }
+    let out = site.deploy(&["status", p]);
+    assert!(
+        text(&out.stdout).contains("4 of 4 host services converged")
+            && text(&out.stdout).contains("(as the store says)"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
 fn status_from_the_store_equals_the_hosts_and_a_converged_site_plans_without_ssh() {
     let site = Site::start(4, Etcd::start(), "3s");
     let path = site.write("1.0", "0");
@@ -359,6 +413,20 @@ fn status_from_the_store_equals_the_hosts_and_a_converged_site_plans_without_ssh
     site.fleet.ssh("app3", "rm /srv/fail-check");
     let out = site.deploy(&["apply", p, "--yes", "--read-hosts"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("did not reach etcd"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Nothing to change, every host read: what was read reaches etcd (a batch naming a key
+    // twice once made etcd refuse the whole transaction, every retry, for `lock-ttl`).
+    let out = site.deploy(&["apply", p, "--yes", "--read-hosts"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("did not reach etcd"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = site.deploy(&["status", p]);
     assert!(text(&out.stdout).contains("4 of 4 host services converged (desired version and inputs, healthy) (as the store says)"), "{}", text(&out.stdout));
     // A converged site plans from the store alone: with every sshd gone, nothing to change.
@@ -379,6 +447,11 @@ fn status_from_the_store_equals_the_hosts_and_a_converged_site_plans_without_ssh
     // `apply` connects no host either, and finds nothing to do.
     let out = site.deploy(&["apply", p, "--yes"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("did not reach etcd"),
+        "{}",
+        text(&out.stderr)
+    );
     // Now a change: every host must be read, none answers, and the store learns it.
     let path = site.write("3.0", "0");
     let out = site.deploy(&["apply", path.to_str().unwrap(), "--yes"]);

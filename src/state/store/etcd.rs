@@ -264,10 +264,11 @@ impl Store for Etcd {
     }
 
     async fn write(&self, fence: &Fence, writes: &[Write]) -> Result<(), StoreError> {
+        let writes = super::last_per_key(writes);
         for chunk in writes.chunks(MAX_OPS) {
             let ops: Vec<TxnOp> = chunk
                 .iter()
-                .map(|w| match w {
+                .map(|w| match *w {
                     Write::Put { key, value } => TxnOp::put(key.as_str(), value.as_str(), None),
                     Write::Delete { key } => TxnOp::delete(key.as_str(), None),
                 })

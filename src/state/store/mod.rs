@@ -222,8 +222,26 @@ impl Write {
     }
 }
 
+/// `writes` with only the last write to each key, in the order of those last writes: etcd
+/// refuses a transaction that names a key twice, and a batch of queued writes often does (a
+/// host's record published when it is read, then again when its step ends).
+pub fn last_per_key(writes: &[Write]) -> Vec<&Write> {
+    let mut last: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(writes.len());
+    for (i, w) in writes.iter().enumerate() {
+        last.insert(w.key(), i);
+    }
+    writes
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| last.get(w.key()) == Some(i))
+        .map(|(_, w)| w)
+        .collect()
+}
+
 /// A place that keeps the fleet's state: one range read of a site's keys, and writes
-/// (in one transaction each call) fenced by the site's lock.
+/// (in one transaction each call, a key written twice counting once: the last) fenced by
+/// the site's lock.
 pub trait Store {
     fn read(&self, keys: &Keys) -> impl Future<Output = Result<View, StoreError>> + Send;
     fn write(

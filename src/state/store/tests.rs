@@ -311,3 +311,26 @@ fn without_the_etcd_feature_a_store_says_how_to_get_one() {
     assert!(matches!(err, StoreError::NotBuilt { .. }));
     assert!(err.to_string().contains("built without etcd support"));
 }
+
+#[test]
+fn a_batch_writes_each_key_once_its_last_value_in_order() {
+    let put = |k: &str, v: &str| Write::Put {
+        key: k.into(),
+        value: v.into(),
+    };
+    let writes = vec![
+        put("a", "1"),
+        put("b", "1"),
+        put("a", "2"),
+        Write::Delete { key: "c".into() },
+        put("b", "2"),
+    ];
+    let kept: Vec<(&str, Option<&str>)> = last_per_key(&writes)
+        .into_iter()
+        .map(|w| match w {
+            Write::Put { key, value } => (key.as_str(), Some(value.as_str())),
+            Write::Delete { key } => (key.as_str(), None),
+        })
+        .collect();
+    assert_eq!(kept, [("a", Some("2")), ("c", None), ("b", Some("2"))]);
+}
