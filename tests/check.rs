@@ -96,6 +96,7 @@ fixtures! {
     bad_duration => INVALID,
     bad_percentage => INVALID,
     on_failure_typo => INVALID,
+    flow_typo => INVALID,
     duplicate_class => INVALID,
     duplicate_service => INVALID,
     duplicate_host => INVALID,

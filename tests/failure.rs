@@ -33,7 +33,9 @@ fn installed(spec: &Spec) -> (Shop, String) {
 #[test]
 fn failed_check_rolls_back_and_stops_new_waves() {
     let spec = Spec {
-        api_policy: "batch 2; max-failed 0; on-failure \"rollback\"",
+        // Lock-step waves, today's rule kept as a choice (the default, `flow "slots"`, would
+        // give app4's slot to app5 while app3's check still fails: tests/rollout).
+        api_policy: "batch 2; max-failed 0; on-failure \"rollback\"; flow \"budget\"",
         ..Spec::default()
     };
     let (shop, _) = installed(&spec);

@@ -141,6 +141,16 @@ fn flat(rendered: &str) -> String {
 
 /// Writes the site for `spec`, with hooks that pause where a marker file says:
 /// `/srv/slow-<service>-<hook>` holds how many seconds `<hook>` sleeps on that host.
+/// The shop's policies with whole waves (`flow "waves"`): these tests stop a wave midway and
+/// name which hosts ran, which the default `flow "slots"` would change with its timing.
+fn lockstep() -> Spec {
+    Spec {
+        policy: r#"batch 1; max-failed 0; flow "waves""#,
+        api_policy: r#"batch 2; max-failed 0; flow "waves""#,
+        ..Spec::default()
+    }
+}
+
 fn site_with_pauses(shop: &Shop, spec: &Spec) -> String {
     let path = shop.write(spec);
     let site = std::fs::read_to_string(&path).unwrap();
@@ -286,7 +296,7 @@ fn hostname() -> String {
 /// A fleet and its site (the path) where api's first wave (app1, app2) takes 1.5 s to install.
 fn apis_first_wave_paused() -> (Shop, String) {
     let shop = Shop::start();
-    let site = site_with_pauses(&shop, &Spec::default());
+    let site = site_with_pauses(&shop, &lockstep());
     for h in ["app1", "app2"] {
         pause(&shop, h, "api", "install", "1.5");
     }
@@ -474,7 +484,7 @@ fn run_id_pid(run: &str) -> u32 {
 #[test]
 fn ctrl_c_twice_kills_the_running_hook_records_it_and_a_later_apply_redoes_the_host() {
     let shop = Shop::start();
-    let site = site_with_pauses(&shop, &Spec::default());
+    let site = site_with_pauses(&shop, &lockstep());
     pause(&shop, "app1", "api", "install", "30");
     let run = Running::start(&shop, &["apply", &site, "--yes"]);
     wait_until("app1 installs api", Duration::from_secs(60), || {
@@ -571,7 +581,7 @@ fn ctrl_c_twice_kills_the_running_hook_records_it_and_a_later_apply_redoes_the_h
 #[test]
 fn after_the_controller_dies_apply_stops_its_leftover_hook_and_redoes_the_host() {
     let shop = Shop::start();
-    let site = site_with_pauses(&shop, &Spec::default());
+    let site = site_with_pauses(&shop, &lockstep());
     pause(&shop, "app1", "api", "install", "30");
     let run = Running::start(&shop, &["apply", &site, "--yes"]);
     wait_until("app1 installs api", Duration::from_secs(60), || {
@@ -685,7 +695,7 @@ fn after_the_controller_dies_apply_stops_its_leftover_hook_and_redoes_the_host()
 #[test]
 fn a_second_apply_refuses_naming_the_holder_and_locks_can_be_broken() {
     let shop = Shop::start();
-    let site = site_with_pauses(&shop, &Spec::default());
+    let site = site_with_pauses(&shop, &lockstep());
     pause(&shop, "db1", "db", "install", "2");
     let first = Running::start(&shop, &["apply", &site, "--yes"]);
     wait_until("db1 installs", Duration::from_secs(60), || {
@@ -809,7 +819,7 @@ fn upgrade(shop: &Shop) -> String {
         shop,
         &Spec {
             api: "2.0",
-            ..Spec::default()
+            ..lockstep()
         },
     )
 }
@@ -859,7 +869,7 @@ fn after_halt(shop: &Shop, site: &str, lost: &str) {
 #[test]
 fn a_host_whose_sshd_dies_mid_wave_fails_only_its_own_step_and_quickly() {
     let shop = Shop::start();
-    installed(&shop, &Spec::default());
+    installed(&shop, &lockstep());
     let site = upgrade(&shop);
     pause(&shop, "app3", "api", "migrate", "30");
     let run = Running::start(&shop, &["apply", &site, "--yes"]);
@@ -938,7 +948,7 @@ fn a_host_that_goes_silent_mid_wave_is_given_up_after_about_a_connect_timeout() 
         ),
     )
     .unwrap();
-    installed(&shop, &Spec::default());
+    installed(&shop, &lockstep());
     let site = upgrade(&shop);
     pause(&shop, "app3", "api", "migrate", "30");
     let run = Running::start(&shop, &["apply", &site, "--yes"]);

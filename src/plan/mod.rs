@@ -13,7 +13,7 @@ pub use drift::drift;
 
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
-use crate::site::{ClassId, OnFailure, Pause, Quota, Round, ServiceId, Site};
+use crate::site::{ClassId, Flow, OnFailure, Pause, Quota, Round, ServiceId, Site};
 use crate::state::{added_hosts, Observed};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -104,6 +104,9 @@ pub struct PlannedPolicy {
     pub pause: String,
     pub spread: Option<String>,
     pub on_failure: OnFailure,
+    /// When a later wave may take a freed slot (plans saved before it was written: `slots`).
+    #[serde(default)]
+    pub flow: Flow,
 }
 
 /// "`count` of the `of` hosts of `service`".
@@ -557,6 +560,7 @@ fn service_plan(
             },
             spread: policy.spread.clone(),
             on_failure: policy.on_failure,
+            flow: policy.flow,
         },
         waits_for: conditions(site, hosts, sid, |n| n.healthy),
         addresses_of: conditions(site, hosts, sid, |n| n.addressable),

@@ -248,6 +248,7 @@ fn build(spec: &Spec) -> Built {
                 pause: Pause::Wait(Duration::ZERO),
                 spread: p.spread.then(|| ZONE.to_string()),
                 on_failure: OnFailure::Rollback,
+                flow: Default::default(),
             }),
             hooks: Default::default(),
             secrets: Vec::new(),

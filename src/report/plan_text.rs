@@ -1,7 +1,7 @@
 //! `deploy plan` for people: per service, what it waits for, its waves, and who is skipped.
 
 use crate::plan::{Plan, PlannedPolicy, ServicePlan, SkipReason, StepKind, Wave};
-use crate::site::OnFailure;
+use crate::site::{Flow, OnFailure};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -120,19 +120,33 @@ fn service(out: &mut String, s: &ServicePlan) {
 
 /// The policy in words, for a service of `waves` waves.
 fn policy_rules(p: &PlannedPolicy, waves: usize) -> Vec<String> {
-    let mut rules = vec![format!("{} per wave", count(p.batch_hosts, "host"))];
+    use crate::rollout::Flowing;
+    // Whether a later wave may take a free slot before the whole wave before it has ended,
+    // by the scheduler's own rule (never past the canary either).
+    let later_waves = waves > 1 + usize::from(p.canary > 0);
+    let flowing = crate::rollout::flowing(p).filter(|_| later_waves);
+    let slots = matches!(flowing, Some(Flowing::Slots { .. }));
+    let mut rules = vec![if slots {
+        format!(
+            "{} switching at once, a freed slot to the next host",
+            count(p.batch_hosts, "host")
+        )
+    } else {
+        format!("{} per wave", count(p.batch_hosts, "host"))
+    }];
     if p.canary > 0 {
         rules.insert(0, format!("canary {}", p.canary));
     }
     if let Some(tag) = &p.spread {
         rules.push(format!("one {tag} at a time"));
     }
+    let unit = if slots { "host" } else { "wave" };
     rules.push(match p.on_failure {
         OnFailure::Rollback => format!(
-            "roll back a failed host, no new wave after {} failed",
+            "roll back a failed host, no new {unit} after {} failed",
             p.max_failed_hosts + 1
         ),
-        OnFailure::Stop => "leave a failed host as it is, no new wave after a failure".into(),
+        OnFailure::Stop => format!("leave a failed host as it is, no new {unit} after a failure"),
         OnFailure::Continue => "roll back a failed host, carry on whatever fails".into(),
     });
     if let (Some(q), false) = (p.wave_max_failed, p.on_failure == OnFailure::Continue) {
@@ -143,13 +157,17 @@ fn policy_rules(p: &PlannedPolicy, waves: usize) -> Vec<String> {
     if p.pause != "0s" {
         rules.push(format!("pause {}", p.pause));
     }
-    // Whether a later wave may take a free slot before the whole wave before it has ended,
-    // by the scheduler's own rule (never past the canary either).
-    let later_waves = waves > 1 + usize::from(p.canary > 0);
-    match crate::rollout::flow_limit(p).filter(|_| later_waves) {
-        Some(usize::MAX) => rules.push("a free slot goes to the next wave at once".into()),
-        Some(limit) => rules.push(format!(
-            "a free slot goes to the next wave while failed + switching ≤ {limit}"
+    match flowing {
+        Some(Flowing::Slots { .. }) => {}
+        Some(Flowing::Budget { limit: usize::MAX }) => {
+            rules.push("a free slot goes to the next wave at once (flow \"budget\")".into())
+        }
+        Some(Flowing::Budget { limit }) => rules.push(format!(
+            "a free slot goes to the next wave while failed + switching ≤ {limit} (flow \"budget\")"
+        )),
+        None if later_waves && p.flow != Flow::Slots => rules.push(format!(
+            "each wave waits for the whole one before it (flow \"{}\")",
+            p.flow.name()
         )),
         None => {}
     }
@@ -254,7 +272,7 @@ mod tests {
     use super::*;
     use crate::plan::Step;
 
-    fn policy(max_failed_hosts: usize, on_failure: OnFailure) -> PlannedPolicy {
+    fn policy(max_failed_hosts: usize, on_failure: OnFailure, flow: Flow) -> PlannedPolicy {
         PlannedPolicy {
             name: "p".into(),
             batch: crate::site::Quota::Count(2),
@@ -266,48 +284,90 @@ mod tests {
             pause: "0s".into(),
             spread: None,
             on_failure,
+            flow,
         }
     }
 
+    /// The policy's words for how waves flow, if any.
+    fn flows(p: &PlannedPolicy, waves: usize) -> Option<String> {
+        policy_rules(p, waves)
+            .iter()
+            .find(|r| {
+                r.starts_with("a free slot")
+                    || r.starts_with("at most that many")
+                    || r.starts_with("each wave waits")
+            })
+            .cloned()
+    }
+
     #[test]
-    fn the_policy_says_when_a_free_slot_goes_to_the_next_wave() {
-        let flows = |p: &PlannedPolicy, waves: usize| {
-            policy_rules(p, waves)
-                .iter()
-                .find(|r| r.starts_with("a free slot"))
-                .cloned()
-        };
-        let budget = policy(2, OnFailure::Rollback);
+    fn the_policy_says_how_a_batch_limits_the_hosts_switching() {
+        use Flow::Slots;
+        let rules = |p: &PlannedPolicy, waves: usize| policy_rules(p, waves).join(", ");
+        // The default: a batch is a concurrency limit, whatever the budget.
         assert_eq!(
-            flows(&budget, 3).as_deref(),
-            Some("a free slot goes to the next wave while failed + switching ≤ 2")
+            rules(&policy(0, OnFailure::Rollback, Slots), 3),
+            "2 hosts switching at once, a freed slot to the next host, roll back a failed host, no new host after 1 failed"
         );
-        let cont = policy(0, OnFailure::Continue);
         assert_eq!(
-            flows(&cont, 3).as_deref(),
-            Some("a free slot goes to the next wave at once")
+            rules(&policy(2, OnFailure::Stop, Slots), 3),
+            "2 hosts switching at once, a freed slot to the next host, leave a failed host as it is, no new host after a failure"
         );
-        // Waves wait: nothing may fail (the default), a failure stops, a pause, a spread,
+        assert_eq!(
+            rules(&policy(0, OnFailure::Continue, Slots), 3),
+            "2 hosts switching at once, a freed slot to the next host, roll back a failed host, carry on whatever fails"
+        );
+        // Whole waves where the policy asks for them, whatever the rule: a pause, a spread,
         // one wave only, or only the canary before it.
-        assert_eq!(flows(&policy(0, OnFailure::Rollback), 3), None);
-        assert_eq!(flows(&policy(2, OnFailure::Stop), 3), None);
+        let slots = policy(2, OnFailure::Rollback, Slots);
+        let waves = |p: &PlannedPolicy, n: usize| rules(p, n).starts_with("2 hosts per wave");
         let paused = PlannedPolicy {
             pause: "10s".into(),
-            ..budget.clone()
+            ..slots.clone()
         };
-        assert_eq!(flows(&paused, 3), None);
+        assert!(waves(&paused, 3));
         let spread = PlannedPolicy {
             spread: Some("zone".into()),
-            ..budget.clone()
+            ..slots.clone()
         };
-        assert_eq!(flows(&spread, 3), None);
-        assert_eq!(flows(&budget, 1), None);
+        assert!(waves(&spread, 3));
+        assert!(waves(&slots, 1));
         let canary = PlannedPolicy {
             canary: 1,
-            ..budget.clone()
+            ..slots.clone()
         };
-        assert_eq!(flows(&canary, 2), None);
-        assert!(flows(&canary, 3).is_some());
+        assert!(rules(&canary, 2).contains("2 hosts per wave"));
+        assert!(rules(&canary, 3).contains("2 hosts switching at once"));
+        assert_eq!(flows(&slots, 3), None, "slots say it in their first words");
+    }
+
+    #[test]
+    fn the_budget_and_waves_rules_say_so() {
+        let budget = policy(2, OnFailure::Rollback, Flow::Budget);
+        assert_eq!(
+            flows(&budget, 3).as_deref(),
+            Some(
+                "a free slot goes to the next wave while failed + switching ≤ 2 (flow \"budget\")"
+            )
+        );
+        assert_eq!(
+            flows(&policy(0, OnFailure::Continue, Flow::Budget), 3).as_deref(),
+            Some("a free slot goes to the next wave at once (flow \"budget\")")
+        );
+        // Under `budget`, nothing may fail (the default) or a failure stops: whole waves.
+        for p in [
+            policy(0, OnFailure::Rollback, Flow::Budget),
+            policy(2, OnFailure::Stop, Flow::Budget),
+        ] {
+            assert_eq!(
+                flows(&p, 3).as_deref(),
+                Some("each wave waits for the whole one before it (flow \"budget\")")
+            );
+        }
+        assert_eq!(
+            flows(&policy(2, OnFailure::Rollback, Flow::Waves), 3).as_deref(),
+            Some("each wave waits for the whole one before it (flow \"waves\")")
+        );
     }
 
     #[test]

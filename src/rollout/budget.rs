@@ -3,7 +3,7 @@
 //! answer with the reason to stop, if any.
 
 use crate::plan::{Plan, PlannedPolicy};
-use crate::site::{OnFailure, Round};
+use crate::site::{Flow, OnFailure, Round};
 
 /// Why no new wave of any service may start: more hosts failed in the run than the site's
 /// `max-failed` allows. Applies whatever a service's `on-failure` says.
@@ -43,20 +43,41 @@ pub fn wave_exceeded(
     })
 }
 
-/// When a service's next wave may open before its open one has ended (waves that flow): the
-/// most steps that may have failed or still be running then, so that the service's budget
-/// holds whatever the running ones do. `None` when each wave waits for the whole one before
-/// it: a pause or confirmation, a `spread`, `on-failure "stop"`, or `max-failed 0`.
-/// `usize::MAX` under `"continue"`. The scheduler also never flows past the canary.
-pub fn flow_limit(policy: &PlannedPolicy) -> Option<usize> {
+/// How a service's next wave may open before its open one has ended (waves that flow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flowing {
+    /// `flow "slots"`: at most `batch` hosts switching, a freed slot going to the next host
+    /// at once while at most `limit` steps have failed; checked before each new host starts.
+    Slots { limit: usize },
+    /// `flow "budget"`: while the failed steps plus the running ones are at most `limit`, so
+    /// that the budget holds whatever the running ones do.
+    Budget { limit: usize },
+}
+
+/// Whether, and under which rule, a service's waves flow. `None` when each wave waits for the
+/// whole one before it: a pause or confirmation, a `spread`, `flow "waves"`, and under
+/// `flow "budget"` also `on-failure "stop"` or `max-failed 0`. A limit of `usize::MAX`: under
+/// `"continue"`. The scheduler also never flows past the canary.
+pub fn flowing(policy: &PlannedPolicy) -> Option<Flowing> {
     let no_pause = crate::site::parse_duration(&policy.pause).is_ok_and(|d| d.is_zero());
     if !no_pause || policy.spread.is_some() {
         return None;
     }
-    match policy.on_failure {
-        OnFailure::Continue => Some(usize::MAX),
-        OnFailure::Stop => None,
-        OnFailure::Rollback => Some(policy.max_failed_hosts).filter(|&n| n > 0),
+    match policy.flow {
+        Flow::Waves => None,
+        Flow::Slots => Some(Flowing::Slots {
+            limit: match policy.on_failure {
+                OnFailure::Continue => usize::MAX,
+                OnFailure::Stop => 0,
+                OnFailure::Rollback => policy.max_failed_hosts,
+            },
+        }),
+        Flow::Budget => match policy.on_failure {
+            OnFailure::Continue => Some(usize::MAX),
+            OnFailure::Stop => None,
+            OnFailure::Rollback => Some(policy.max_failed_hosts).filter(|&n| n > 0),
+        }
+        .map(|limit| Flowing::Budget { limit }),
     }
 }
 
@@ -85,6 +106,7 @@ mod tests {
             pause: "0s".into(),
             spread: None,
             on_failure,
+            flow: Flow::Slots,
         }
     }
 

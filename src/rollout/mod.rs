@@ -18,7 +18,7 @@ mod security_tests;
 #[cfg(test)]
 mod tests;
 
-pub use budget::flow_limit;
+pub use budget::{flowing, Flowing};
 pub use cancel::{Cancel, Level};
 pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;

@@ -1,5 +1,6 @@
 //! The coordinator: decides which steps may start, launches them, and records what finished.
 
+use super::budget::Flowing;
 use super::event::{Event, EventKind, ServiceOutcome};
 use super::hook::{service_env, step_env};
 use super::links::Links;
@@ -372,6 +373,10 @@ impl<T: Transport> Scheduler<T> {
             self.cut_wave(s, w, &reason);
             return true;
         }
+        if let Some(reason) = self.slots_spent(s) {
+            self.cut_wave(s, w, &reason);
+            return true;
+        }
         // A flowing service keeps `batch` hosts switching; a wave alone is never more.
         let slots = sp.policy.batch_hosts.max(size);
         let mut launched = false;
@@ -599,22 +604,50 @@ impl<T: Transport> Scheduler<T> {
         let Some(newest) = svc.next_wave.checked_sub(1) else {
             return false;
         };
-        let Some(limit) = super::budget::flow_limit(&sp.policy) else {
+        let Some(rule) = super::budget::flowing(&sp.policy) else {
             return false;
         };
-        // Every step running in the run, counted only when the site has a run budget (and
-        // last: it walks every service).
-        let run_holds = || {
+        // Under `budget`, every step running in the run counts as a failure to come, when the
+        // site has a run budget (and last: it walks every service).
+        let run_holds = |count_running: bool| {
             self.r.plan.max_failed_hosts.is_none_or(|limit| {
-                let running: usize = self.svcs.iter().map(|v| v.running).sum();
+                let running: usize = if count_running {
+                    self.svcs.iter().map(|v| v.running).sum()
+                } else {
+                    0
+                };
                 self.failed_hosts + running <= limit
             })
         };
-        svc.next_wave < sp.waves.len()
+        let open = svc.next_wave < sp.waves.len()
             && svc.running < sp.policy.batch_hosts
-            && !sp.waves[newest].canary
-            && svc.failed.saturating_add(svc.running) <= limit
-            && run_holds()
+            && !sp.waves[newest].canary;
+        open && match rule {
+            Flowing::Slots { limit } => svc.failed <= limit && run_holds(false),
+            Flowing::Budget { limit } => {
+                svc.failed.saturating_add(svc.running) <= limit && run_holds(true)
+            }
+        }
+    }
+
+    /// Under `flow "slots"`, why no new host of `s` may start now: the service's or the run's
+    /// failure budget is spent. Checked before each new host starts.
+    fn slots_spent(&self, s: usize) -> Option<String> {
+        let sp = &self.r.plan.services[s];
+        let Some(Flowing::Slots { limit }) = super::budget::flowing(&sp.policy) else {
+            return None;
+        };
+        let failed = self.svcs[s].failed;
+        if failed > limit {
+            return Some(match sp.policy.on_failure {
+                OnFailure::Stop => format!("stopped after {failed} failed (on-failure \"stop\")"),
+                _ => format!(
+                    "{failed} hosts failed, more than max-failed {} allows ({limit})",
+                    sp.policy.max_failed
+                ),
+            });
+        }
+        super::budget::run_exceeded(&self.r.plan, self.failed_hosts)
     }
 
     /// One step of host `h` is over (done, failed or blocked); whether it has none left.

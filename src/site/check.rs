@@ -365,8 +365,26 @@ fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
             }
         },
     };
+    let flow = match raw.flow {
+        None => defaults.flow,
+        Some(s) => match Flow::ALL.iter().find(|(n, _)| *n == s.value) {
+            Some((_, f)) => *f,
+            None => {
+                let names: Vec<&str> = Flow::ALL.iter().map(|(n, _)| *n).collect();
+                let help = suggest::help(&s.value, "choice", &names);
+                r.bad(
+                    s.span,
+                    "`flow`".into(),
+                    format!("`{}` is not a choice", s.value),
+                    help,
+                );
+                return None;
+            }
+        },
+    };
     Some(Policy {
         name,
+        flow,
         batch: raw.batch.map_or(defaults.batch, |b| b.value),
         max_failed: raw.max_failed.map_or(defaults.max_failed, |m| m.value),
         wave_max_failed: raw.wave_max_failed.map(|m| m.value),

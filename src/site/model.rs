@@ -162,6 +162,8 @@ pub struct Policy {
     pub pause: Pause,
     pub spread: Option<String>,
     pub on_failure: OnFailure,
+    /// Whether the next wave's hosts may take a freed slot before the open wave has ended.
+    pub flow: Flow,
 }
 
 impl Default for Policy {
@@ -177,6 +179,39 @@ impl Default for Policy {
             pause: Pause::Wait(Duration::ZERO),
             spread: None,
             on_failure: OnFailure::Rollback,
+            flow: Flow::Slots,
+        }
+    }
+}
+
+/// When a service's next hosts may start before its open wave has ended (the policy's
+/// `flow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Flow {
+    /// `batch` is a concurrency limit, as Nomad's `max_parallel`: a freed slot goes to the
+    /// next host at once, the failure budgets checked before each new host starts.
+    #[default]
+    Slots,
+    /// A later wave takes a freed slot only while the failure budgets would hold even if every
+    /// step still running failed (so with `max-failed 0`, never).
+    Budget,
+    /// Each wave waits for the whole one before it.
+    Waves,
+}
+
+impl Flow {
+    pub const ALL: [(&'static str, Flow); 3] = [
+        ("slots", Flow::Slots),
+        ("budget", Flow::Budget),
+        ("waves", Flow::Waves),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Flow::Slots => "slots",
+            Flow::Budget => "budget",
+            Flow::Waves => "waves",
         }
     }
 }

@@ -145,6 +145,7 @@ pub struct RawPolicy {
     pub pause: Option<Spanned<Option<Duration>>>,
     pub spread: Option<Spanned<String>>,
     pub on_failure: Option<Spanned<String>>,
+    pub flow: Option<Spanned<String>>,
 }
 
 /// A platform file.
@@ -196,6 +197,7 @@ const POLICY_NODES: &[&str] = &[
     "pause",
     "spread",
     "on-failure",
+    "flow",
 ];
 const PLATFORM_NODES: &[&str] = &["transport", "state-dir", "inventory", "store"];
 const TRANSPORT_PROPS: &[&str] = &[
@@ -502,6 +504,7 @@ pub fn policy(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPolicy {
                 }
                 "pause" => raw.pause = pause(r, n),
                 "spread" => raw.spread = r.string_arg(n, "the tag to spread over"),
+                "flow" => raw.flow = r.string_arg(n, "when the next wave may start"),
                 _ => raw.on_failure = r.string_arg(n, "what to do on failure"),
             }
         }

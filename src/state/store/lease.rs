@@ -190,10 +190,8 @@ impl Lock for LeaseLock {
             place: self.place(),
             reason: e.to_string(),
         };
-        self.etcd
-            .delete_if(&self.key, held.fence.revision)
-            .await
-            .map_err(failed)?;
+        // Revoking the lease deletes the lock key with it (one commit, not two); a key some
+        // other run holds is attached to that run's lease, and revoking ours leaves it alone.
         self.etcd.revoke(held.lease).await.map_err(failed)
     }
 }
