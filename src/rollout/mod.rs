@@ -7,6 +7,7 @@ mod event;
 mod files;
 mod hook;
 mod hook_run;
+mod ideal;
 mod interrupt;
 mod links;
 mod schedule;
@@ -22,6 +23,7 @@ pub use budget::{flowing, Flowing};
 pub use cancel::{Cancel, Level};
 pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
+pub use ideal::makespan as ideal_makespan;
 pub use interrupt::kill_script;
 pub use verify::{verify, CheckResult};
 
