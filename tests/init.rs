@@ -121,6 +121,21 @@ fn the_starter_converges_at_once_then_verifies_and_upgrades() {
         verify.stdout,
         "verified: 4 host services at their desired version, 4 checks passed\n"
     );
+    // Neither apply (its lock's release) nor verify (no lock) leaves a hook pid file behind.
+    for host in ["db1", "db2", "app1", "app2"] {
+        let hooks = dir
+            .join("starter/hosts")
+            .join(host)
+            .join("var/lib/drover/hooks");
+        let left: Vec<_> = std::fs::read_dir(&hooks)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            left.is_empty(),
+            "{host}: {left:?} left in {}",
+            hooks.display()
+        );
+    }
 
     // As its comments say: change a version, and the next apply upgrades just that service.
     let site = dir.join("starter/site.kdl");

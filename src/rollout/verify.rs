@@ -84,6 +84,7 @@ async fn check_host<T: Transport>(
     };
     let mut out = Vec::new();
     let state_dir = site.platform.host_state_dir();
+    let mut ran_any = false;
     for s in services {
         let Some(check) = site
             .service(&s.name)
@@ -107,6 +108,7 @@ async fn check_host<T: Transport>(
             timeout: Some(check.timeout),
             then: None,
         };
+        ran_any = true;
         let (ok, detail) = match hook_run::run(&link, &call).await {
             Ran::Done(Ok(o)) if o.success() => (true, "check passed".into()),
             Ran::Done(Ok(o)) => (
@@ -128,6 +130,12 @@ async fn check_host<T: Transport>(
             ok,
             detail,
         });
+    }
+    // `apply` removes its pid file with the host's lock; `verify` takes no lock, so it removes
+    // its own (one file per run and host, which would otherwise pile up with every verify).
+    if ran_any {
+        let file = crate::transport::quote(&hook_run::pid_file(&state_dir));
+        let _ = link.run(&format!("rm -f -- {file}")).await;
     }
     link.close().await;
     out
