@@ -203,3 +203,60 @@ fn a_fleet_over_the_connection_cap_still_converges() {
         );
     }
 }
+
+#[test]
+fn with_persist_plan_then_applies_log_in_once() {
+    let shop = Shop::start();
+    let platform = shop.fleet.dir.join("platform.kdl");
+    let text = std::fs::read_to_string(&platform).expect("platform.kdl");
+    let text = text.replace("transport \"ssh\" ", "transport \"ssh\" persist=\"60s\" ");
+    std::fs::write(&platform, text).expect("write platform.kdl");
+    let site = shop.write(&Spec::default());
+    let site = site.to_str().expect("utf-8 path");
+    let masters = tempfile::tempdir().expect("masters' directory");
+    let run = |args: &[&str]| {
+        let out = support::cli::deploy_in(&shop.fleet.dir)
+            .args(args)
+            .env("DROVER_SSH_DIR", masters.path())
+            .output()
+            .expect("run deploy");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let before = accepted(&shop);
+    run(&["plan", site]);
+    run(&["apply", site, "--yes"]);
+    run(&["apply", site, "--yes"]);
+    run(&["verify", site]);
+    let counts = since(&shop, &before);
+    assert!(
+        counts.iter().all(|(_, n)| *n == 1),
+        "plan, two applies and verify log in once per host: {counts:?}"
+    );
+    // One master kept per host, in a directory only this user may enter.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(masters.path())
+        .expect("dir")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let records: Vec<std::path::PathBuf> = std::fs::read_dir(masters.path())
+        .expect("read masters")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "master"))
+        .collect();
+    assert_eq!(records.len(), shop.fleet.names().len(), "{records:?}");
+    // Stop them, as `ssh -O exit` does for a ControlPersist master.
+    for r in records {
+        let ctl = std::fs::read_to_string(&r).expect("record");
+        let _ = std::process::Command::new("ssh")
+            .args(["-S", ctl.trim(), "-O", "exit", "x"])
+            .output();
+    }
+}

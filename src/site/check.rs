@@ -426,6 +426,7 @@ fn transport_model(
                     .connect_timeout
                     .map_or(DEFAULT_CONNECT_TIMEOUT, |c| c.value),
                 keep_shell: t.keep_shell.is_none_or(|k| k.value),
+                persist: t.persist.map_or(std::time::Duration::ZERO, |p| p.value),
                 accept_new_host_keys: false,
             }))
         }
@@ -433,6 +434,7 @@ fn transport_model(
             let port = t.port.as_ref().map(|p| p.span);
             let timeout = t.connect_timeout.as_ref().map(|c| c.span);
             let keep = t.keep_shell.as_ref().map(|k| k.span);
+            let persist = t.persist.as_ref().map(|p| p.span);
             let ssh_only = [&t.user, &t.identity, &t.known_hosts, &t.config]
                 .into_iter()
                 .flatten()
@@ -440,6 +442,7 @@ fn transport_model(
                 .chain(port)
                 .chain(timeout)
                 .chain(keep)
+                .chain(persist)
                 .next();
             if let Some(span) = ssh_only {
                 r.bad(

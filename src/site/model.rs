@@ -312,6 +312,10 @@ pub struct SshOptions {
     /// From a link's second command on, send commands to one shell kept open on the host
     /// instead of a session each (`keep-shell`, on unless `#false`).
     pub keep_shell: bool,
+    /// Keep each host's connection open this long after a command ends (`persist`, as
+    /// OpenSSH's ControlPersist), for the next command to use; zero (the default): closed at
+    /// the end of each command.
+    pub persist: Duration,
     /// Accept and record the key of a host not yet in known_hosts (OpenSSH's
     /// `StrictHostKeyChecking accept-new`); a changed key is still refused. Never set from a
     /// file: only `deploy apply --accept-new-host-keys` turns it on, for one run.

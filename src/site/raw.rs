@@ -169,6 +169,7 @@ pub struct RawTransport {
     pub config: Option<Spanned<String>>,
     pub connect_timeout: Option<Spanned<Duration>>,
     pub keep_shell: Option<Spanned<bool>>,
+    pub persist: Option<Spanned<Duration>>,
     pub root: Option<Spanned<String>>,
 }
 
@@ -208,6 +209,7 @@ const TRANSPORT_PROPS: &[&str] = &[
     "config",
     "connect-timeout",
     "keep-shell",
+    "persist",
     "root",
 ];
 
@@ -573,6 +575,7 @@ fn transport(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawTransport> {
         config: r.string_prop(n, "config"),
         connect_timeout: r.duration_prop(n, "connect-timeout"),
         keep_shell: r.bool_prop(n, "keep-shell"),
+        persist: r.duration_prop(n, "persist"),
         root: r.string_prop(n, "root"),
         kind: r.string_arg(n, "the transport (\"ssh\" or \"local\")")?,
     })

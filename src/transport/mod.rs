@@ -6,6 +6,7 @@
 mod feed;
 mod kept;
 mod local;
+mod persist;
 mod quote;
 mod shell;
 mod ssh;

@@ -1,5 +1,6 @@
 //! The `ssh` transport: one OpenSSH master per host, every command multiplexed over it.
 
+use super::persist::Masters;
 use super::shell::{self, Shell, ShellError};
 use super::{quote, Link, Output, Target, Transport, TransportError};
 use crate::site::SshOptions;
@@ -10,11 +11,14 @@ use tokio::sync::Mutex;
 /// Reaches hosts with the user's OpenSSH: ssh_config, agent, known_hosts and ProxyJump apply.
 pub struct Ssh {
     options: SshOptions,
+    /// Where masters outlive the command (`persist`): `None` when it is off.
+    masters: Option<Masters>,
 }
 
 impl Ssh {
     pub fn new(options: SshOptions) -> Self {
-        Ssh { options }
+        let masters = (!options.persist.is_zero()).then(Masters::new).flatten();
+        Ssh { options, masters }
     }
 
     fn builder(&self) -> SessionBuilder {
@@ -48,6 +52,13 @@ impl Ssh {
         }
         if let Some(known) = &o.known_hosts {
             b.user_known_hosts_file(known);
+        }
+        if let Some(masters) = &self.masters {
+            let secs = usize::try_from(o.persist.as_secs().max(1)).unwrap_or(usize::MAX);
+            if let Some(secs) = std::num::NonZeroUsize::new(secs) {
+                b.control_directory(masters.dir())
+                    .control_persist(openssh::ControlPersist::IdleFor(secs));
+            }
         }
         b
     }
@@ -112,6 +123,8 @@ pub struct SshLink {
     host: String,
     session: Arc<Session>,
     shell: Mutex<Slot>,
+    /// Where to leave the master when the link closes, and under which key (`persist`).
+    keep: Option<(Masters, String)>,
 }
 
 /// Where the link's next command goes.
@@ -129,11 +142,22 @@ enum Slot {
 impl Transport for Ssh {
     type Link = SshLink;
     async fn connect(&self, target: &Target) -> Result<SshLink, TransportError> {
-        let session = self
-            .builder()
-            .connect_mux(&target.address)
-            .await
-            .map_err(|e| self.connect_error(target, &flatten(&e)))?;
+        let keep = self
+            .masters
+            .as_ref()
+            .map(|m| (m.clone(), Masters::key(&self.options, &target.address)));
+        let kept = match &keep {
+            Some((masters, key)) => masters.resume(key).await,
+            None => None,
+        };
+        let session = match kept {
+            Some(session) => session,
+            None => self
+                .builder()
+                .connect_mux(&target.address)
+                .await
+                .map_err(|e| self.connect_error(target, &flatten(&e)))?,
+        };
         Ok(SshLink {
             host: target.name.clone(),
             session: Arc::new(session),
@@ -141,6 +165,7 @@ impl Transport for Ssh {
                 true => Slot::Fresh,
                 false => Slot::Off,
             }),
+            keep,
         })
     }
 }
@@ -314,7 +339,13 @@ impl Link for SshLink {
         // The shell ends when its standard input closes; then the session is ours alone.
         drop(self.shell);
         if let Ok(session) = Arc::try_unwrap(self.session) {
-            let _ = session.close().await;
+            match self.keep {
+                // `persist`: the master stays for the next command.
+                Some((masters, key)) => masters.keep(&key, session),
+                None => {
+                    let _ = session.close().await;
+                }
+            }
         }
     }
 }
