@@ -124,7 +124,7 @@ pub struct SshLink {
     session: Arc<Session>,
     shell: Mutex<Slot>,
     /// Where to leave the master when the link closes, and under which key (`persist`).
-    keep: Option<(Masters, String)>,
+    keep: Option<Box<(Masters, String)>>,
 }
 
 /// Where the link's next command goes.
@@ -145,8 +145,8 @@ impl Transport for Ssh {
         let keep = self
             .masters
             .as_ref()
-            .map(|m| (m.clone(), Masters::key(&self.options, &target.address)));
-        let kept = match &keep {
+            .map(|m| Box::new((m.clone(), Masters::key(&self.options, &target.address))));
+        let kept = match keep.as_deref() {
             Some((masters, key)) => masters.resume(key).await,
             None => None,
         };
@@ -339,7 +339,7 @@ impl Link for SshLink {
         // The shell ends when its standard input closes; then the session is ours alone.
         drop(self.shell);
         if let Ok(session) = Arc::try_unwrap(self.session) {
-            match self.keep {
+            match self.keep.map(|k| *k) {
                 // `persist`: the master stays for the next command.
                 Some((masters, key)) => masters.keep(&key, session),
                 None => {
