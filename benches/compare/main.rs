@@ -179,13 +179,16 @@ struct Args {
     deploy: Option<PathBuf>,
     /// A round trip added to every SSH connection (`benches/compare/delay.py`), ms; 0: none.
     rtt_ms: u64,
+    /// `--kex default`: the hosts' sshd offers OpenSSH's default key exchange (post-quantum
+    /// on OpenSSH ≥ 9.0) instead of the fleet's curve25519 only.
+    kex_default: bool,
     command: String,
 }
 
 const USAGE: &str = "\
 usage: bash benches/compare/run.sh [--smoke] [--hosts 50,200] [--runs 3]
            [--tools drover,ansible,pyinfra,ssh] [--out DIR] [--no-memory] [--deploy PATH]
-           [--rtt MS]
+           [--rtt MS] [--kex default|curve25519]
 (the script passes --run or --smoke to this driver, which does nothing without one)";
 
 impl Args {
@@ -204,6 +207,7 @@ impl Args {
             memory: true,
             deploy: None,
             rtt_ms: 0,
+            kex_default: false,
             command: String::new(),
         };
         let (mut run, mut hosts_given, mut runs_given) = (false, false, false);
@@ -259,6 +263,15 @@ impl Args {
                 "--no-memory" => {
                     args.memory = false;
                     shown.push(arg.clone());
+                }
+                "--kex" => {
+                    let v = value("--kex")?;
+                    args.kex_default = match v.as_str() {
+                        "default" => true,
+                        "curve25519" => false,
+                        _ => return Err(format!("--kex {v}: `default` or `curve25519`")),
+                    };
+                    shown.extend([arg.clone(), v]);
                 }
                 other => return Err(format!("unknown argument `{other}`")),
             }
@@ -394,6 +407,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if args.kex_default {
+        // Read by the fleet (tests/support/fleet.rs) when it writes each host's sshd_config.
+        std::env::set_var("DROVER_FLEET_KEX", "default");
+    }
     let tools = Tools::find(&args).unwrap_or_else(|e| {
         eprintln!("compare: {e}");
         std::process::exit(2);
@@ -1502,6 +1519,16 @@ fn render(
         });
     writeln!(out, "### Results of {}\n", machine.date).unwrap();
     writeln!(out, "- command: `{}`", args.command).unwrap();
+    writeln!(
+        out,
+        "- key exchange offered by the hosts' sshd: {}",
+        if args.kex_default {
+            "OpenSSH's default (`--kex default`)"
+        } else {
+            "curve25519-sha256 only (the fleet's default; `--kex default` for OpenSSH's own)"
+        }
+    )
+    .unwrap();
     if args.rtt_ms > 0 {
         writeln!(
             out,

@@ -3,7 +3,7 @@
 # four shell steps per host in every tool, medians and ratios in a table.
 #
 #   bash benches/compare/run.sh [--hosts 50,200] [--runs 3] [--tools drover,ansible,pyinfra,ssh]
-#                               [--out DIR] [--no-memory]
+#                               [--out DIR] [--no-memory] [--rtt MS] [--kex default|curve25519]
 #   bash benches/compare/run.sh --smoke     # 10 hosts, 1 run, debug build (CI)
 #
 # Needs root on Linux with openssh-server, openssh-client, util-linux, curl, python3 (with

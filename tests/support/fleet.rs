@@ -372,6 +372,14 @@ impl Fleet {
         fs::write(self.known_hosts(), known_hosts).unwrap();
         fs::write(self.ssh_config(), ssh_config).unwrap();
 
+        // The post-quantum default key exchange costs ~25% of a connection's CPU: the fleet
+        // offers curve25519 only, unless DROVER_FLEET_KEX=default asks for OpenSSH's own
+        // default (what the user's hosts run; `benches/compare --kex default`).
+        let kex = if std::env::var("DROVER_FLEET_KEX").is_ok_and(|k| k == "default") {
+            "# KexAlgorithms: OpenSSH's default\n"
+        } else {
+            "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org\n"
+        };
         for host in &self.hosts {
             let root = self.host_root(&host.spec.name);
             for (sub, _) in HOST_DIRS {
@@ -385,8 +393,7 @@ impl Fleet {
                  X11Forwarding no\nSubsystem sftp internal-sftp\n\
                  # VERBOSE logs each command (\"Starting session: command\"), which tests count\n\
                  LogLevel VERBOSE\n\
-                 # the post-quantum default key exchange costs ~25% of a connection's CPU\n\
-                 KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org\n",
+                 {kex}",
                 host.address,
                 self.sshd_port,
                 path_text(&host_key),
