@@ -151,6 +151,16 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// An apply that ended well, every write of it in etcd.
+fn applied_and_published(out: &Output) {
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("did not reach etcd"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 fn status_json(site: &Site, path: &Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["status", path.to_str().unwrap(), "--json"];
     args.extend(extra);
@@ -342,13 +352,7 @@ service "worker" {{
         vec!["apply", p, "--yes", "--read-hosts"],
     ] {
         let started = Instant::now();
-        let out = site.deploy(&args);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        assert!(
-            !text(&out.stderr).contains("did not reach etcd"),
-            "{args:?}: {}",
-            text(&out.stderr)
-        );
+        applied_and_published(&site.deploy(&args));
         assert!(
             started.elapsed() < Duration::from_secs(3),
             "{args:?} waited for its writes: {:?}",
@@ -411,22 +415,10 @@ fn status_from_the_store_equals_the_hosts_and_a_converged_site_plans_without_ssh
     // Converge (app3 fixed, app2 back), then stop app4's sshd: the next apply publishes
     // it as not reporting, and `status` from the store says so without SSH.
     site.fleet.ssh("app3", "rm /srv/fail-check");
-    let out = site.deploy(&["apply", p, "--yes", "--read-hosts"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(
-        !text(&out.stderr).contains("did not reach etcd"),
-        "{}",
-        text(&out.stderr)
-    );
+    applied_and_published(&site.deploy(&["apply", p, "--yes", "--read-hosts"]));
     // Nothing to change, every host read: what was read reaches etcd (a batch naming a key
     // twice once made etcd refuse the whole transaction, every retry, for `lock-ttl`).
-    let out = site.deploy(&["apply", p, "--yes", "--read-hosts"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(
-        !text(&out.stderr).contains("did not reach etcd"),
-        "{}",
-        text(&out.stderr)
-    );
+    applied_and_published(&site.deploy(&["apply", p, "--yes", "--read-hosts"]));
     let out = site.deploy(&["status", p]);
     assert!(text(&out.stdout).contains("4 of 4 host services converged (desired version and inputs, healthy) (as the store says)"), "{}", text(&out.stdout));
     // A converged site plans from the store alone: with every sshd gone, nothing to change.

@@ -47,6 +47,20 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Hosts of `service` healthy before the run: they already run its version with no
+    /// recorded failure (what its dependents' conditions count from).
+    pub fn healthy_before(&self, service: &ServicePlan) -> usize {
+        self.hosts
+            .iter()
+            .filter(|h| h.classes.iter().any(|c| service.classes.contains(c)))
+            .filter(|h| {
+                h.observed
+                    .service(&service.name)
+                    .is_some_and(|rec| *rec.version == *service.version && rec.healthy())
+            })
+            .count()
+    }
+
     /// How many host transitions the plan holds.
     pub fn steps(&self) -> usize {
         self.services

@@ -48,16 +48,7 @@ impl<'p> Sim<'p> {
                 pending: Vec::new(),
                 running: 0,
                 // As the scheduler counts: hosts already at the version and healthy.
-                healthy: plan
-                    .hosts
-                    .iter()
-                    .filter(|h| h.classes.iter().any(|c| s.classes.contains(c)))
-                    .filter(|h| {
-                        h.observed
-                            .service(&s.name)
-                            .is_some_and(|rec| *rec.version == *s.version && rec.healthy())
-                    })
-                    .count(),
+                healthy: plan.healthy_before(s),
                 not_before: Duration::ZERO,
             })
             .collect();

@@ -110,16 +110,7 @@ impl<T: Transport> Scheduler<T> {
                     }
                 }
                 let model = r.site.service(&s.name).map(|id| &r.site.services[id]);
-                let healthy = plan
-                    .hosts
-                    .iter()
-                    .filter(|h| h.classes.iter().any(|c| s.classes.contains(c)))
-                    .filter(|h| {
-                        h.observed
-                            .service(&s.name)
-                            .is_some_and(|rec| *rec.version == *s.version && rec.healthy())
-                    })
-                    .count();
+                let healthy = plan.healthy_before(s);
                 Svc {
                     job: Arc::new(ServiceJob {
                         name: s.name.clone(),
