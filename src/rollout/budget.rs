@@ -17,6 +17,22 @@ pub fn run_exceeded(plan: &Plan, failed_hosts: usize) -> Option<String> {
     })
 }
 
+/// Why no new host of a service whose policy is `policy` may start once `failed` of its
+/// hosts have failed: its `max-failed` is exceeded, or (`on-failure "stop"`) one has failed.
+/// Never under `"continue"`.
+pub fn service_exceeded(policy: &PlannedPolicy, failed: usize) -> Option<String> {
+    match policy.on_failure {
+        OnFailure::Stop if failed > 0 => Some(format!(
+            "stopped after {failed} failed (on-failure \"stop\")"
+        )),
+        OnFailure::Rollback | OnFailure::Stop if failed > policy.max_failed_hosts => Some(format!(
+            "{failed} hosts failed, more than max-failed {} allows ({})",
+            policy.max_failed, policy.max_failed_hosts
+        )),
+        _ => None,
+    }
+}
+
 /// How many of a wave of `wave_hosts` hosts may fail before its remaining steps are not
 /// started; `None` when the policy has no wave budget or ignores budgets (`continue`).
 pub fn wave_limit(policy: &PlannedPolicy, wave_hosts: usize) -> Option<usize> {

@@ -7,7 +7,7 @@ use super::links::Links;
 use super::step::{self, ServiceJob, StepJob, StepResult};
 use super::{initial_record, Rollout, Summary};
 use crate::plan::{SkipReason, StepKind};
-use crate::site::{OnFailure, Pause};
+use crate::site::Pause;
 use crate::state::HostRecord;
 use crate::transport::{Target, Transport};
 use std::collections::{HashMap, HashSet};
@@ -303,20 +303,7 @@ impl<T: Transport> Scheduler<T> {
             self.halt(s, reason);
             return true;
         }
-        let halt = match sp.policy.on_failure {
-            OnFailure::Stop if svc.failed > 0 => Some(format!(
-                "stopped after {} failed (on-failure \"stop\")",
-                svc.failed
-            )),
-            OnFailure::Rollback | OnFailure::Stop if svc.failed > sp.policy.max_failed_hosts => {
-                Some(format!(
-                    "{} hosts failed, more than max-failed {} allows ({})",
-                    svc.failed, sp.policy.max_failed, sp.policy.max_failed_hosts
-                ))
-            }
-            _ => None,
-        };
-        if let Some(reason) = halt {
+        if let Some(reason) = super::budget::service_exceeded(&sp.policy, svc.failed) {
             self.halt(s, reason);
             return true;
         }
@@ -625,20 +612,12 @@ impl<T: Transport> Scheduler<T> {
     /// failure budget is spent. Checked before each new host starts.
     fn slots_spent(&self, s: usize) -> Option<String> {
         let sp = &self.r.plan.services[s];
-        let Some(Flowing::Slots { limit }) = super::budget::flowing(&sp.policy) else {
+        let Some(Flowing::Slots { .. }) = super::budget::flowing(&sp.policy) else {
             return None;
         };
-        let failed = self.svcs[s].failed;
-        if failed > limit {
-            return Some(match sp.policy.on_failure {
-                OnFailure::Stop => format!("stopped after {failed} failed (on-failure \"stop\")"),
-                _ => format!(
-                    "{failed} hosts failed, more than max-failed {} allows ({limit})",
-                    sp.policy.max_failed
-                ),
-            });
-        }
+        // The same checks, in the same order, as before a new wave opens.
         super::budget::run_exceeded(&self.r.plan, self.failed_hosts)
+            .or_else(|| super::budget::service_exceeded(&sp.policy, self.svcs[s].failed))
     }
 
     /// One step of host `h` is over (done, failed or blocked); whether it has none left.
