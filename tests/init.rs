@@ -217,23 +217,26 @@ fn init_into_a_path_that_cannot_be_a_directory_is_an_environment_error() {
     assert_eq!(files_under(tmp.path()).len(), 1);
 }
 
+/// Every subcommand of `deploy`.
+const COMMANDS: [&str; 9] = [
+    "check",
+    "plan",
+    "apply",
+    "status",
+    "verify",
+    "graph",
+    "init",
+    "completions",
+    "man",
+];
+
 #[test]
 fn completions_for_each_shell_name_every_command() {
     for shell in ["bash", "zsh", "fish"] {
         let run = deploy(&["completions", shell]);
         ok(&run, shell);
         assert!(!run.stdout.trim().is_empty(), "{shell}: no output");
-        for command in [
-            "check",
-            "plan",
-            "apply",
-            "status",
-            "verify",
-            "graph",
-            "init",
-            "completions",
-            "man",
-        ] {
+        for command in COMMANDS {
             assert!(run.stdout.contains(command), "{shell}: no `{command}`");
         }
         // Options too, from the same definition.
@@ -252,17 +255,7 @@ fn the_man_page_lists_every_command() {
         env!("CARGO_PKG_VERSION")
     );
     assert!(run.stdout.contains(&title), "{}", run.stdout);
-    for command in [
-        "check",
-        "plan",
-        "apply",
-        "status",
-        "verify",
-        "graph",
-        "init",
-        "completions",
-        "man",
-    ] {
+    for command in COMMANDS {
         assert!(
             run.stdout.contains(&format!("deploy\\-{command}(1)")),
             "no {command} in\n{}",

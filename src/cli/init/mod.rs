@@ -119,14 +119,15 @@ fn shown(dir: &Path, relative: &str) -> PathBuf {
     }
 }
 
-/// `path` as one shell word: as it is when that is safe, single-quoted otherwise.
+/// `path` as one shell word: as it is when that is safe, quoted as values sent to hosts are
+/// otherwise.
 fn shell_word(path: &Path) -> String {
     let s = path.display().to_string();
     let plain = |c: char| c.is_ascii_alphanumeric() || "_-./+,:@%=".contains(c);
     if !s.is_empty() && s.chars().all(plain) {
         s
     } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
+        crate::transport::quote(&s)
     }
 }
 
