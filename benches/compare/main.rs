@@ -14,6 +14,11 @@
 //! `OUT/results.md` (`OUT/smoke.md` with `--smoke`), every run to `OUT/runs.csv`, each run's
 //! output to `OUT/logs/`.
 //!
+//! `--workload tiers` runs the three-tier workload instead (`tiers.rs`: db → api → web, steps
+//! that wait, stragglers, round trips, each tool against the ideal schedule of its policy).
+//! `--batch P` sets the rolling batch (30 % unless given) and `--modes` picks modes by slug,
+//! for the 1,000-host run (`--hosts 1000 --batch 10`).
+//!
 //! Without `--run` or `--smoke` it prints how to run it and exits (so `cargo bench` and
 //! `cargo test --benches` do not start a fleet by accident).
 
@@ -24,6 +29,8 @@ mod etcd;
 mod fleet;
 #[path = "../common/stats.rs"]
 mod stats;
+mod tiers;
+mod tool;
 
 use fleet::{Fleet, FleetHost};
 use serde_json::Value;
@@ -35,7 +42,10 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// The rolling batch of this run, % of the hosts (`--batch`), for the labels.
+static BATCH: AtomicUsize = AtomicUsize::new(30);
 use std::time::{Duration, Instant, SystemTime};
 
 /// The port each host's HTTP server listens on, on the host's own address.
@@ -81,10 +91,13 @@ enum Mode {
     DroverSessions,
     DroverStore,
     DroverPlanStore,
+    DroverUncapped,
+    DroverStatus,
 }
 
-const MODES: [Mode; 16] = [
+const MODES: [Mode; 18] = [
     Mode::DroverRolling,
+    Mode::DroverUncapped,
     Mode::DroverStore,
     Mode::DroverPlanStore,
     Mode::DroverSessions,
@@ -100,10 +113,17 @@ const MODES: [Mode; 16] = [
     Mode::DroverPlanOffline,
     Mode::DroverRollingTmpfs,
     Mode::DroverAllTmpfs,
+    Mode::DroverStatus,
 ];
 
 impl Mode {
-    fn label(self) -> &'static str {
+    /// The label, with the rolling batch of this run (`--batch`) in place of 30%.
+    fn label(self) -> String {
+        let batch = BATCH.load(Ordering::Relaxed);
+        self.text().replace("30%", &format!("{batch}%"))
+    }
+
+    fn text(self) -> &'static str {
         match self {
             Mode::DroverRolling => "Drover, rolling 30%",
             Mode::DroverAll => "Drover, all at once",
@@ -123,6 +143,10 @@ impl Mode {
             }
             Mode::DroverStore => "Drover, rolling 30%, with `store \"etcd\"`",
             Mode::DroverPlanStore => "Drover, `deploy plan` with `store \"etcd\"` (converged)",
+            Mode::DroverUncapped => {
+                "Drover, rolling 30%, `--max-connections` N (every host kept connected)"
+            }
+            Mode::DroverStatus => "Drover, `deploy status` (reads every host)",
         }
     }
 
@@ -144,6 +168,8 @@ impl Mode {
             Mode::DroverSessions => "drover-sessions",
             Mode::DroverStore => "drover-store",
             Mode::DroverPlanStore => "drover-plan-store",
+            Mode::DroverUncapped => "drover-uncapped",
+            Mode::DroverStatus => "drover-status",
         }
     }
 
@@ -153,6 +179,7 @@ impl Mode {
             Mode::DroverPlan | Mode::DroverPlanOffline => "drover",
             Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs | Mode::DroverFlowing => "drover",
             Mode::DroverSessions | Mode::DroverStore | Mode::DroverPlanStore => "drover",
+            Mode::DroverUncapped | Mode::DroverStatus => "drover",
             Mode::AnsibleLinear | Mode::AnsibleFree => "ansible",
             Mode::Pyinfra => "pyinfra",
             Mode::SshRolling | Mode::SshAll | Mode::SshConnect => "ssh",
@@ -163,7 +190,11 @@ impl Mode {
     fn deploys(self) -> bool {
         !matches!(
             self,
-            Mode::SshConnect | Mode::DroverPlan | Mode::DroverPlanOffline | Mode::DroverPlanStore
+            Mode::SshConnect
+                | Mode::DroverPlan
+                | Mode::DroverPlanOffline
+                | Mode::DroverPlanStore
+                | Mode::DroverStatus
         )
     }
 }
@@ -182,13 +213,22 @@ struct Args {
     /// `--kex default`: the hosts' sshd offers OpenSSH's default key exchange (post-quantum
     /// on OpenSSH ≥ 9.0) instead of the fleet's curve25519 only.
     kex_default: bool,
+    /// `--no-warm-up`: no untimed run of each mode before the timed ones.
+    warm_up: bool,
+    /// `--modes a,b`: only these modes (their slugs); all of the tools' modes when empty.
+    modes: Vec<String>,
+    /// `--batch P`: the rolling batch, P % of the hosts (30 unless given).
+    batch_pct: usize,
+    /// `--workload tiers`: the three-tier upgrade (`tiers.rs`) instead of the one-service one.
+    tiers: bool,
     command: String,
 }
 
 const USAGE: &str = "\
 usage: bash benches/compare/run.sh [--smoke] [--hosts 50,200] [--runs 3]
            [--tools drover,ansible,pyinfra,ssh] [--out DIR] [--no-memory] [--deploy PATH]
-           [--rtt MS] [--kex default|curve25519]
+           [--rtt MS] [--kex default|curve25519] [--workload upgrade|tiers] [--batch 30%]
+           [--modes drover-rolling,ssh-rolling,…] [--no-warm-up]
 (the script passes --run or --smoke to this driver, which does nothing without one)";
 
 impl Args {
@@ -208,9 +248,14 @@ impl Args {
             deploy: None,
             rtt_ms: 0,
             kex_default: false,
+            tiers: false,
+            batch_pct: 30,
+            modes: Vec::new(),
+            warm_up: true,
             command: String::new(),
         };
-        let (mut run, mut hosts_given, mut runs_given) = (false, false, false);
+        let (mut run, mut hosts_given, mut runs_given, mut rtt_given) =
+            (false, false, false, false);
         let mut it = argv.iter();
         let mut shown = Vec::new();
         while let Some(arg) = it.next() {
@@ -258,7 +303,12 @@ impl Args {
                 "--rtt" => {
                     let v = value("--rtt")?;
                     args.rtt_ms = v.parse().map_err(|_| format!("--rtt {v}"))?;
+                    rtt_given = true;
                     shown.extend([arg.clone(), v]);
+                }
+                "--no-warm-up" => {
+                    args.warm_up = false;
+                    shown.push(arg.clone());
                 }
                 "--no-memory" => {
                     args.memory = false;
@@ -273,14 +323,55 @@ impl Args {
                     };
                     shown.extend([arg.clone(), v]);
                 }
+                "--modes" => {
+                    let v = value("--modes")?;
+                    args.modes = v.split(',').map(|m| m.trim().to_string()).collect();
+                    if let Some(m) = args
+                        .modes
+                        .iter()
+                        .find(|m| !MODES.iter().any(|x| x.slug() == *m))
+                    {
+                        let known: Vec<&str> = MODES.iter().map(|x| x.slug()).collect();
+                        return Err(format!("--modes: no mode `{m}` ({})", known.join(", ")));
+                    }
+                    shown.extend([arg.clone(), v]);
+                }
+                "--batch" => {
+                    let v = value("--batch")?;
+                    args.batch_pct = v
+                        .trim_end_matches('%')
+                        .parse()
+                        .ok()
+                        .filter(|p| (1..=100).contains(p))
+                        .ok_or_else(|| format!("--batch {v}: a share of the hosts, 1 to 100%"))?;
+                    shown.extend([arg.clone(), v]);
+                }
+                "--workload" => {
+                    let v = value("--workload")?;
+                    args.tiers = match v.as_str() {
+                        "tiers" => true,
+                        "upgrade" => false,
+                        _ => return Err(format!("--workload {v}: `upgrade` or `tiers`")),
+                    };
+                    shown.extend([arg.clone(), v]);
+                }
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
         if !run && !args.smoke {
             return Ok(None);
         }
-        if args.smoke {
+        if args.tiers {
+            // The issue's fleet: 200 hosts, 30 ms round trips; 20 hosts for the smoke test.
             if !hosts_given {
+                args.hosts = vec![if args.smoke { 20 } else { 200 }];
+            }
+            if !rtt_given {
+                args.rtt_ms = 30;
+            }
+        }
+        if args.smoke {
+            if !hosts_given && !args.tiers {
                 args.hosts = vec![10];
             }
             if !runs_given {
@@ -354,6 +445,8 @@ impl Tools {
                 Mode::AnsibleLinear | Mode::AnsibleFree => self.ansible_playbook.is_some(),
                 Mode::Pyinfra => self.pyinfra.is_some(),
                 Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs => shm().is_some(),
+                // Different from the default cap (256) only on a larger fleet.
+                Mode::DroverUncapped => args.hosts.iter().any(|&n| n > 256),
                 // A `deploy` built with the store, and Debian's etcd-server to run.
                 Mode::DroverStore | Mode::DroverPlanStore => {
                     cfg!(feature = "etcd") && which("etcd")
@@ -411,11 +504,16 @@ fn main() {
         // Read by the fleet (tests/support/fleet.rs) when it writes each host's sshd_config.
         std::env::set_var("DROVER_FLEET_KEX", "default");
     }
+    BATCH.store(args.batch_pct, Ordering::Relaxed);
     let tools = Tools::find(&args).unwrap_or_else(|e| {
         eprintln!("compare: {e}");
         std::process::exit(2);
     });
-    let modes: Vec<Mode> = MODES.into_iter().filter(|m| tools.has(&args, *m)).collect();
+    let modes: Vec<Mode> = MODES
+        .into_iter()
+        .filter(|m| tools.has(&args, *m))
+        .filter(|m| args.modes.is_empty() || args.modes.iter().any(|s| s == m.slug()))
+        .collect();
     fs::create_dir_all(args.out.join("logs")).expect("create the output directory");
     let machine = Machine::capture(&tools, args.deploy.is_some());
     // A copy of `deploy`: the shared target directory may be rebuilt during a long run.
@@ -426,6 +524,18 @@ fn main() {
         ..tools
     };
     eprintln!("compare: {}, {}", machine.date, machine.summary());
+    if args.tiers {
+        let report = tiers::run(&args, &tools, &machine);
+        println!("{report}");
+        let name = if args.smoke {
+            "tiers-smoke.md"
+        } else {
+            "tiers-results.md"
+        };
+        fs::write(args.out.join(name), &report).expect("write the results");
+        eprintln!("compare: written to {}", args.out.join(name).display());
+        return;
+    }
     let mut csv = String::from(
         "hosts,mode,run,seconds,load1,connections_per_host,sessions_per_host,machine_cpu_seconds\n",
     );
@@ -438,7 +548,7 @@ fn main() {
         // Version 1 everywhere (fresh install), then one untimed run of each mode so that
         // every tool starts warm (page cache, Python bytecode); not for the smoke test.
         bench.run(Mode::DroverAll, "install");
-        if !args.smoke {
+        if !args.smoke && args.warm_up {
             for &mode in &modes {
                 bench.run(mode, "warm-up");
             }
@@ -479,7 +589,8 @@ fn main() {
             }
         }
         if args.memory && n == largest {
-            for mode in [Mode::DroverRolling, Mode::DroverAll] {
+            let capped = [Mode::DroverRolling, Mode::DroverUncapped, Mode::DroverAll];
+            for mode in capped.into_iter().filter(|m| modes.contains(m)) {
                 let m = bench.memory(mode);
                 eprintln!("compare: N={n} {}: {}", mode.label(), m.summary());
                 memory.push((n, mode, m));
@@ -598,7 +709,7 @@ impl<'a> Bench<'a> {
     }
 
     fn batch(&self) -> usize {
-        (self.n * 3 / 10).max(1)
+        (self.n * self.args.batch_pct / 100).max(1)
     }
 
     /// Every tool's inputs but the Drover site, which carries the version (see `run`).
@@ -635,13 +746,19 @@ impl<'a> Bench<'a> {
         // Drover: two policies; the sites are written before each run.
         write(
             "rolling.kdl",
-            "policy \"rolling\" {\n    batch \"30%\"\n    max-failed \"10%\"\n    on-failure \"stop\"\n}\n".into(),
+            format!(
+                "policy \"rolling\" {{\n    batch \"{}%\"\n    max-failed \"10%\"\n    on-failure \"stop\"\n}}\n",
+                self.args.batch_pct
+            ),
         );
         // Rolling as above, but a failed host does not stop the rollout (as in pyinfra and
         // Ansible's defaults): nothing is at stake between waves, so they flow.
         write(
             "flowing.kdl",
-            "policy \"flowing\" {\n    batch \"30%\"\n    max-failed \"100%\"\n    on-failure \"continue\"\n}\n".into(),
+            format!(
+                "policy \"flowing\" {{\n    batch \"{}%\"\n    max-failed \"100%\"\n    on-failure \"continue\"\n}}\n",
+                self.args.batch_pct
+            ),
         );
         write(
             "all.kdl",
@@ -654,24 +771,14 @@ impl<'a> Bench<'a> {
             writeln!(inventory, "{name} ansible_host={address}").unwrap();
         }
         write("inventory.ini", inventory);
-        let ssh_config = self.fleet.ssh_config();
         write(
             "ansible.cfg",
-            format!(
-                "[defaults]\ninventory = {inv}\nforks = {forks}\nhost_key_checking = True\n\
-                 timeout = {CONNECT_TIMEOUT_S}\n\
-                 gathering = explicit\ninterpreter_python = /usr/bin/python3\n\
-                 retry_files_enabled = False\nnocolor = True\n\n\
-                 [ssh_connection]\npipelining = True\n\
-                 ssh_args = -F {cfg} -o ControlMaster=auto -o ControlPersist=60s\n",
-                inv = w.join("inventory.ini").display(),
-                forks = self.n.max(5),
-                cfg = ssh_config.display(),
-            ),
+            tool::ansible_cfg(&w.join("inventory.ini"), self.n.max(5), &self.fleet),
         );
         for strategy in ["linear", "free"] {
             let mut play = format!(
-                "- hosts: web\n  gather_facts: false\n  serial: \"30%\"\n  strategy: {strategy}\n  tasks:\n"
+                "- hosts: web\n  gather_facts: false\n  serial: \"{}%\"\n  strategy: {strategy}\n  tasks:\n",
+                self.args.batch_pct
             );
             for (name, step) in STEPS {
                 let text =
@@ -686,18 +793,7 @@ impl<'a> Bench<'a> {
             write(&format!("playbook-{strategy}.yml"), play);
         }
         // pyinfra: inventory with the fleet's key, known_hosts (strict) and ssh_config.
-        let mut inventory = format!(
-            "common = {{\n    \"ssh_port\": {port},\n    \"ssh_user\": \"root\",\n    \
-             \"ssh_key\": {key},\n    \"ssh_known_hosts_file\": {known},\n    \
-             \"ssh_strict_host_key_checking\": \"yes\",\n    \"ssh_config_file\": {cfg},\n    \
-             \"ssh_allow_agent\": False,\n    \"ssh_look_for_keys\": False,\n    \
-             \"ssh_paramiko_connect_kwargs\": {{\"timeout\": {t}, \"banner_timeout\": {t}, \"auth_timeout\": {t}}},\n}}\n\nweb = [\n",
-            t = CONNECT_TIMEOUT_S,
-            port = fleet::SSH_PORT,
-            key = py_string(&self.fleet.identity()),
-            known = py_string(&self.fleet.known_hosts()),
-            cfg = py_string(&ssh_config),
-        );
+        let mut inventory = format!("{}\nweb = [\n", tool::pyinfra_common(&self.fleet));
         for (name, address) in &self.addresses {
             writeln!(
                 inventory,
@@ -765,6 +861,7 @@ impl<'a> Bench<'a> {
             | Mode::DroverAllTmpfs
             | Mode::DroverFlowing
             | Mode::DroverSessions
+            | Mode::DroverUncapped
             | Mode::DroverStore => {
                 let (seconds, events, spawned, exited) = self.drover(mode, &logs, &stem, None);
                 let text = fs::read_to_string(&events).unwrap_or_default();
@@ -798,6 +895,12 @@ impl<'a> Bench<'a> {
                     &stem,
                 );
                 (seconds, None)
+            }
+            Mode::DroverStatus => {
+                let mut cmd = Command::new(&self.tools.deploy);
+                cmd.arg("status")
+                    .arg(self.write_site("rolling.kdl", "platform.kdl"));
+                (self.timed(cmd, &logs, &stem, "deploy status"), None)
             }
             Mode::DroverPlan | Mode::DroverPlanOffline => {
                 let mut cmd = Command::new(&self.tools.deploy);
@@ -853,6 +956,7 @@ impl<'a> Bench<'a> {
             Mode::DroverRolling
             | Mode::DroverRollingTmpfs
             | Mode::DroverSessions
+            | Mode::DroverUncapped
             | Mode::DroverStore => "rolling.kdl",
             Mode::DroverFlowing => "flowing.kdl",
             _ => "all.kdl",
@@ -870,10 +974,13 @@ impl<'a> Bench<'a> {
         let site = self.write_site(policy, platform);
         let events = logs.join(format!("{stem}.ndjson"));
         let mut cmd = Command::new(&self.tools.deploy);
-        cmd.arg("apply")
-            .arg(&site)
-            .args(["--yes", "--json"])
-            .current_dir(&cwd)
+        cmd.arg("apply").arg(&site).args(["--yes", "--json"]);
+        if mode == Mode::DroverUncapped {
+            // Every host's connection kept for the whole run (the default cap is 256).
+            cmd.arg("--max-connections")
+                .arg(self.n.max(256).to_string());
+        }
+        cmd.current_dir(&cwd)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&events).unwrap())
             .stderr(fs::File::create(logs.join(format!("{stem}.err"))).unwrap());
@@ -920,15 +1027,7 @@ impl<'a> Bench<'a> {
             .env("ANSIBLE_CONFIG", self.work.join("ansible.cfg"))
             .env("ANSIBLE_SSH_CONTROL_PATH_DIR", &control);
         let seconds = self.timed(cmd, logs, stem, "ansible-playbook");
-        for socket in fs::read_dir(&control).unwrap().flatten() {
-            let _ = Command::new("ssh")
-                .arg("-S")
-                .arg(socket.path())
-                .args(["-O", "exit", "ignored"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
+        tool::close_masters(&control);
         seconds
     }
 
@@ -944,16 +1043,8 @@ impl<'a> Bench<'a> {
     }
 
     /// Runs a tool with its output in the logs; the seconds it took.
-    fn timed(&self, mut cmd: Command, logs: &Path, stem: &str, what: &str) -> f64 {
-        cmd.current_dir(&self.work)
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(logs.join(format!("{stem}.out"))).unwrap())
-            .stderr(fs::File::create(logs.join(format!("{stem}.err"))).unwrap());
-        let started = Instant::now();
-        let status = cmd.status().unwrap_or_else(|e| panic!("run {what}: {e}"));
-        let seconds = started.elapsed().as_secs_f64();
-        self.require(status.success(), what, stem);
-        seconds
+    fn timed(&self, cmd: Command, logs: &Path, stem: &str, what: &str) -> f64 {
+        tool::timed(cmd, &self.work, logs, stem, what)
     }
 
     /// The floor: one plain `ssh` per host, `batch` hosts at a time, running the four steps in
@@ -1021,21 +1112,7 @@ impl<'a> Bench<'a> {
     }
 
     fn require(&self, ok: bool, what: &str, stem: &str) {
-        if !ok {
-            let logs = self.args.out.join("logs");
-            let tail = |ext: &str| {
-                let text =
-                    fs::read_to_string(logs.join(format!("{stem}.{ext}"))).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                lines[lines.len().saturating_sub(15)..].join("\n")
-            };
-            panic!(
-                "{what} failed ({stem}); its output is in {}:\n{}\n{}",
-                logs.display(),
-                tail("out"),
-                tail("err")
-            );
-        }
+        tool::require(ok, what, &self.args.out.join("logs"), stem);
     }
 
     /// An untimed Drover run whose controller memory is sampled.
@@ -1579,7 +1656,11 @@ fn render(
         (Mode::DroverRolling, Mode::AnsibleLinear, 0.15),
         (Mode::DroverRolling, Mode::AnsibleFree, 0.15),
         (Mode::DroverRolling, Mode::Pyinfra, 1.0),
-        (Mode::DroverAll, Mode::Pyinfra, 0.7),
+        // Issue 16: "all at once ≤ 0.7 × pyinfra" is retired for this CPU-bound workload
+        // (the floor itself is 0.8 to 1.0 × pyinfra here); the floor is the yardstick.
+        (Mode::DroverAll, Mode::SshAll, 1.05),
+        (Mode::DroverRolling, Mode::SshRolling, 1.15),
+        (Mode::DroverUncapped, Mode::SshRolling, 1.15),
     ];
     let mut rows = String::new();
     for (ours, theirs, target) in targets {

@@ -5,9 +5,11 @@
 #   bash benches/compare/run.sh [--hosts 50,200] [--runs 3] [--tools drover,ansible,pyinfra,ssh]
 #                               [--out DIR] [--no-memory] [--rtt MS] [--kex default|curve25519]
 #   bash benches/compare/run.sh --smoke     # 10 hosts, 1 run, debug build (CI)
+#   bash benches/compare/run.sh --workload tiers [--hosts 200] [--runs 3] [--rtt 30]
+#                               # three tiers, db → api → web (tiers.rs); --smoke: 20 hosts
 #
 # Needs root on Linux with openssh-server, openssh-client, util-linux, curl, python3 (with
-# venv), protoc and etcd (the store modes); installs the missing ones with apt-get. Makes
+# venv), protoc and etcd (the store modes), and cc (the tiers' hosts' server); installs the missing ones with apt-get. Makes
 # benches/compare/.venv (ansible-core and pyinfra from PyPI, versions in requirements.txt),
 # then runs benches/compare/main.rs: the
 # release build through `cargo bench`, or the debug build with --smoke. Results go to
@@ -30,6 +32,7 @@ python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv) # the contr
 # the store modes: `deploy` built with etcd (its build needs protoc) and a real etcd
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v etcd >/dev/null || missing+=(etcd-server)
+command -v cc >/dev/null || missing+=(gcc) # the three-tier workload's server, built on the spot
 if [ ${#missing[@]} -gt 0 ]; then
     echo "$here/run.sh: installing ${missing[*]}" >&2
     apt-get update -qq

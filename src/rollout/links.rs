@@ -1,11 +1,19 @@
 //! Open connections, at most `max` at once: reused for every step on a host, opened ahead of
 //! need, handed back to the transport when the host is done (which closes or keeps it,
 //! [`crate::transport::Kept`]), closed when another host needs the slot.
+//!
+//! A link is handed back in the background: closing an ssh master waits for it to exit, which
+//! on a loaded controller takes tens of milliseconds, and the scheduler, which hands links back
+//! as hosts finish, must not wait for that before it starts the next host (at 1,000 hosts
+//! under the cap it delayed each step's end by seconds). A link being handed back still counts
+//! against `max` until it is closed, and [`Links::close_all`] waits for every one.
 
 use crate::transport::{Link, Target, Transport, TransportError};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, OnceCell};
+use tokio::task::JoinHandle;
 
 type Cell<L> = Arc<OnceCell<Result<Arc<L>, TransportError>>>;
 
@@ -15,6 +23,9 @@ pub struct Links<T: Transport> {
     max: usize,
     open: Mutex<HashMap<String, Cell<T::Link>>>,
     freed: Notify,
+    /// Links being handed back, not yet closed or parked: they count against `max`.
+    handing_back: AtomicUsize,
+    handbacks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl<T: Transport> Links<T> {
@@ -24,6 +35,8 @@ impl<T: Transport> Links<T> {
             max: max.max(1),
             open: Mutex::new(HashMap::new()),
             freed: Notify::new(),
+            handing_back: AtomicUsize::new(0),
+            handbacks: Mutex::new(Vec::new()),
         }
     }
 
@@ -67,15 +80,34 @@ impl<T: Transport> Links<T> {
         }
     }
 
-    /// The host needs no more commands: hand its link back.
-    pub async fn release(&self, host: &str) {
-        if let Some(cell) = self.drop_entry(host) {
-            self.put_back(host, cell).await;
-        }
+    /// The host needs no more commands: hand its link back, in the background.
+    pub fn release(self: &Arc<Self>, host: &str) {
+        let Some(cell) = self.lock().remove(host) else {
+            return;
+        };
+        let Some(link) = only_holder(cell) else {
+            self.freed.notify_waiters();
+            return;
+        };
+        self.handing_back.fetch_add(1, Ordering::SeqCst);
+        let (links, host) = (self.clone(), host.to_string());
+        let handle = tokio::spawn(async move {
+            links.transport.park(&host, link).await;
+            links.handing_back.fetch_sub(1, Ordering::SeqCst);
+            links.freed.notify_waiters();
+        });
+        let mut handbacks = self.handbacks.lock().unwrap_or_else(|p| p.into_inner());
+        handbacks.retain(|h| !h.is_finished());
+        handbacks.push(handle);
     }
 
-    /// Hands every link back.
+    /// Hands every link back, and waits for those handed back before.
     pub async fn close_all(&self) {
+        let pending =
+            std::mem::take(&mut *self.handbacks.lock().unwrap_or_else(|p| p.into_inner()));
+        for handle in pending {
+            let _ = handle.await;
+        }
         let cells: Vec<(String, Cell<T::Link>)> = self.lock().drain().collect();
         for (host, c) in cells {
             self.put_back(&host, c).await;
@@ -99,7 +131,7 @@ impl<T: Transport> Links<T> {
             return Some((cell.clone(), None));
         }
         let mut evicted = None;
-        if open.len() >= self.max {
+        if open.len() + self.handing_back.load(Ordering::SeqCst) >= self.max {
             if !evict {
                 return None;
             }

@@ -551,7 +551,7 @@ impl<T: Transport> Scheduler<T> {
             host.failed.insert(s);
         }
         if self.host_step_over(h) {
-            self.links.release(&plan.hosts[h].name).await;
+            self.links.release(&plan.hosts[h].name);
         }
         self.settle(s, w);
     }

@@ -88,6 +88,8 @@ struct Counters {
     max_open: usize,
     closed: usize,
     dropped_unclosed: usize,
+    /// When each link's close ended, by host.
+    closes: Vec<(String, Instant)>,
 }
 
 struct Inner {
@@ -196,11 +198,23 @@ impl Link for FakeLink {
         })
     }
 
+    /// Closing takes the sleep of a rule matching `<close>` (an ssh master's exit).
     async fn close(mut self) {
         self.closed = true;
+        let sleep = self
+            .inner
+            .rules
+            .iter()
+            .filter(|r| r.host.as_ref().is_none_or(|h| *h == self.host))
+            .filter(|r| r.contains == "<close>")
+            .map(|r| r.sleep)
+            .max()
+            .unwrap_or_default();
+        tokio::time::sleep(sleep).await;
         let mut c = self.inner.lock();
         c.open -= 1;
         c.closed += 1;
+        c.closes.push((self.host.clone(), Instant::now()));
     }
 }
 
@@ -1266,6 +1280,52 @@ async fn one_connection_with_waves_of_one_host() {
     let ran = fx.run(Rules::default(), 1, true).await;
     assert!(ran.summary.converged(), "{:?}", ran.summary);
     assert_eq!(ran.fake.lock().max_open, 1);
+}
+
+#[tokio::test]
+async fn a_slow_close_does_not_hold_up_the_next_host() {
+    // Closing a finished host's link takes 300 ms (an ssh master's exit on a loaded
+    // controller); the scheduler hands links back in the background, so the next host of the
+    // batch-1 rollout starts at once, before that close has ended.
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"one.kdl\"")
+    );
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[]);
+    let ran = fx
+        .run(Rules::default().sleep(None, "<close>", 300), 8, true)
+        .await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    let c = ran.fake.lock();
+    assert_eq!((c.closed, c.open, c.dropped_unclosed), (3, 0, 0));
+    let order: Vec<&str> = ["app1", "app2", "app3"]
+        .into_iter()
+        .filter(|h| c.cmds.iter().any(|cmd| cmd.host == *h))
+        .collect();
+    assert_eq!(order.len(), 3, "every host ran its step");
+    // The host that finished first, and the one after it.
+    let first_start = |h: &str| {
+        c.cmds
+            .iter()
+            .filter(|cmd| cmd.host == h)
+            .map(|cmd| cmd.started)
+            .min()
+            .unwrap()
+    };
+    let mut by_start: Vec<&str> = order.clone();
+    by_start.sort_by_key(|h| first_start(h));
+    let (done, next) = (by_start[0], by_start[1]);
+    let closed_at = c
+        .closes
+        .iter()
+        .find(|(h, _)| h == done)
+        .map(|(_, t)| *t)
+        .unwrap();
+    assert!(
+        first_start(next) < closed_at,
+        "{next} waited for {done}'s link to close before it started"
+    );
 }
 
 #[tokio::test]

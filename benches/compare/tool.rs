@@ -1,0 +1,88 @@
+//! Running the tools under test, shared by both workloads: their configuration for the fleet,
+//! a timed run with its output in the logs, the failure report, the Ansible masters a run
+//! leaves.
+
+use super::fleet::Fleet;
+use super::{py_string, CONNECT_TIMEOUT_S};
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Runs `cmd` in `work` with its output in `logs/<stem>.out` and `.err`; the seconds it took.
+/// Panics, with the output's tail, when it fails.
+pub fn timed(mut cmd: Command, work: &Path, logs: &Path, stem: &str, what: &str) -> f64 {
+    cmd.current_dir(work)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(logs.join(format!("{stem}.out"))).unwrap())
+        .stderr(fs::File::create(logs.join(format!("{stem}.err"))).unwrap());
+    let started = Instant::now();
+    let status = cmd.status().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    let seconds = started.elapsed().as_secs_f64();
+    require(status.success(), what, logs, stem);
+    seconds
+}
+
+/// Panics unless `ok`, with the last lines of the run's output in `logs`.
+pub fn require(ok: bool, what: &str, logs: &Path, stem: &str) {
+    if ok {
+        return;
+    }
+    let tail = |ext: &str| {
+        let text = fs::read_to_string(logs.join(format!("{stem}.{ext}"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    };
+    panic!(
+        "{what} failed ({stem}); its output is in {}:\n{}\n{}",
+        logs.display(),
+        tail("out"),
+        tail("err")
+    );
+}
+
+/// Closes the ssh masters an Ansible run left in its control directory, so that every run
+/// starts without connections, as every other tool does.
+pub fn close_masters(control: &Path) {
+    for socket in fs::read_dir(control).into_iter().flatten().flatten() {
+        let _ = Command::new("ssh")
+            .arg("-S")
+            .arg(socket.path())
+            .args(["-O", "exit", "ignored"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Ansible's configuration for the fleet: strict host-key checking through the fleet's
+/// ssh_config, pipelining, ControlPersist, `forks` at once, no fact gathering.
+pub fn ansible_cfg(inventory: &Path, forks: usize, fleet: &Fleet) -> String {
+    format!(
+        "[defaults]\ninventory = {inv}\nforks = {forks}\nhost_key_checking = True\n\
+         timeout = {CONNECT_TIMEOUT_S}\n\
+         gathering = explicit\ninterpreter_python = /usr/bin/python3\n\
+         retry_files_enabled = False\nnocolor = True\n\n\
+         [ssh_connection]\npipelining = True\n\
+         ssh_args = -F {cfg} -o ControlMaster=auto -o ControlPersist=60s\n",
+        inv = inventory.display(),
+        cfg = fleet.ssh_config().display(),
+    )
+}
+
+/// The start of a pyinfra inventory: `common`, every host's connection settings (the fleet's
+/// key, its known_hosts with strict checking, its ssh_config).
+pub fn pyinfra_common(fleet: &Fleet) -> String {
+    format!(
+        "common = {{\n    \"ssh_port\": {port},\n    \"ssh_user\": \"root\",\n    \
+         \"ssh_key\": {key},\n    \"ssh_known_hosts_file\": {known},\n    \
+         \"ssh_strict_host_key_checking\": \"yes\",\n    \"ssh_config_file\": {cfg},\n    \
+         \"ssh_allow_agent\": False,\n    \"ssh_look_for_keys\": False,\n    \
+         \"ssh_paramiko_connect_kwargs\": {{\"timeout\": {t}, \"banner_timeout\": {t}, \"auth_timeout\": {t}}},\n}}\n",
+        t = CONNECT_TIMEOUT_S,
+        port = super::fleet::SSH_PORT,
+        key = py_string(&fleet.identity()),
+        known = py_string(&fleet.known_hosts()),
+        cfg = py_string(&fleet.ssh_config()),
+    )
+}
