@@ -545,27 +545,17 @@ fn main() {
     for &n in &args.hosts {
         let mut bench = Bench::start(n, &args, &tools);
         eprintln!("compare: {n} hosts up in {:.1} s", bench.started_in);
-        // Version 1 everywhere (fresh install), then one untimed run of each mode so that
-        // every tool starts warm (page cache, Python bytecode); not for the smoke test.
+        // Version 1 everywhere (fresh install), then the runs.
         bench.run(Mode::DroverAll, "install");
-        if !args.smoke && args.warm_up {
-            for &mode in &modes {
-                bench.run(mode, "warm-up");
-            }
-        }
-        let mut samples: Vec<(Mode, Vec<Sample>)> = modes.iter().map(|m| (*m, vec![])).collect();
-        for r in 0..args.runs {
-            // Interleaved, and rotated from run to run, so that a change in the machine's load
-            // does not fall on one tool only.
-            let mut order = modes.clone();
-            order.rotate_left(r % modes.len().max(1));
-            for mode in order {
-                let sample = bench.run(mode, &format!("run{}", r + 1));
+        let samples = tool::rounds(
+            &args,
+            &modes,
+            |mode, what| bench.run(mode, what),
+            |r, mode, sample| {
                 writeln!(
                     csv,
-                    "{n},{},{},{:.3},{:.2},{:.2},{:.2},{:.2}",
+                    "{n},{},{r},{:.3},{:.2},{:.2},{:.2},{:.2}",
                     mode.slug(),
-                    r + 1,
                     sample.seconds,
                     sample.load,
                     sample.connections,
@@ -574,20 +564,13 @@ fn main() {
                 )
                 .unwrap();
                 eprintln!(
-                    "compare: N={n} run {} {}: {:.2} s (load {:.2})",
-                    r + 1,
+                    "compare: N={n} run {r} {}: {:.2} s (load {:.2})",
                     mode.label(),
                     sample.seconds,
                     sample.load
                 );
-                samples
-                    .iter_mut()
-                    .find(|(m, _)| *m == mode)
-                    .unwrap()
-                    .1
-                    .push(sample);
-            }
-        }
+            },
+        );
         if args.memory && n == largest {
             let capped = [Mode::DroverRolling, Mode::DroverUncapped, Mode::DroverAll];
             for mode in capped.into_iter().filter(|m| modes.contains(m)) {

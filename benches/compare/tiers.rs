@@ -279,42 +279,28 @@ pub(crate) fn run(args: &Args, tools: &Tools, machine: &Machine) -> String {
              pyinfra's order {:.2} s; deploy plan {:.2} s, ssh true to every host {:.2} s",
             ideals.rolling, ideals.all, ideals.ansible, ideals.pyinfra, ideals.plan, ideals.connect
         );
-        if !args.smoke {
-            for &mode in &modes {
-                bench.run(mode, "warm-up");
-            }
-        }
-        let mut samples: Vec<(Mode, Vec<Sample>)> = modes.iter().map(|m| (*m, vec![])).collect();
-        for r in 0..args.runs {
-            let mut order = modes.clone();
-            order.rotate_left(r % modes.len().max(1));
-            for mode in order {
-                let s = bench.run(mode, &format!("run{}", r + 1));
+        let samples = super::tool::rounds(
+            args,
+            &modes,
+            |mode, what| bench.run(mode, what),
+            |r, mode, s| {
                 writeln!(
                     csv,
-                    "{n},{},{},{:.3},{:.2},{:.2}",
+                    "{n},{},{r},{:.3},{:.2},{:.2}",
                     mode.slug(),
-                    r + 1,
                     s.seconds,
                     s.load,
                     s.cpu
                 )
                 .unwrap();
                 eprintln!(
-                    "compare: tiers N={n} run {} {}: {:.2} s (load {:.2})",
-                    r + 1,
+                    "compare: tiers N={n} run {r} {}: {:.2} s (load {:.2})",
                     mode.label(),
                     s.seconds,
                     s.load
                 );
-                samples
-                    .iter_mut()
-                    .find(|(m, _)| *m == mode)
-                    .unwrap()
-                    .1
-                    .push(s);
-            }
-        }
+            },
+        );
         let shape = bench.shape();
         results.push((n, samples, ideals, shape));
     }

@@ -3,7 +3,7 @@
 //! leaves.
 
 use super::fleet::Fleet;
-use super::{py_string, CONNECT_TIMEOUT_S};
+use super::{py_string, Args, CONNECT_TIMEOUT_S};
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -85,4 +85,35 @@ pub fn pyinfra_common(fleet: &Fleet) -> String {
         known = py_string(&fleet.known_hosts()),
         cfg = py_string(&fleet.ssh_config()),
     )
+}
+
+/// The timed runs of one fleet size: one untimed run of each mode first so that every tool
+/// starts warm (page cache, Python bytecode; not for the smoke test nor with `--no-warm-up`),
+/// then `--runs` rounds, interleaved and rotated from round to round so that a change in the
+/// machine's load does not fall on one tool only. `run(mode, what)` runs a mode once;
+/// `record(round, mode, sample)` sees each timed sample. The samples, by mode.
+pub fn rounds<M: Copy + PartialEq, S>(
+    args: &Args,
+    modes: &[M],
+    mut run: impl FnMut(M, &str) -> S,
+    mut record: impl FnMut(usize, M, &S),
+) -> Vec<(M, Vec<S>)> {
+    if !args.smoke && args.warm_up {
+        for &mode in modes {
+            run(mode, "warm-up");
+        }
+    }
+    let mut samples: Vec<(M, Vec<S>)> = modes.iter().map(|m| (*m, Vec::new())).collect();
+    for r in 0..args.runs {
+        let mut order = modes.to_vec();
+        order.rotate_left(r % modes.len().max(1));
+        for mode in order {
+            let sample = run(mode, &format!("run{}", r + 1));
+            record(r + 1, mode, &sample);
+            if let Some((_, s)) = samples.iter_mut().find(|(m, _)| *m == mode) {
+                s.push(sample);
+            }
+        }
+    }
+    samples
 }
