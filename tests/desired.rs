@@ -480,3 +480,76 @@ service "art" {{
         "the first apply sent the content once to each host"
     );
 }
+
+/// Every content in `host`'s store is named by its own sha256.
+fn store_is_exact(fleet: &Fleet, host: &str) -> Vec<String> {
+    use sha2::Digest;
+    let store = fleet.host_root(host).join("var-lib/drover/files");
+    let mut wrong = Vec::new();
+    for entry in std::fs::read_dir(&store).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.len() != 64 {
+            continue;
+        }
+        let bytes = std::fs::read(entry.path()).expect("read the store");
+        let got = drover::secrets::hex(&sha2::Sha256::digest(&bytes));
+        if got != name {
+            wrong.push(format!("{name} holds content {got}"));
+        }
+    }
+    wrong
+}
+
+#[test]
+fn a_source_changed_during_the_run_is_never_stored_under_its_old_digest() {
+    let fleet = Fleet::start(&[FleetHost::new("a1", "a"), FleetHost::new("b1", "b")]);
+    fleet.write_platform("/var/lib/drover");
+    let source = fleet.dir.join("conf.txt");
+    std::fs::write(&source, "first\n").expect("source");
+    // `edit` runs before `art` (which needs it) and rewrites art's file on the controller
+    // (the fleet's directory is not one the hosts mount over): after the run read it.
+    let site = |version: &str| {
+        format!(
+            r##"site "edit" {{ version "{version}"; platform "platform.kdl" }}
+class "a" {{ service "edit" }}
+class "b" {{ service "art" }}
+service "edit" {{
+    install #"printf 'changed by %s\n' "$DEPLOY_NEW_VERSION" >'{src}'"#
+}}
+service "art" {{
+    needs "edit"
+    file "conf.txt" to="/srv/art/conf.txt"
+    install "true"
+}}
+"##,
+            src = source.display()
+        )
+    };
+    std::fs::write(fleet.dir.join("site.kdl"), site("1")).expect("site");
+    let out = support::cli::deploy_in(&fleet.dir)
+        .args(["apply", "site.kdl", "--yes"])
+        .output()
+        .expect("run deploy");
+    let log = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{log}");
+    assert!(
+        log.contains("changed after this run read it"),
+        "the step says why: {log}"
+    );
+    assert_eq!(store_is_exact(&fleet, "b1"), Vec::<String>::new());
+    assert!(
+        !fleet.host_root("b1").join("srv/art/conf.txt").exists(),
+        "nothing was put in place"
+    );
+    // The next run reads the new content and delivers it (edit writes the same text again).
+    let out = support::cli::deploy_in(&fleet.dir)
+        .args(["apply", "site.kdl", "--yes"])
+        .output()
+        .expect("run deploy");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(fleet.host_root("b1").join("srv/art/conf.txt")).unwrap(),
+        "changed by 1\n"
+    );
+    assert_eq!(store_is_exact(&fleet, "b1"), Vec::<String>::new());
+}

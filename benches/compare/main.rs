@@ -16,12 +16,15 @@
 //!
 //! `--workload tiers` runs the three-tier workload instead (`tiers.rs`: db → api → web, steps
 //! that wait, stragglers, round trips, each tool against the ideal schedule of its policy).
+//! `--workload artifact` delivers one large file instead (`artifact.rs`: against parallel
+//! `scp`, a second apply against a no-op one, memory at two sizes).
 //! `--batch P` sets the rolling batch (30 % unless given) and `--modes` picks modes by slug,
 //! for the 1,000-host run (`--hosts 1000 --batch 10`).
 //!
 //! Without `--run` or `--smoke` it prints how to run it and exits (so `cargo bench` and
 //! `cargo test --benches` do not start a fleet by accident).
 
+mod artifact;
 #[cfg(feature = "etcd")]
 #[path = "../../tests/support/etcd.rs"]
 mod etcd;
@@ -199,6 +202,14 @@ impl Mode {
     }
 }
 
+/// What the fleet is asked to do (`--workload`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Upgrade,
+    Tiers,
+    Artifact,
+}
+
 struct Args {
     smoke: bool,
     hosts: Vec<usize>,
@@ -219,15 +230,19 @@ struct Args {
     modes: Vec<String>,
     /// `--batch P`: the rolling batch, P % of the hosts (30 unless given).
     batch_pct: usize,
-    /// `--workload tiers`: the three-tier upgrade (`tiers.rs`) instead of the one-service one.
-    tiers: bool,
+    /// `--workload`: the one-service upgrade, the three tiers (`tiers.rs`) or the artifact
+    /// (`artifact.rs`).
+    workload: Workload,
+    /// `--size-mb`: the artifact's size (100 MB unless given; 8 for the smoke test).
+    size_mb: u64,
     command: String,
 }
 
 const USAGE: &str = "\
 usage: bash benches/compare/run.sh [--smoke] [--hosts 50,200] [--runs 3]
            [--tools drover,ansible,pyinfra,ssh] [--out DIR] [--no-memory] [--deploy PATH]
-           [--rtt MS] [--kex default|curve25519] [--workload upgrade|tiers] [--batch 30%]
+           [--rtt MS] [--kex default|curve25519] [--workload upgrade|tiers|artifact]
+           [--size-mb 100] [--batch 30%]
            [--modes drover-rolling,ssh-rolling,…] [--no-warm-up]
 (the script passes --run or --smoke to this driver, which does nothing without one)";
 
@@ -248,14 +263,15 @@ impl Args {
             deploy: None,
             rtt_ms: 0,
             kex_default: false,
-            tiers: false,
+            workload: Workload::Upgrade,
+            size_mb: 100,
             batch_pct: 30,
             modes: Vec::new(),
             warm_up: true,
             command: String::new(),
         };
-        let (mut run, mut hosts_given, mut runs_given, mut rtt_given) =
-            (false, false, false, false);
+        let (mut run, mut hosts_given, mut runs_given, mut rtt_given, mut size_given) =
+            (false, false, false, false, false);
         let mut it = argv.iter();
         let mut shown = Vec::new();
         while let Some(arg) = it.next() {
@@ -326,14 +342,6 @@ impl Args {
                 "--modes" => {
                     let v = value("--modes")?;
                     args.modes = v.split(',').map(|m| m.trim().to_string()).collect();
-                    if let Some(m) = args
-                        .modes
-                        .iter()
-                        .find(|m| !MODES.iter().any(|x| x.slug() == *m))
-                    {
-                        let known: Vec<&str> = MODES.iter().map(|x| x.slug()).collect();
-                        return Err(format!("--modes: no mode `{m}` ({})", known.join(", ")));
-                    }
                     shown.extend([arg.clone(), v]);
                 }
                 "--batch" => {
@@ -348,11 +356,24 @@ impl Args {
                 }
                 "--workload" => {
                     let v = value("--workload")?;
-                    args.tiers = match v.as_str() {
-                        "tiers" => true,
-                        "upgrade" => false,
-                        _ => return Err(format!("--workload {v}: `upgrade` or `tiers`")),
+                    args.workload = match v.as_str() {
+                        "tiers" => Workload::Tiers,
+                        "upgrade" => Workload::Upgrade,
+                        "artifact" => Workload::Artifact,
+                        _ => {
+                            return Err(format!("--workload {v}: `upgrade`, `tiers` or `artifact`"))
+                        }
                     };
+                    shown.extend([arg.clone(), v]);
+                }
+                "--size-mb" => {
+                    let v = value("--size-mb")?;
+                    args.size_mb = v
+                        .parse()
+                        .ok()
+                        .filter(|&s| s > 0)
+                        .ok_or_else(|| format!("--size-mb {v}: a positive number of MB"))?;
+                    size_given = true;
                     shown.extend([arg.clone(), v]);
                 }
                 other => return Err(format!("unknown argument `{other}`")),
@@ -361,7 +382,24 @@ impl Args {
         if !run && !args.smoke {
             return Ok(None);
         }
-        if args.tiers {
+        let slugs: Vec<&str> = match args.workload {
+            Workload::Upgrade => MODES.iter().map(|x| x.slug()).collect(),
+            Workload::Tiers => tiers::SLUGS.to_vec(),
+            Workload::Artifact => artifact::SLUGS.to_vec(),
+        };
+        if let Some(m) = args.modes.iter().find(|m| !slugs.contains(&m.as_str())) {
+            return Err(format!("--modes: no mode `{m}` ({})", slugs.join(", ")));
+        }
+        if args.workload == Workload::Artifact {
+            // The issue's: 100 MB to 50 hosts; 8 MB to 5 hosts for the smoke test.
+            if !hosts_given {
+                args.hosts = vec![if args.smoke { 5 } else { 50 }];
+            }
+            if !size_given && args.smoke {
+                args.size_mb = 8;
+            }
+        }
+        if args.workload == Workload::Tiers {
             // The issue's fleet: 200 hosts, 30 ms round trips; 20 hosts for the smoke test.
             if !hosts_given {
                 args.hosts = vec![if args.smoke { 20 } else { 200 }];
@@ -371,7 +409,7 @@ impl Args {
             }
         }
         if args.smoke {
-            if !hosts_given && !args.tiers {
+            if !hosts_given && args.workload == Workload::Upgrade {
                 args.hosts = vec![10];
             }
             if !runs_given {
@@ -524,16 +562,17 @@ fn main() {
         ..tools
     };
     eprintln!("compare: {}, {}", machine.date, machine.summary());
-    if args.tiers {
-        let report = tiers::run(&args, &tools, &machine);
+    let other = match args.workload {
+        Workload::Artifact => Some(("artifact", artifact::run(&args, &tools, &machine))),
+        Workload::Tiers => Some(("tiers", tiers::run(&args, &tools, &machine))),
+        Workload::Upgrade => None,
+    };
+    if let Some((stem, report)) = other {
         println!("{report}");
-        let name = if args.smoke {
-            "tiers-smoke.md"
-        } else {
-            "tiers-results.md"
-        };
-        fs::write(args.out.join(name), &report).expect("write the results");
-        eprintln!("compare: written to {}", args.out.join(name).display());
+        let kind = if args.smoke { "smoke" } else { "results" };
+        let path = args.out.join(format!("{stem}-{kind}.md"));
+        fs::write(&path, &report).expect("write the results");
+        eprintln!("compare: written to {}", path.display());
         return;
     }
     let mut csv = String::from(
@@ -969,23 +1008,9 @@ impl<'a> Bench<'a> {
             .stderr(fs::File::create(logs.join(format!("{stem}.err"))).unwrap());
         let spawned = SystemTime::now();
         let started = Instant::now();
-        let mut child = cmd.spawn().expect("run deploy");
-        let status = match memory {
-            Some(m) => {
-                let done = AtomicBool::new(false);
-                let marker = self.fleet.ssh_config().display().to_string();
-                let pid = child.id();
-                std::thread::scope(|s| {
-                    let sampler = s.spawn(|| sample(pid, &marker, &done));
-                    let status = child.wait();
-                    done.store(true, Ordering::Relaxed);
-                    *m = sampler.join().unwrap();
-                    status
-                })
-            }
-            None => child.wait(),
-        }
-        .expect("wait for deploy");
+        let child = cmd.spawn().expect("run deploy");
+        let marker = self.fleet.ssh_config().display().to_string();
+        let status = wait_sampled(child, &marker, memory).expect("wait for deploy");
         let seconds = started.elapsed().as_secs_f64();
         let exited = SystemTime::now();
         self.require(status.success(), "deploy apply", stem);
@@ -1187,6 +1212,27 @@ impl Memory {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
+}
+
+/// Waits for `child` (a `deploy`), sampling its memory and its masters' (those whose command
+/// line names `marker`) into `memory` when given.
+fn wait_sampled(
+    mut child: std::process::Child,
+    marker: &str,
+    memory: Option<&mut Memory>,
+) -> std::io::Result<std::process::ExitStatus> {
+    let Some(m) = memory else {
+        return child.wait();
+    };
+    let done = AtomicBool::new(false);
+    let pid = child.id();
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| sample(pid, marker, &done));
+        let status = child.wait();
+        done.store(true, Ordering::Relaxed);
+        *m = sampler.join().unwrap();
+        status
+    })
 }
 
 /// Samples /proc every 50 ms until `done`: `deploy` (pid) and every `ssh -M` master whose

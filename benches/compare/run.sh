@@ -7,6 +7,8 @@
 #   bash benches/compare/run.sh --smoke     # 10 hosts, 1 run, debug build (CI)
 #   bash benches/compare/run.sh --workload tiers [--hosts 200] [--runs 3] [--rtt 30]
 #                               # three tiers, db → api → web (tiers.rs); --smoke: 20 hosts
+#   bash benches/compare/run.sh --workload artifact [--hosts 50] [--size-mb 100]
+#                               # one large file against scp (artifact.rs); --smoke: 5 hosts, 8 MB
 #
 # Needs root on Linux with openssh-server, openssh-client, util-linux, curl, python3 (with
 # venv), protoc and etcd (the store modes), and cc (the tiers' hosts' server); installs the missing ones with apt-get. Makes

@@ -158,6 +158,15 @@ const MODES: [Mode; 5] = [
     Mode::Pyinfra,
 ];
 
+/// Every mode's slug, for `--modes`.
+pub(crate) const SLUGS: [&str; 5] = [
+    "tiers-drover-rolling",
+    "tiers-drover-persist",
+    "tiers-drover-all",
+    "tiers-ansible-free",
+    "tiers-pyinfra",
+];
+
 impl Mode {
     fn label(self) -> &'static str {
         match self {
@@ -172,13 +181,7 @@ impl Mode {
     }
 
     fn slug(self) -> &'static str {
-        match self {
-            Mode::DroverRolling => "tiers-drover-rolling",
-            Mode::DroverPersist => "tiers-drover-persist",
-            Mode::DroverAll => "tiers-drover-all",
-            Mode::AnsibleFree => "tiers-ansible-free",
-            Mode::Pyinfra => "tiers-pyinfra",
-        }
+        SLUGS[self as usize]
     }
 
     fn available(self, args: &Args, tools: &Tools) -> bool {
@@ -266,6 +269,7 @@ pub(crate) fn run(args: &Args, tools: &Tools, machine: &Machine) -> String {
     let modes: Vec<Mode> = MODES
         .into_iter()
         .filter(|m| m.available(args, tools))
+        .filter(|m| args.modes.is_empty() || args.modes.iter().any(|s| s == m.slug()))
         .collect();
     let mut csv = String::from("hosts,mode,run,seconds,load1,machine_cpu_seconds\n");
     let mut results: Vec<Size> = Vec::new();
@@ -879,23 +883,7 @@ fn render(args: &Args, machine: &Machine, results: &[Size]) -> String {
     for (n, _, _, shape) in results {
         writeln!(out, "- N = {n}: {shape}").unwrap();
     }
-    if args.rtt_ms > 0 {
-        writeln!(
-            out,
-            "- every SSH connection through `benches/compare/delay.py`: {} ms added to each \
-             round trip",
-            args.rtt_ms
-        )
-        .unwrap();
-    }
-    writeln!(out, "- machine: {}", machine.summary()).unwrap();
-    writeln!(
-        out,
-        "- load average before: {}; 1-minute load at the start of the timed runs: median {:.2}",
-        machine.load_before,
-        median(&loads)
-    )
-    .unwrap();
+    super::tool::environment(&mut out, args, machine, &loads);
     writeln!(
         out,
         "- versions: {} (tree: {}); ansible-core: {}; pyinfra: {}; {}",

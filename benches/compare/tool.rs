@@ -3,7 +3,7 @@
 //! leaves.
 
 use super::fleet::Fleet;
-use super::{py_string, Args, CONNECT_TIMEOUT_S};
+use super::{py_string, Args, Machine, CONNECT_TIMEOUT_S};
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -116,4 +116,27 @@ pub fn rounds<M: Copy + PartialEq, S>(
         }
     }
     samples
+}
+
+/// The lines of a report that say where it ran: the round trip added (if any), the machine,
+/// and its load before and during the timed runs (`loads`, one per run).
+pub fn environment(out: &mut String, args: &Args, machine: &Machine, loads: &[f64]) {
+    use std::fmt::Write as _;
+    if args.rtt_ms > 0 {
+        writeln!(
+            out,
+            "- every SSH connection through `benches/compare/delay.py`: {} ms added to each \
+             round trip",
+            args.rtt_ms
+        )
+        .unwrap();
+    }
+    writeln!(out, "- machine: {}", machine.summary()).unwrap();
+    writeln!(
+        out,
+        "- load average before: {}; 1-minute load at the start of the timed runs: median {:.2}",
+        machine.load_before,
+        super::stats::median(loads)
+    )
+    .unwrap();
 }

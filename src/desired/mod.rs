@@ -27,8 +27,9 @@ use thiserror::Error;
 pub struct Desired {
     services: Vec<ServiceInputs>,
     /// The sha256 of every plain file's source, read once when the run resolved what each
-    /// host must run: the steps send the content recorded under that digest.
-    digests: HashMap<PathBuf, String>,
+    /// host must run, and the source's stamp then: the steps send the content recorded under
+    /// that digest, and check that the source they sent still has that stamp.
+    digests: HashMap<PathBuf, (String, Stamp)>,
 }
 
 /// One service's inputs: what every host shares, and the template files that differ per host.
@@ -57,8 +58,9 @@ pub struct Delivery {
 /// A delivered file's content.
 #[derive(Clone)]
 pub enum Content {
-    /// A file on the controller, streamed as it is.
-    Path(PathBuf),
+    /// A file on the controller, streamed as it is; `stamp` is what it was when it was
+    /// digested.
+    Path { path: PathBuf, stamp: Stamp },
     /// A rendered template.
     Rendered {
         text: Arc<String>,
@@ -70,7 +72,7 @@ pub enum Content {
 impl std::fmt::Debug for Content {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Content::Path(p) => write!(f, "Path({})", p.display()),
+            Content::Path { path, .. } => write!(f, "Path({})", path.display()),
             Content::Rendered { text, secret } => match secret {
                 true => f.write_str("Rendered([secret])"),
                 false => write!(f, "Rendered({} bytes)", text.len()),
@@ -122,14 +124,14 @@ fn count(n: usize) -> String {
 /// host it goes to, and every problem reported at once (one per template file).
 pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired, DesiredErrors> {
     let mut errors = Vec::new();
-    let mut digests: HashMap<PathBuf, String> = HashMap::new();
+    let mut digests: HashMap<PathBuf, (String, Stamp)> = HashMap::new();
     for f in site.services.iter().flat_map(|s| &s.files) {
         if f.template.is_some() || digests.contains_key(&f.source) {
             continue;
         }
         match digest_file(&f.source) {
-            Ok(d) => {
-                digests.insert(f.source.clone(), d);
+            Ok(read) => {
+                digests.insert(f.source.clone(), read);
             }
             Err(e) => errors.push(DesiredError::Unreadable {
                 path: f.source.display().to_string(),
@@ -158,7 +160,7 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
             common.insert(format!("needs:{name}"), pool.entry.clone());
         }
         for f in service.files.iter().filter(|f| f.template.is_none()) {
-            if let Some(d) = digests.get(&f.source) {
+            if let Some((d, _)) = digests.get(&f.source) {
                 common.insert(
                     format!("file:{}", f.to),
                     format!("{d} {:o}", f.mode()).into(),
@@ -332,14 +334,18 @@ impl Desired {
         for f in &s.files {
             match &f.template {
                 None => {
-                    let digest = self.digests.get(&f.source).cloned().ok_or_else(|| {
-                        format!("{} was not read when the run planned", f.source.display())
-                    })?;
+                    let (digest, stamp) =
+                        self.digests.get(&f.source).cloned().ok_or_else(|| {
+                            format!("{} was not read when the run planned", f.source.display())
+                        })?;
                     out.push(Delivery {
                         to: f.to.clone(),
                         mode: f.mode(),
                         digest,
-                        content: Content::Path(f.source.clone()),
+                        content: Content::Path {
+                            path: f.source.clone(),
+                            stamp,
+                        },
                     });
                 }
                 Some(t) => {
@@ -413,10 +419,50 @@ fn content_digest(bytes: &[u8], secret: bool, secrets: &Secrets) -> String {
     }
 }
 
-/// sha256 of a file's content, read in chunks.
-pub fn digest_file(path: &Path) -> std::io::Result<String> {
+/// What identifies one content of a file on the controller without reading it: its size,
+/// modification and change times, inode and device. A write, a truncation, a copy over it or a
+/// rename onto it changes the stamp (a change time cannot be set back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    ino: u64,
+    dev: u64,
+}
+
+impl Stamp {
+    pub fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            ino: meta.ino(),
+            dev: meta.dev(),
+        }
+    }
+
+    /// Whether `path` still has this stamp; the reason when it does not.
+    pub fn check(&self, path: &Path) -> Result<(), String> {
+        match std::fs::metadata(path) {
+            Ok(m) if Stamp::of(&m) == *self => Ok(()),
+            Ok(_) => Err(format!(
+                "{} changed after this run read it; what was sent is not kept: run `deploy \
+                 apply` again to deliver the new content",
+                path.display()
+            )),
+            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+}
+
+/// sha256 of a file's content, read in chunks, and its stamp (the same before and after the
+/// read, or the file changed while it was read: an error).
+pub fn digest_file(path: &Path) -> std::io::Result<(String, Stamp)> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
+    let before = Stamp::of(&f.metadata()?);
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -426,7 +472,12 @@ pub fn digest_file(path: &Path) -> std::io::Result<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hex(&hasher.finalize()))
+    if Stamp::of(&std::fs::metadata(path)?) != before {
+        return Err(std::io::Error::other(
+            "it changed while it was read; read it again when it no longer changes",
+        ));
+    }
+    Ok((hex(&hasher.finalize()), before))
 }
 
 impl crate::state::store::Fingerprints for Desired {

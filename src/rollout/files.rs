@@ -1,9 +1,9 @@
 //! Delivering a step's files: the contents a host's store lacks are streamed to it over the
-//! host's connection, then every file is put in place atomically (`state::files` has the
-//! host's side).
+//! host's connection, kept only if their source did not change while they were sent, then
+//! every file is put in place atomically (`state::files` has the host's side).
 
 use crate::desired::{Content, Delivery};
-use crate::state::{missing_script, place_script, receive_script, Inputs, Placed};
+use crate::state::{commit_script, missing_script, place_script, receive_script, Inputs, Placed};
 use crate::transport::{Link, Payload};
 
 /// What a delivery sent.
@@ -60,17 +60,22 @@ pub async fn deliver<L: Link>(
         contents: 0,
         bytes: 0,
     };
+    let mut received: Vec<&str> = Vec::new();
     for digest in &missing {
         let Some(f) = files.iter().find(|f| f.digest == *digest) else {
             continue;
         };
         let (payload, size) = match &f.content {
-            Content::Path(p) => (
-                Payload::File(p),
-                std::fs::metadata(p)
-                    .map(|m| m.len())
-                    .map_err(|e| (false, format!("cannot read {}: {e}", p.display())))?,
-            ),
+            Content::Path { path, stamp } => {
+                // Sent only while it is what was digested (its size is the stamp's).
+                stamp.check(path).map_err(|e| (false, e))?;
+                (
+                    Payload::File(path),
+                    std::fs::metadata(path)
+                        .map(|m| m.len())
+                        .map_err(|e| (false, format!("cannot read {}: {e}", path.display())))?,
+                )
+            }
             Content::Rendered { text, .. } => (Payload::Bytes(text.as_bytes()), text.len() as u64),
         };
         let out = link
@@ -80,6 +85,12 @@ pub async fn deliver<L: Link>(
         if !out.success() {
             return Err((false, failed(&format!("sending {}", f.to), &out.stderr)));
         }
+        // What was sent is the digested content only if the source did not change meanwhile;
+        // else it is left uncommitted (never stored under that digest).
+        if let Content::Path { path, stamp } = &f.content {
+            stamp.check(path).map_err(|e| (false, e))?;
+        }
+        received.push(*digest);
         sent.contents += 1;
         sent.bytes += size;
     }
@@ -102,10 +113,9 @@ pub async fn deliver<L: Link>(
                 .collect()
         })
         .unwrap_or_default();
-    let out = link
-        .run(&place_script(state_dir, service, &placed, &known))
-        .await
-        .map_err(|e| (true, e.to_string()))?;
+    let script =
+        commit_script(state_dir, &received) + &place_script(state_dir, service, &placed, &known);
+    let out = link.run(&script).await.map_err(|e| (true, e.to_string()))?;
     if !out.success() {
         return Err((true, failed("putting the files in place", &out.stderr)));
     }

@@ -48,16 +48,36 @@ pub fn missing_script(state_dir: &str, digests: &[&str]) -> String {
     )
 }
 
-/// Reads standard input into the store as `digest`: a temporary file in the store, its size
-/// checked against `size` (a cut-off transfer is never stored), synced, renamed.
+/// Reads standard input into the store as `digest`'s received copy, `.<digest>.tmp`: its size
+/// checked against `size` (a cut-off transfer is never kept) and synced. It is not the stored
+/// content yet: [`commit_script`] names it, once the controller knows that what it sent is what
+/// it digested (its source did not change under it).
 pub fn receive_script(state_dir: &str, digest: &str, size: u64) -> String {
-    let store = store_dir(state_dir);
-    let tmp = quote(&format!("{store}/.{digest}.tmp"));
+    let tmp = quote(&received(state_dir, digest));
     format!(
-        "umask 077 && mkdir -p {store} && cat >{tmp} && {{ [ \"$(wc -c <{tmp})\" -eq {size} ] || {{ echo \"drover: received $(wc -c <{tmp}) of {size} bytes\" >&2; rm -f {tmp}; exit 1; }}; }} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {file}",
-        store = quote(&store),
-        file = quote(&format!("{store}/{digest}")),
+        "umask 077 && mkdir -p {store} && cat >{tmp} && {{ [ \"$(wc -c <{tmp})\" -eq {size} ] || {{ echo \"drover: received $(wc -c <{tmp}) of {size} bytes\" >&2; rm -f {tmp}; exit 1; }}; }} && {{ sync {tmp} 2>/dev/null || true; }}",
+        store = quote(&store_dir(state_dir)),
     )
+}
+
+/// `<store>/.<digest>.tmp`: a received content not yet committed.
+fn received(state_dir: &str, digest: &str) -> String {
+    format!("{}/.{digest}.tmp", store_dir(state_dir))
+}
+
+/// Makes each received content (see [`receive_script`]) the store's content under its digest:
+/// a rename each. Run before [`place_script`], in the same command.
+pub fn commit_script(state_dir: &str, digests: &[&str]) -> String {
+    digests
+        .iter()
+        .map(|d| {
+            format!(
+                "mv -f {tmp} {file} || {{ echo \"drover: cannot store a received content\" >&2; exit 1; }}\n",
+                tmp = quote(&received(state_dir, d)),
+                file = quote(&format!("{}/{d}", store_dir(state_dir))),
+            )
+        })
+        .collect()
 }
 
 /// `path` split into its directory and its name.

@@ -11,7 +11,9 @@ mod status;
 pub mod store;
 mod unreadable;
 
-pub use files::{missing_script, place_script, receive_script, restore_script, store_dir, Placed};
+pub use files::{
+    commit_script, missing_script, place_script, receive_script, restore_script, store_dir, Placed,
+};
 pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};
 pub use private::{append_private, private_dir};

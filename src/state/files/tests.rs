@@ -25,7 +25,7 @@ fn digest(bytes: &[u8]) -> String {
     crate::secrets::hex(&sha2::Sha256::digest(bytes))
 }
 
-/// Receives `content` into the store of `state`; its digest.
+/// Receives `content` into the store of `state` and commits it; its digest.
 fn receive(dir: &Path, state: &str, content: &[u8]) -> String {
     let d = digest(content);
     let out = sh(
@@ -33,6 +33,12 @@ fn receive(dir: &Path, state: &str, content: &[u8]) -> String {
         dir,
         content,
     );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sh(&commit_script(state, &[&d]), dir, b"");
     assert!(
         out.status.success(),
         "{}",
@@ -68,6 +74,26 @@ fn the_store_says_what_it_lacks_and_keeps_what_it_receives() {
 }
 
 #[test]
+fn a_received_content_is_not_stored_until_it_is_committed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state").display().to_string();
+    let d = digest(b"content");
+    let out = sh(&receive_script(&state, &d, 7), dir.path(), b"content");
+    assert!(out.status.success());
+    let out = sh(&missing_script(&state, &[&d]), dir.path(), b"");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{d}\n"));
+    assert!(sh(&commit_script(&state, &[&d]), dir.path(), b"")
+        .status
+        .success());
+    let out = sh(&missing_script(&state, &[&d]), dir.path(), b"");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert_eq!(
+        std::fs::read(Path::new(&state).join("files").join(&d)).expect("stored"),
+        b"content"
+    );
+}
+
+#[test]
 fn a_cut_off_transfer_is_not_stored() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state").display().to_string();
@@ -76,6 +102,10 @@ fn a_cut_off_transfer_is_not_stored() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("received 5 of 13 bytes"));
     assert!(!Path::new(&state).join("files").join(&d).exists());
+    assert!(!Path::new(&state)
+        .join("files")
+        .join(format!(".{d}.tmp"))
+        .exists());
 }
 
 #[test]
