@@ -443,6 +443,11 @@ impl Stamp {
         }
     }
 
+    /// The file's size then.
+    pub fn size(&self) -> u64 {
+        self.len
+    }
+
     /// Whether `path` still has this stamp; the reason when it does not.
     pub fn check(&self, path: &Path) -> Result<(), String> {
         match std::fs::metadata(path) {

@@ -3,7 +3,9 @@
 //! every file is put in place atomically (`state::files` has the host's side).
 
 use crate::desired::{Content, Delivery};
-use crate::state::{commit_script, missing_script, place_script, receive_script, Inputs, Placed};
+use crate::state::{
+    commit_script, discard_script, missing_script, place_script, receive_script, Inputs, Placed,
+};
 use crate::transport::{Link, Payload};
 
 /// What a delivery sent.
@@ -67,14 +69,9 @@ pub async fn deliver<L: Link>(
         };
         let (payload, size) = match &f.content {
             Content::Path { path, stamp } => {
-                // Sent only while it is what was digested (its size is the stamp's).
+                // Sent only while it is what was digested.
                 stamp.check(path).map_err(|e| (false, e))?;
-                (
-                    Payload::File(path),
-                    std::fs::metadata(path)
-                        .map(|m| m.len())
-                        .map_err(|e| (false, format!("cannot read {}: {e}", path.display())))?,
-                )
+                (Payload::File(path), stamp.size())
             }
             Content::Rendered { text, .. } => (Payload::Bytes(text.as_bytes()), text.len() as u64),
         };
@@ -88,7 +85,11 @@ pub async fn deliver<L: Link>(
         // What was sent is the digested content only if the source did not change meanwhile;
         // else it is left uncommitted (never stored under that digest).
         if let Content::Path { path, stamp } = &f.content {
-            stamp.check(path).map_err(|e| (false, e))?;
+            if let Err(e) = stamp.check(path) {
+                // Best effort: the host keeps nothing that will never be committed.
+                let _ = link.run(&discard_script(state_dir, digest)).await;
+                return Err((false, e));
+            }
         }
         received.push(*digest);
         sent.contents += 1;
@@ -130,3 +131,6 @@ fn failed(what: &str, stderr: &[u8]) -> String {
         None => format!("{what} failed"),
     }
 }
+
+#[cfg(test)]
+mod tests;

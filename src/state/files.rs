@@ -65,6 +65,11 @@ fn received(state_dir: &str, digest: &str) -> String {
     format!("{}/.{digest}.tmp", store_dir(state_dir))
 }
 
+/// Removes what [`receive_script`] received as `digest`, to be committed never.
+pub fn discard_script(state_dir: &str, digest: &str) -> String {
+    format!("rm -f {}", quote(&received(state_dir, digest)))
+}
+
 /// Makes each received content (see [`receive_script`]) the store's content under its digest:
 /// a rename each. Run before [`place_script`], in the same command.
 pub fn commit_script(state_dir: &str, digests: &[&str]) -> String {

@@ -12,7 +12,8 @@ pub mod store;
 mod unreadable;
 
 pub use files::{
-    commit_script, missing_script, place_script, receive_script, restore_script, store_dir, Placed,
+    commit_script, discard_script, missing_script, place_script, receive_script, restore_script,
+    store_dir, Placed,
 };
 pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};

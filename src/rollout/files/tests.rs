@@ -1,0 +1,113 @@
+//! Delivering a plain file with the host's side run by the real `/bin/sh` in a temporary
+//! directory: what arrives is kept only if its source did not change while it was sent.
+
+use super::*;
+use crate::desired::{digest_file, Content, Delivery};
+use crate::transport::{Output, TransportError};
+use std::path::{Path, PathBuf};
+
+/// A link to "a host" that is a directory here; with `change`, the source is rewritten while
+/// it is being sent (after the host read it, before `send` returns).
+struct Sh {
+    dir: PathBuf,
+    change: Option<PathBuf>,
+}
+
+fn sh(script: &str, dir: &Path, input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh runs");
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input);
+    }
+    let out = child.wait_with_output().expect("sh ends");
+    Output {
+        code: out.status.code(),
+        stdout: out.stdout,
+        stderr: out.stderr,
+    }
+}
+
+impl Link for Sh {
+    async fn run(&self, script: &str) -> Result<Output, TransportError> {
+        Ok(sh(script, &self.dir, b""))
+    }
+    async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
+        let out = sh(script, &self.dir, input);
+        if let Some(source) = &self.change {
+            std::fs::write(source, b"changed while it was sent\n").expect("rewrite the source");
+        }
+        Ok(out)
+    }
+    async fn close(self) {}
+}
+
+/// A host directory, a source file and its delivery to `<host>/srv/app.conf`.
+fn setup() -> (tempfile::TempDir, String, PathBuf, Vec<Delivery>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state").display().to_string();
+    let source = dir.path().join("app.conf");
+    std::fs::write(&source, b"the content digested\n").expect("source");
+    let (digest, stamp) = digest_file(&source).expect("digest");
+    let files = vec![Delivery {
+        to: dir.path().join("srv/app.conf").display().to_string(),
+        mode: 0o644,
+        digest,
+        content: Content::Path {
+            path: source.clone(),
+            stamp,
+        },
+    }];
+    (dir, state, source, files)
+}
+
+#[tokio::test]
+async fn a_source_that_holds_is_stored_under_its_digest_and_placed() {
+    let (dir, state, _, files) = setup();
+    let link = Sh {
+        dir: dir.path().to_path_buf(),
+        change: None,
+    };
+    let sent = deliver(&link, &state, "app", &files, None)
+        .await
+        .expect("delivered");
+    assert_eq!((sent.contents, sent.bytes), (1, 21));
+    let stored = Path::new(&state).join("files").join(&files[0].digest);
+    assert_eq!(
+        std::fs::read(stored).expect("stored"),
+        b"the content digested\n"
+    );
+    assert_eq!(
+        std::fs::read(&files[0].to).expect("placed"),
+        b"the content digested\n"
+    );
+}
+
+#[tokio::test]
+async fn a_source_changed_while_it_was_sent_is_neither_stored_nor_placed() {
+    let (dir, state, source, files) = setup();
+    let link = Sh {
+        dir: dir.path().to_path_buf(),
+        change: Some(source),
+    };
+    let Err((placed, why)) = deliver(&link, &state, "app", &files, None).await else {
+        panic!("a delivery of a source that changed while it was sent succeeded");
+    };
+    assert!(!placed, "nothing was put in place");
+    assert!(why.contains("changed after this run read it"), "{why}");
+    let store = Path::new(&state).join("files");
+    let left: Vec<String> = std::fs::read_dir(&store)
+        .expect("the store")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "the store keeps nothing of it");
+    assert!(!Path::new(&files[0].to).exists());
+}
