@@ -7,6 +7,8 @@ differ is compiled again, with every crate above it (serde's or tokio's: minutes
 
 Prints each such crate and the features to name in Cargo.toml's feature-unification list, and
 exits 1; prints one line and exits 0 when there is none. Reads `cargo tree`; builds nothing.
+`cargo tree` lists a crate built for build scripts and proc macros like one built for the
+target: a feature set that matches only the tests' build-script copy passes unnoticed.
 """
 import collections
 import subprocess

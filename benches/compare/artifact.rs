@@ -248,7 +248,8 @@ impl<'a> ArtifactBench<'a> {
     }
 
     /// New content for the big file: `bytes` long, from the next seed. Each host's store is
-    /// first pruned to the content in place, so that the disk holds at most two per host.
+    /// first pruned to the content in place (with the new one, two in the store; with the placed
+    /// file and `scp`'s copy, four times the size per host on the fleet's disk).
     fn renew(&mut self, bytes: u64) {
         if !self.digest.is_empty() {
             for h in &self.hosts {
@@ -297,6 +298,11 @@ impl<'a> ArtifactBench<'a> {
     /// `sync`, each host's copy then synced to disk (`ssh HOST sync FILE`, a second connection).
     fn scp(&self, logs: &Path, stem: &str, sync: bool) -> f64 {
         let source = self.work.join("big.bin");
+        // The previous run's copies go first (untimed), so that only this run's can pass.
+        for h in &self.hosts {
+            let copy = self.fleet.host_root(h).join(SCP_TO.trim_start_matches('/'));
+            let _ = fs::remove_file(copy);
+        }
         let started = Instant::now();
         let failed: Vec<String> = std::thread::scope(|s| {
             let handles: Vec<_> = self

@@ -421,7 +421,9 @@ fn content_digest(bytes: &[u8], secret: bool, secrets: &Secrets) -> String {
 
 /// What identifies one content of a file on the controller without reading it: its size,
 /// modification and change times, inode and device. A write, a truncation, a copy over it or a
-/// rename onto it changes the stamp (a change time cannot be set back).
+/// rename onto it changes the stamp (a change time cannot be set back), but for a rewrite of
+/// the same size within one tick of the file system's clock; a `chmod` or `touch` changes it
+/// too (the file is then read again on the next run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
     len: u64,
@@ -453,8 +455,8 @@ impl Stamp {
         match std::fs::metadata(path) {
             Ok(m) if Stamp::of(&m) == *self => Ok(()),
             Ok(_) => Err(format!(
-                "{} changed after this run read it; what was sent is not kept: run `deploy \
-                 apply` again to deliver the new content",
+                "{} changed after this run read it: it is not put in place (nothing of it is \
+                 kept); run `deploy apply` again to deliver its new content",
                 path.display()
             )),
             Err(e) => Err(format!("cannot read {}: {e}", path.display())),
@@ -479,7 +481,7 @@ pub fn digest_file(path: &Path) -> std::io::Result<(String, Stamp)> {
     }
     if Stamp::of(&std::fs::metadata(path)?) != before {
         return Err(std::io::Error::other(
-            "it changed while it was read; read it again when it no longer changes",
+            "it changed while it was read: run the command again once it no longer changes",
         ));
     }
     Ok((hex(&hasher.finalize()), before))

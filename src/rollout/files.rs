@@ -5,6 +5,7 @@
 use crate::desired::{Content, Delivery};
 use crate::state::{
     commit_script, discard_script, missing_script, place_script, receive_script, Inputs, Placed,
+    NOTHING_PLACED,
 };
 use crate::transport::{Link, Payload};
 
@@ -67,33 +68,19 @@ pub async fn deliver<L: Link>(
         let Some(f) = files.iter().find(|f| f.digest == *digest) else {
             continue;
         };
-        let (payload, size) = match &f.content {
-            Content::Path { path, stamp } => {
-                // Sent only while it is what was digested.
-                stamp.check(path).map_err(|e| (false, e))?;
-                (Payload::File(path), stamp.size())
+        match receive(link, state_dir, digest, f).await {
+            Ok(size) => {
+                received.push(*digest);
+                sent.contents += 1;
+                sent.bytes += size;
             }
-            Content::Rendered { text, .. } => (Payload::Bytes(text.as_bytes()), text.len() as u64),
-        };
-        let out = link
-            .send(&receive_script(state_dir, digest, size), payload)
-            .await
-            .map_err(|e| (false, format!("sending {}: {e}", f.to)))?;
-        if !out.success() {
-            return Err((false, failed(&format!("sending {}", f.to), &out.stderr)));
-        }
-        // What was sent is the digested content only if the source did not change meanwhile;
-        // else it is left uncommitted (never stored under that digest).
-        if let Content::Path { path, stamp } = &f.content {
-            if let Err(e) = stamp.check(path) {
+            Err(e) => {
                 // Best effort: the host keeps nothing that will never be committed.
-                let _ = link.run(&discard_script(state_dir, digest)).await;
+                received.push(*digest);
+                let _ = link.run(&discard_script(state_dir, &received)).await;
                 return Err((false, e));
             }
         }
-        received.push(*digest);
-        sent.contents += 1;
-        sent.bytes += size;
     }
     let placed: Vec<Placed> = files
         .iter()
@@ -118,9 +105,46 @@ pub async fn deliver<L: Link>(
         commit_script(state_dir, &received) + &place_script(state_dir, service, &placed, &known);
     let out = link.run(&script).await.map_err(|e| (true, e.to_string()))?;
     if !out.success() {
-        return Err((true, failed("putting the files in place", &out.stderr)));
+        // Before any target changed, the previous list of what was replaced still stands:
+        // nothing to put back (putting it back would restore the placement before last).
+        let placed = out.code != Some(NOTHING_PLACED);
+        return Err((placed, failed("putting the files in place", &out.stderr)));
     }
     Ok(sent)
+}
+
+/// Sends `f`'s content to the host as `digest`'s received copy; its size. A plain file is sent
+/// only while its source is what was digested, and what arrived counts only if the source did
+/// not change while it was sent (a changed size also fails the host's size check: the stamp
+/// says why).
+async fn receive<L: Link>(
+    link: &L,
+    state_dir: &str,
+    digest: &str,
+    f: &Delivery,
+) -> Result<u64, String> {
+    let changed = || match &f.content {
+        Content::Path { path, stamp } => stamp.check(path).err(),
+        Content::Rendered { .. } => None,
+    };
+    if let Some(why) = changed() {
+        return Err(why);
+    }
+    let (payload, size) = match &f.content {
+        Content::Path { path, stamp } => (Payload::File(path), stamp.size()),
+        Content::Rendered { text, .. } => (Payload::Bytes(text.as_bytes()), text.len() as u64),
+    };
+    let out = link
+        .send(&receive_script(state_dir, digest, size), payload)
+        .await
+        .map_err(|e| changed().unwrap_or_else(|| format!("sending {}: {e}", f.to)))?;
+    if !out.success() {
+        return Err(changed().unwrap_or_else(|| failed(&format!("sending {}", f.to), &out.stderr)));
+    }
+    match changed() {
+        Some(why) => Err(why),
+        None => Ok(size),
+    }
 }
 
 /// `what failed: <the last line of stderr>`.

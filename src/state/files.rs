@@ -20,6 +20,10 @@ pub struct Placed {
     pub digest: String,
 }
 
+/// The exit code of a placement (with its commit) that failed before it changed any target:
+/// the previous list of what was replaced still stands, so there is nothing to put back.
+pub const NOTHING_PLACED: i32 = 3;
+
 /// `<state_dir>/files`.
 pub fn store_dir(state_dir: &str) -> String {
     format!("{state_dir}/files")
@@ -65,9 +69,13 @@ fn received(state_dir: &str, digest: &str) -> String {
     format!("{}/.{digest}.tmp", store_dir(state_dir))
 }
 
-/// Removes what [`receive_script`] received as `digest`, to be committed never.
-pub fn discard_script(state_dir: &str, digest: &str) -> String {
-    format!("rm -f {}", quote(&received(state_dir, digest)))
+/// Removes what [`receive_script`] received as `digests`, to be committed never.
+pub fn discard_script(state_dir: &str, digests: &[&str]) -> String {
+    let tmps: Vec<String> = digests
+        .iter()
+        .map(|d| quote(&received(state_dir, d)))
+        .collect();
+    format!("rm -f {}", tmps.join(" "))
 }
 
 /// Makes each received content (see [`receive_script`]) the store's content under its digest:
@@ -77,7 +85,8 @@ pub fn commit_script(state_dir: &str, digests: &[&str]) -> String {
         .iter()
         .map(|d| {
             format!(
-                "mv -f {tmp} {file} || {{ echo \"drover: cannot store a received content\" >&2; exit 1; }}\n",
+                "mv -f {tmp} {file} || {{ echo \"drover: cannot store the received content {d} in {store}\" >&2; exit {NOTHING_PLACED}; }}\n",
+                store = store_dir(state_dir).replace(['"', '\\', '$', '`'], "_"),
                 tmp = quote(&received(state_dir, d)),
                 file = quote(&format!("{}/{d}", store_dir(state_dir))),
             )
@@ -113,13 +122,14 @@ fn copy_in(store: &str, digest: &str, mode: &str, to: &str) -> String {
 /// service had) for that path if its content is in the store; else the target's own content,
 /// hashed into the store; else "absent". Each file is copied from the store to a temporary
 /// file in its own directory (parents made), given its mode, synced and renamed over the
-/// target. Stops at the first failure, naming the path.
+/// target. Stops at the first failure, naming the path: with exit code [`NOTHING_PLACED`]
+/// while no target has been changed yet (the previous list still stands).
 pub fn place_script(state_dir: &str, service: &str, files: &[Placed], known: &[Placed]) -> String {
     let store = store_dir(state_dir);
     let prev = prev_file(state_dir, service);
     let tmp_list = quote(&format!("{prev}.tmp"));
     let mut s = format!(
-        "umask 077 && mkdir -p {prev_dir} && : >{tmp_list} || exit 1\n",
+        "umask 077 && mkdir -p {prev_dir} && : >{tmp_list} || exit {NOTHING_PLACED}\n",
         prev_dir = quote(&format!("{store}/prev")),
     );
     for f in files {
@@ -144,12 +154,12 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], known: &[P
             None => format!("if [ -f {to} ]; then {hash_in}; else {absent}; fi"),
         };
         s.push_str(&format!(
-            "{{ {remember}; }} || {{ echo \"drover: cannot keep what is at {shown}\" >&2; exit 1; }}\n",
+            "{{ {remember}; }} || {{ echo \"drover: cannot keep what is at {shown}\" >&2; exit {NOTHING_PLACED}; }}\n",
             shown = f.to.replace(['"', '\\', '$', '`'], "_"),
         ));
     }
     s.push_str(&format!(
-        "mv -f {tmp_list} {prev} || exit 1\n",
+        "mv -f {tmp_list} {prev} || exit {NOTHING_PLACED}\n",
         prev = quote(&prev)
     ));
     for f in files {

@@ -13,7 +13,7 @@ mod unreadable;
 
 pub use files::{
     commit_script, discard_script, missing_script, place_script, receive_script, restore_script,
-    store_dir, Placed,
+    store_dir, Placed, NOTHING_PLACED,
 };
 pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 struct Sh {
     dir: PathBuf,
     change: Option<PathBuf>,
+    /// What arrived is lost before it is committed (removed from `<dir>/state/files`).
+    lose: bool,
 }
 
 fn sh(script: &str, dir: &Path, input: &[u8]) -> Output {
@@ -44,6 +46,14 @@ impl Link for Sh {
         if let Some(source) = &self.change {
             std::fs::write(source, b"changed while it was sent\n").expect("rewrite the source");
         }
+        if self.lose {
+            for e in std::fs::read_dir(self.dir.join("state/files"))
+                .into_iter()
+                .flatten()
+            {
+                std::fs::remove_file(e.expect("entry").path()).expect("remove");
+            }
+        }
         Ok(out)
     }
     async fn close(self) {}
@@ -74,6 +84,7 @@ async fn a_source_that_holds_is_stored_under_its_digest_and_placed() {
     let link = Sh {
         dir: dir.path().to_path_buf(),
         change: None,
+        lose: false,
     };
     let sent = deliver(&link, &state, "app", &files, None)
         .await
@@ -96,6 +107,7 @@ async fn a_source_changed_while_it_was_sent_is_neither_stored_nor_placed() {
     let link = Sh {
         dir: dir.path().to_path_buf(),
         change: Some(source),
+        lose: false,
     };
     let Err((placed, why)) = deliver(&link, &state, "app", &files, None).await else {
         panic!("a delivery of a source that changed while it was sent succeeded");
@@ -109,5 +121,22 @@ async fn a_source_changed_while_it_was_sent_is_neither_stored_nor_placed() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(left, Vec::<String>::new(), "the store keeps nothing of it");
+    assert!(!Path::new(&files[0].to).exists());
+}
+
+#[tokio::test]
+async fn a_commit_that_fails_reports_nothing_placed() {
+    let (dir, state, _, files) = setup();
+    let link = Sh {
+        dir: dir.path().to_path_buf(),
+        change: None,
+        lose: true,
+    };
+    let Err((placed, why)) = deliver(&link, &state, "app", &files, None).await else {
+        panic!("a delivery whose content could not be committed succeeded");
+    };
+    // Nothing to put back: the previous list of what was replaced still stands.
+    assert!(!placed, "{why}");
+    assert!(why.contains("cannot store the received content"), "{why}");
     assert!(!Path::new(&files[0].to).exists());
 }

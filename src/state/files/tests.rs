@@ -230,3 +230,33 @@ fn a_place_that_cannot_write_fails_naming_the_path() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_placement_that_fails_before_any_target_changed_says_so_and_keeps_the_previous_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state").display().to_string();
+    let to = dir.path().join("etc/app.conf").display().to_string();
+    let a = receive(dir.path(), &state, b"first\n");
+    let first = [Placed {
+        to: to.clone(),
+        mode: 0o644,
+        digest: a,
+    }];
+    let out = sh(&place_script(&state, "app", &first, &[]), dir.path(), b"");
+    assert!(out.status.success());
+    let list = Path::new(&state).join("files/prev/app");
+    let before = std::fs::read(&list).expect("the list of what was replaced");
+    // A content never received cannot be committed: the command stops before placing.
+    let never = digest(b"never received\n");
+    let second = [Placed {
+        to: to.clone(),
+        mode: 0o644,
+        digest: never.clone(),
+    }];
+    let script = commit_script(&state, &[&never]) + &place_script(&state, "app", &second, &first);
+    let out = sh(&script, dir.path(), b"");
+    assert_eq!(out.status.code(), Some(NOTHING_PLACED));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&never));
+    assert_eq!(std::fs::read(&list).expect("still there"), before);
+    assert_eq!(std::fs::read(&to).expect("target"), b"first\n");
+}
