@@ -439,11 +439,7 @@ fn write_content(path: &Path, bytes: u64, seed: u64) -> String {
         left -= n as u64;
     }
     file.flush().unwrap();
-    hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    drover::secrets::hex(&hasher.finalize())
 }
 
 /// Whether `copy` has `source`'s size and, at [`CHECKED_BLOCKS`] places spread over it, the

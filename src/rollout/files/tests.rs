@@ -1,48 +1,47 @@
-//! Delivering a plain file with the host's side run by the real `/bin/sh` in a temporary
-//! directory: what arrives is kept only if its source did not change while it was sent.
+//! Delivering a plain file to a host of the `local` transport (the real `/bin/sh` in a
+//! temporary directory): what arrives is kept only if its source did not change while it was
+//! sent.
 
 use super::*;
 use crate::desired::{digest_file, Content, Delivery};
-use crate::transport::{Output, TransportError};
+use crate::transport::{Local, Output, Target, Transport, TransportError};
 use std::path::{Path, PathBuf};
 
-/// A link to "a host" that is a directory here; with `change`, the source is rewritten while
-/// it is being sent (after the host read it, before `send` returns).
-struct Sh {
+/// A `local` host whose sends can be interfered with: with `change`, the source is rewritten
+/// while it is being sent (after the host read it, before `send` returns); with `lose`, what
+/// arrived is removed from `<dir>/state/files` before it is committed.
+struct Host {
+    link: <Local as Transport>::Link,
     dir: PathBuf,
     change: Option<PathBuf>,
-    /// What arrived is lost before it is committed (removed from `<dir>/state/files`).
     lose: bool,
 }
 
-fn sh(script: &str, dir: &Path, input: &[u8]) -> Output {
-    use std::io::Write;
-    let mut child = std::process::Command::new("/bin/sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("sh runs");
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(input);
-    }
-    let out = child.wait_with_output().expect("sh ends");
-    Output {
-        code: out.status.code(),
-        stdout: out.stdout,
-        stderr: out.stderr,
+impl Host {
+    async fn new(dir: &Path, change: Option<PathBuf>, lose: bool) -> Host {
+        let target = Target {
+            name: "host".into(),
+            address: "host".into(),
+        };
+        let link = Local::new(dir.to_path_buf())
+            .connect(&target)
+            .await
+            .expect("a local host");
+        Host {
+            link,
+            dir: dir.to_path_buf(),
+            change,
+            lose,
+        }
     }
 }
 
-impl Link for Sh {
+impl Link for Host {
     async fn run(&self, script: &str) -> Result<Output, TransportError> {
-        Ok(sh(script, &self.dir, b""))
+        self.link.run(script).await
     }
-    async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
-        let out = sh(script, &self.dir, input);
+    async fn send(&self, script: &str, payload: Payload<'_>) -> Result<Output, TransportError> {
+        let out = self.link.send(script, payload).await;
         if let Some(source) = &self.change {
             std::fs::write(source, b"changed while it was sent\n").expect("rewrite the source");
         }
@@ -54,9 +53,11 @@ impl Link for Sh {
                 std::fs::remove_file(e.expect("entry").path()).expect("remove");
             }
         }
-        Ok(out)
+        out
     }
-    async fn close(self) {}
+    async fn close(self) {
+        self.link.close().await
+    }
 }
 
 /// A host directory, a source file and its delivery to `<host>/srv/app.conf`.
@@ -81,11 +82,7 @@ fn setup() -> (tempfile::TempDir, String, PathBuf, Vec<Delivery>) {
 #[tokio::test]
 async fn a_source_that_holds_is_stored_under_its_digest_and_placed() {
     let (dir, state, _, files) = setup();
-    let link = Sh {
-        dir: dir.path().to_path_buf(),
-        change: None,
-        lose: false,
-    };
+    let link = Host::new(dir.path(), None, false).await;
     let sent = deliver(&link, &state, "app", &files, None)
         .await
         .expect("delivered");
@@ -104,11 +101,7 @@ async fn a_source_that_holds_is_stored_under_its_digest_and_placed() {
 #[tokio::test]
 async fn a_source_changed_while_it_was_sent_is_neither_stored_nor_placed() {
     let (dir, state, source, files) = setup();
-    let link = Sh {
-        dir: dir.path().to_path_buf(),
-        change: Some(source),
-        lose: false,
-    };
+    let link = Host::new(dir.path(), Some(source), false).await;
     let Err((placed, why)) = deliver(&link, &state, "app", &files, None).await else {
         panic!("a delivery of a source that changed while it was sent succeeded");
     };
@@ -127,11 +120,7 @@ async fn a_source_changed_while_it_was_sent_is_neither_stored_nor_placed() {
 #[tokio::test]
 async fn a_commit_that_fails_reports_nothing_placed() {
     let (dir, state, _, files) = setup();
-    let link = Sh {
-        dir: dir.path().to_path_buf(),
-        change: None,
-        lose: true,
-    };
+    let link = Host::new(dir.path(), None, true).await;
     let Err((placed, why)) = deliver(&link, &state, "app", &files, None).await else {
         panic!("a delivery whose content could not be committed succeeded");
     };
