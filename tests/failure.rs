@@ -210,3 +210,43 @@ fn a_dependency_that_fails_blocks_its_dependents() {
         );
     }
 }
+
+#[test]
+fn a_hook_that_fails_mid_chain_runs_none_after_it_and_the_host_is_rolled_back() {
+    let spec = Spec {
+        api_policy: "batch 1; max-failed 0; on-failure \"rollback\"",
+        ..Spec::default()
+    };
+    let (shop, _) = installed(&spec);
+    // app1's `install` cannot write its version file: a directory stands in its place.
+    let version = shop.fleet.host_root("app1").join("srv/api/version");
+    std::fs::remove_file(&version).unwrap();
+    std::fs::create_dir(&version).unwrap();
+    let site = shop
+        .write(&Spec { api: "2.0", ..spec })
+        .display()
+        .to_string();
+    let out = shop.deploy(&["apply", &site, "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // `stop`, `install` and `migrate` went to the host as one chain: `install` failed, so the
+    // host never ran `migrate` (nor `start`), and `rollback` ran over the same connection.
+    assert_eq!(
+        whats(&shop, "app1", 3),
+        ["stop", "install", "rollback"],
+        "{}",
+        stderr(&out)
+    );
+    let app1 = &shop.state("app1")["services"]["api"];
+    assert_eq!(app1["version"], "1.0", "rolled back: {app1}");
+    assert_eq!(app1["configured"]["outcome"], "failure", "{app1}");
+    assert_eq!(app1["configured"]["hook"], "install", "{app1}");
+    let log = app1["configured"]["log"].as_str().unwrap();
+    let log_text = std::fs::read_to_string(shop.fleet.dir.join(log)).expect("the step's log");
+    assert!(
+        log_text.contains("== stop: exit 0")
+            && log_text.contains("== install: exit 2")
+            && !log_text.contains("== migrate")
+            && log_text.contains("== rollback: exit 0"),
+        "{log_text}"
+    );
+}

@@ -28,7 +28,7 @@
 //! gets secrets: they arrive on standard input as `export NAME='…'`.
 
 use crate::secrets::Secrets;
-use crate::transport::{env_prefix, quote, Link, Output, TransportError};
+use crate::transport::{env_prefix, quote, Command, Link, Output, TransportError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -89,8 +89,16 @@ impl Ran {
     }
 }
 
-/// Runs the hook; on timeout, kills its process group.
-pub async fn run<L: Link>(link: &L, call: &Call<'_>) -> Ran {
+/// A hook's command, ready to run or to [chain](Link::chain) with the hooks after it.
+pub struct Prepared {
+    pub command: Command,
+    pid_file: String,
+    number: u64,
+}
+
+/// The hook's command: its script (numbered among this process's hooks, followed by
+/// [`Call::then`]) and its secrets for standard input.
+pub fn prepare(call: &Call<'_>) -> Prepared {
     static HOOKS: AtomicU64 = AtomicU64::new(1);
     let number = HOOKS.fetch_add(1, Ordering::Relaxed);
     let pid_file = pid_file(call.state_dir);
@@ -108,23 +116,46 @@ pub async fn run<L: Link>(link: &L, call: &Call<'_>) -> Ran {
     if let Some(then) = call.then {
         script.push_str(&followed_by(then));
     }
-    let run = async {
-        match &input {
-            Some(input) => link.run_input(&script, input).await,
-            None => link.run(&script).await,
+    Prepared {
+        command: Command { script, input },
+        pid_file,
+        number,
+    }
+}
+
+/// Runs the hook; on timeout, kills its process group.
+pub async fn run<L: Link>(link: &L, call: &Call<'_>) -> Ran {
+    let prepared = prepare(call);
+    let command = &prepared.command;
+    let ran = async {
+        match &command.input {
+            Some(input) => link.run_input(&command.script, input).await,
+            None => link.run(&command.script).await,
         }
     };
-    let result = match call.timeout {
-        Some(t) => match tokio::time::timeout(t, run).await {
+    wait(link, &prepared, call.secrets, call.timeout, ran).await
+}
+
+/// Waits for `ran`, the prepared hook's output, for at most `timeout`; past it, kills the
+/// hook's process group.
+pub async fn wait<L: Link>(
+    link: &L,
+    prepared: &Prepared,
+    secrets: &Secrets,
+    timeout: Option<Duration>,
+    ran: impl std::future::Future<Output = Result<Output, TransportError>>,
+) -> Ran {
+    let result = match timeout {
+        Some(t) => match tokio::time::timeout(t, ran).await {
             Ok(result) => result,
             Err(_) => {
-                let killed = kill(link, &pid_file, number).await;
+                let killed = kill(link, &prepared.pid_file, prepared.number).await;
                 return Ran::TimedOut { after: t, killed };
             }
         },
-        None => run.await,
+        None => ran.await,
     };
-    Ran::Done(redact(call.secrets, result))
+    Ran::Done(redact(secrets, result))
 }
 
 /// Output and transport errors with every secret redacted.

@@ -77,6 +77,7 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
         released: false,
         placed: false,
         previous,
+        last_started: Instant::now(),
     };
     match step.switch().await {
         Ok(()) => StepResult {
@@ -100,9 +101,22 @@ struct Running<'a, L> {
     placed: bool,
     /// The inputs the host recorded before this step.
     previous: Option<Inputs>,
+    /// When the hook being run started (as far as the controller can tell).
+    last_started: Instant,
 }
 
 type Failure = (&'static str, String);
+
+/// One hook to run, and the record its command writes if it passes.
+struct HookCall<'h> {
+    name: &'static str,
+    command: &'h str,
+    timeout: Option<Duration>,
+    /// Written in the same command once the hook passes, and then the host's record.
+    then: Option<HostRecord>,
+    /// With `then`: give the host's lock back too, if this is its last step.
+    last: bool,
+}
 
 impl<L: Link> Running<'_, L> {
     async fn switch(&mut self) -> Result<(), Failure> {
@@ -123,16 +137,32 @@ impl<L: Link> Running<'_, L> {
         // or `reload`.
         let files_at = stages.iter().position(|(n, _)| *n != "stop");
         // The last stage writes the record (configured) in the same command, when it succeeds.
+        // Hooks that follow each other with nothing in between go to the host as one chain
+        // (one round trip): the stages before the files, those after them, and the last stage
+        // with the check's first attempt.
+        // (A record's marks are stamped when its command is sent: the last stage starts a
+        // chain of its own so that they are not stamped before the stages ahead of it ran.)
+        let last = stages.len().checked_sub(1);
+        let no_files = matches!(&self.job.files, Ok(files) if files.is_empty());
+        let mut chain: Vec<HookCall> = Vec::new();
         for (i, (name, hook)) in stages.iter().enumerate() {
-            if files_at == Some(i) {
+            if files_at == Some(i) && !no_files {
+                self.hooks(std::mem::take(&mut chain)).await?;
                 self.deliver().await?;
             }
-            let then =
-                (i + 1 == stages.len()).then(|| self.marked(Some(Outcome::Success), None, None));
-            self.hook(name, &hook.command, hook.timeout, then.as_ref(), false)
-                .await?;
+            if Some(i) == last {
+                self.hooks(std::mem::take(&mut chain)).await?;
+            }
+            chain.push(HookCall {
+                name,
+                command: &hook.command,
+                timeout: hook.timeout,
+                then: (Some(i) == last).then(|| self.marked(Some(Outcome::Success), None, None)),
+                last: false,
+            });
         }
         if files_at.is_none() {
+            self.hooks(std::mem::take(&mut chain)).await?;
             self.deliver().await?;
         }
         if stages.is_empty() {
@@ -140,28 +170,35 @@ impl<L: Link> Running<'_, L> {
                 .await?;
         }
         let Some(check) = &hooks.check else {
+            self.hooks(chain).await?;
             let validated = self.marked(None, Some(Outcome::Success), None);
             return self.write(validated, true).await;
         };
-        let deadline = Instant::now() + check.timeout;
+        // The check's time runs from its first attempt's start (known once the hook before it
+        // in the chain has ended).
+        let mut deadline = None;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // Each attempt writes the record (validated) in the same command if it passes.
-            let validated = self.marked(None, Some(Outcome::Success), None);
-            let attempt = self
-                .hook(
-                    "check",
-                    &check.command,
-                    Some(left.max(Duration::from_millis(1))),
-                    Some(&validated),
-                    true,
-                )
-                .await;
+            let left = deadline.map_or(check.timeout, |d: Instant| {
+                d.saturating_duration_since(Instant::now())
+            });
+            // Each attempt writes the record (validated) in the same command if it passes: the
+            // record as the hook before it in the chain will have left it.
+            let base = chain.iter().rev().find_map(|c| c.then.clone());
+            let base = base.unwrap_or_else(|| self.job.record.clone());
+            chain.push(HookCall {
+                name: "check",
+                command: &check.command,
+                timeout: Some(left.max(Duration::from_millis(1))),
+                then: Some(self.marked_on(base, None, Some(Outcome::Success), None)),
+                last: true,
+            });
+            let attempt = self.hooks(std::mem::take(&mut chain)).await;
+            let deadline = *deadline.get_or_insert(self.last_started + check.timeout);
             match attempt {
                 Ok(()) => return Ok(()),
                 // Another attempt must have at least an interval's time, or the last
                 // failure would be a meaningless timeout instead of the check's own error.
-                Err(e) if e.0 == "state" || Instant::now() + check.interval * 2 >= deadline => {
+                Err(e) if e.0 != "check" || Instant::now() + check.interval * 2 >= deadline => {
                     return Err(e)
                 }
                 Err(_) => tokio::time::sleep(check.interval).await,
@@ -169,53 +206,121 @@ impl<L: Link> Running<'_, L> {
         }
     }
 
-    /// Runs one hook; its output goes to the step's log. With `then`, the same command writes
-    /// that record once the hook succeeds, and the record becomes the host's; with `last`
-    /// too, it then gives the host's lock back if this is the host's last step.
+    /// Runs `calls` one after another, each only if the one before it passed: as one chain
+    /// (one round trip to the host, [`Link::chain`]), each still reported as it ends.
+    async fn hooks(&mut self, calls: Vec<HookCall<'_>>) -> Result<(), Failure> {
+        let svc = self.job.service.clone();
+        let Some(first) = calls.first() else {
+            return Ok(());
+        };
+        if let Some(aborted) = super::interrupt::interrupted(&svc, first.name, false) {
+            return Err(aborted);
+        }
+        let mut prepared = Vec::with_capacity(calls.len());
+        for call in &calls {
+            let then_script = call
+                .then
+                .as_ref()
+                .map(|r| self.then_release(write_script(&svc.state_dir, r), call.last));
+            prepared.push(hook_run::prepare(&hook_run::Call {
+                env: &self.job.env,
+                command: call.command,
+                state_dir: &svc.state_dir,
+                service: &svc.name,
+                secrets: &svc.secrets,
+                timeout: call.timeout,
+                then: then_script.as_deref(),
+            }));
+        }
+        let link = self.link;
+        let mut chain = if calls.len() > 1 {
+            Some(
+                link.chain(prepared.iter().map(|p| p.command.clone()).collect())
+                    .await,
+            )
+        } else {
+            None
+        };
+        for (i, (call, prepared)) in calls.iter().zip(&prepared).enumerate() {
+            // A later hook of the chain may already run on the host: an abort kills it there.
+            if i > 0 {
+                if let Some(aborted) = super::interrupt::interrupted(&svc, call.name, true) {
+                    return Err(aborted);
+                }
+            }
+            self.sink.emit(Event::now(EventKind::HookStarted {
+                service: svc.name.clone(),
+                host: self.job.host.clone(),
+                hook: call.name.into(),
+            }));
+            self.last_started = Instant::now();
+            let command = &prepared.command;
+            // Boxed: the link's future is large, and would be copied up the stack here.
+            let ran = Box::pin(async {
+                match chain.as_mut() {
+                    Some(chain) => link.next(chain).await.unwrap_or_else(|| {
+                        Err(TransportError::Command {
+                            host: self.job.host.clone(),
+                            reason: "the hook before it in the chain did not pass".into(),
+                        })
+                    }),
+                    None => match &command.input {
+                        Some(input) => link.run_input(&command.script, input).await,
+                        None => link.run(&command.script).await,
+                    },
+                }
+            });
+            let ran = hook_run::wait(link, prepared, &svc.secrets, call.timeout, ran).await;
+            self.ended(call, ran)?;
+            if self.released {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one hook alone (`rollback`); see [`Running::ended`].
     async fn hook(
         &mut self,
         name: &'static str,
         command: &str,
         timeout: Option<Duration>,
-        then: Option<&HostRecord>,
-        last: bool,
     ) -> Result<(), Failure> {
-        let svc = self.job.service.clone();
-        if let Some(aborted) = super::interrupt::interrupted(&svc, name, false) {
-            return Err(aborted);
-        }
-        self.sink.emit(Event::now(EventKind::HookStarted {
-            service: svc.name.clone(),
-            host: self.job.host.clone(),
-            hook: name.into(),
-        }));
-        let release = self.job.release.clone().filter(|_| last && then.is_some());
-        let then_script = then.map(|r| self.then_release(write_script(&svc.state_dir, r), last));
-        let call = hook_run::Call {
-            env: &self.job.env,
+        let call = HookCall {
+            name,
             command,
-            state_dir: &svc.state_dir,
-            service: &svc.name,
-            secrets: &svc.secrets,
             timeout,
-            then: then_script.as_deref(),
+            then: None,
+            last: false,
         };
-        let started = Instant::now();
+        self.hooks(vec![call]).await
+    }
+
+    /// What a hook's end means: its output goes to the step's log. With `then`, the same
+    /// command wrote that record once the hook succeeded, and the record becomes the host's;
+    /// with `last` too, it then gave the host's lock back if this is the host's last step.
+    fn ended(&mut self, call: &HookCall<'_>, ran: Ran) -> Result<(), Failure> {
+        let name = call.name;
+        let then = call.then.as_ref();
+        let release = self
+            .job
+            .release
+            .clone()
+            .filter(|_| call.last && then.is_some());
         // A hook that outlives its timeout is killed with its process group on the host.
-        let (result, timed_out): (Result<Output, TransportError>, Option<String>) =
-            match hook_run::run(self.link, &call).await {
-                Ran::Done(result) => (result, None),
-                Ran::TimedOut { after, killed } => {
-                    let reason = Ran::timeout_reason(name, after, &killed);
-                    let out = Output {
-                        code: None,
-                        stdout: Vec::new(),
-                        stderr: format!("{reason}\n").into_bytes(),
-                    };
-                    (Ok(out), Some(reason))
-                }
-            };
-        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (result, timed_out): (Result<Output, TransportError>, Option<String>) = match ran {
+            Ran::Done(result) => (result, None),
+            Ran::TimedOut { after, killed } => {
+                let reason = Ran::timeout_reason(name, after, &killed);
+                let out = Output {
+                    code: None,
+                    stdout: Vec::new(),
+                    stderr: format!("{reason}\n").into_bytes(),
+                };
+                (Ok(out), Some(reason))
+            }
+        };
+        let ms = u64::try_from(self.last_started.elapsed().as_millis()).unwrap_or(u64::MAX);
         // The hook succeeded and the record that follows it was not written.
         let (result, state_failed) = match result {
             Ok(out) => match hook_run::then_failed(&out) {
@@ -250,7 +355,7 @@ impl<L: Link> Running<'_, L> {
         if self.released {
             return Ok(());
         }
-        if let Some(aborted) = super::interrupt::interrupted(&svc, name, true) {
+        if let Some(aborted) = super::interrupt::interrupted(&self.job.service, name, true) {
             return Err(aborted);
         }
         if ok {
@@ -278,6 +383,17 @@ impl<L: Link> Running<'_, L> {
         validated: Option<Outcome>,
         failed: Option<(&str, String)>,
     ) -> HostRecord {
+        self.marked_on(self.job.record.clone(), configured, validated, failed)
+    }
+
+    /// `record` with this service's marks updated (pure).
+    fn marked_on(
+        &self,
+        mut record: HostRecord,
+        configured: Option<Outcome>,
+        validated: Option<Outcome>,
+        failed: Option<(&str, String)>,
+    ) -> HostRecord {
         let mark = |outcome: Outcome| Mark {
             outcome,
             at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
@@ -292,7 +408,6 @@ impl<L: Link> Running<'_, L> {
             .as_ref()
             .map(|(_, v)| v.clone())
             .unwrap_or_else(|| self.job.to.clone());
-        let mut record = self.job.record.clone();
         let entry = record
             .services
             .entry(self.job.service.name.clone())
@@ -363,7 +478,7 @@ impl<L: Link> Running<'_, L> {
         }
         if let (true, Some(rollback)) = (may_roll_back, &svc.hooks.rollback) {
             rolled_back = self
-                .hook("rollback", &rollback.command, rollback.timeout, None, false)
+                .hook("rollback", &rollback.command, rollback.timeout)
                 .await
                 .is_ok();
         }

@@ -90,6 +90,8 @@ struct Counters {
     dropped_unclosed: usize,
     /// When each link's close ended, by host.
     closes: Vec<(String, Instant)>,
+    /// The chains of commands links were given ([`Link::chain`]): host, and each script.
+    chains: Vec<(String, Vec<String>)>,
 }
 
 struct Inner {
@@ -158,6 +160,12 @@ impl Transport for Fake {
 }
 
 impl Link for FakeLink {
+    async fn chain(&self, commands: Vec<crate::transport::Command>) -> crate::transport::Chain {
+        let scripts = commands.iter().map(|c| c.script.clone()).collect();
+        self.inner.lock().chains.push((self.host.clone(), scripts));
+        crate::transport::Chain::later(commands)
+    }
+
     async fn run(&self, script: &str) -> Result<Output, TransportError> {
         let matching: Vec<&Rule> = self
             .inner
@@ -524,6 +532,30 @@ impl Ran {
         let mut cmds = self.fake.lock().cmds.clone();
         cmds.sort_by_key(|c| c.start);
         cmds
+    }
+
+    /// The chains of hooks `host` was sent, each as its hooks' names.
+    fn chains_on(&self, host: &str) -> Vec<Vec<String>> {
+        let c = self.fake.lock();
+        c.chains
+            .iter()
+            .filter(|(h, _)| h == host)
+            .map(|(_, scripts)| {
+                scripts
+                    .iter()
+                    .map(|script| {
+                        let cmd = Cmd {
+                            host: host.to_string(),
+                            script: script.clone(),
+                            start: 0,
+                            end: 0,
+                            started: Instant::now(),
+                        };
+                        cmd.hook().map_or(String::new(), |(h, _)| h.to_string())
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Hook commands of `service` on `host`, in order.
@@ -1071,6 +1103,43 @@ async fn a_clean_upgrade_converges() {
         .map(|h| (Some(h.to_string()), matches!(*h, "start" | "check")))
         .collect();
     assert_eq!(on_app1, writes);
+    // The hooks went to the host in two chains (a round trip each): those before the last
+    // stage, then the last stage with the check's first attempt.
+    assert_eq!(
+        ran.chains_on("app1"),
+        [vec!["stop", "install", "migrate"], vec!["start", "check"]]
+    );
+}
+
+#[tokio::test]
+async fn a_chain_stops_at_its_first_failed_hook_and_the_check_is_not_retried_for_it() {
+    let hooks_when = |hook: &'static str| async move {
+        let body = format!(
+            "class \"app\" {{ service \"api\" }}\n{}",
+            svc("api", "policy \"p.kdl\"")
+        );
+        let hs = hosts("app", "app", 1);
+        let running: Vec<(&str, &str, &str)> =
+            hs.iter().map(|(h, _)| (h.as_str(), "api", "0.9")).collect();
+        let policy = "batch 1; on-failure \"rollback\"";
+        let fx = fixture(&body, &host_refs(&hs), &[("p.kdl", policy)], &running);
+        let rules = Rules::default().fail(Some("app1"), &format!("hook {hook} api"));
+        let ran = fx.run(rules, 64, true).await;
+        assert_eq!(ran.counts(), (0, 1, 0), "{hook} fails the step");
+        let names: Vec<String> = ran
+            .hooks_on("api", "app1")
+            .iter()
+            .map(|c| c.hook().unwrap().0.to_string())
+            .collect();
+        (names, ran.chains_on("app1"))
+    };
+    // `install` fails: `migrate` and `start`, chained after it, never run; rollback does.
+    let (hooks, _) = hooks_when("install").await;
+    assert_eq!(hooks, ["stop", "install", "rollback"]);
+    // `start` fails: the check chained after it never runs, and is not tried again.
+    let (hooks, chains) = hooks_when("start").await;
+    assert_eq!(hooks, ["stop", "install", "migrate", "start", "rollback"]);
+    assert_eq!(chains[1], ["start", "check"]);
 }
 
 // ---------------------------------------------------------------------------------------------

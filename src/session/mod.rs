@@ -89,11 +89,14 @@ pub enum Ended {
 
 /// The async runtime of a command: at least four worker threads, whatever the cores: the run
 /// journal's sync blocks the worker that emits an event for a few milliseconds, and on a
-/// 2-core controller that would leave nothing to start the next steps.
+/// 2-core controller that would leave nothing to start the next steps. Each worker has an 8 MiB
+/// stack (tokio's default is 2): a step's future nests the link's, and an unoptimised build
+/// copies such futures up the stack as it polls them.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores.max(4))
+        .thread_stack_size(8 << 20)
         .enable_all()
         .build()
 }

@@ -137,12 +137,86 @@ pub trait Link: Send + Sync + 'static {
             self.run_input(script, &bytes).await
         }
     }
+    /// Starts `commands` in order, each to run only once the one before it exited 0; their
+    /// outputs come from [`Link::next`], one per call, in order. Where the link keeps a shell
+    /// on the host they are all sent at once (one round trip for the chain instead of one per
+    /// command, `transport/shell.rs`); by default each runs when its output is asked for.
+    fn chain(&self, commands: Vec<Command>) -> impl Future<Output = Chain> + Send {
+        async move { Chain::later(commands) }
+    }
+    /// The output of the chain's next command, once it ends; `None` once the chain is over
+    /// (every command collected, or the last one collected did not exit 0: those after it do
+    /// not run). A caller may drop the chain before its end: commands already sent to the
+    /// host still run, each only if the one before it passed.
+    fn next<'a>(
+        &'a self,
+        chain: &'a mut Chain,
+    ) -> impl Future<Output = Option<Result<Output, TransportError>>> + Send + 'a {
+        async move {
+            let command = chain.take_later()?;
+            let result = match &command.input {
+                Some(input) => self.run_input(&command.script, input).await,
+                None => self.run(&command.script).await,
+            };
+            chain.ended(&result);
+            Some(result)
+        }
+    }
     /// Gets ready for many commands, ahead of the first: the `ssh` link opens the shell it
     /// keeps on the host (`transport/shell.rs`). By default nothing.
     fn prepare(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
     fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// One command of a [`Chain`]: shell text, and what goes on its standard input.
+#[derive(Debug, Clone)]
+pub struct Command {
+    pub script: String,
+    pub input: Option<Vec<u8>>,
+}
+
+/// Commands started by [`Link::chain`], their outputs collected by [`Link::next`].
+pub struct Chain {
+    /// Not sent yet: each runs when its output is asked for.
+    later: std::collections::VecDeque<Command>,
+    /// Sent at once to the host's kept shell, and the shell held until they are collected.
+    sent: Option<ssh::Sent>,
+    /// The last command collected did not exit 0: the chain is over.
+    over: bool,
+    /// The host was lost while the chain was being sent: what the first `next` reports.
+    lost: Option<TransportError>,
+}
+
+impl Chain {
+    /// A chain whose commands each run when [`Link::next`] asks for its output (what a link
+    /// that keeps no shell does; test links that record chains start theirs with it).
+    pub fn later(commands: Vec<Command>) -> Chain {
+        Chain {
+            later: commands.into(),
+            sent: None,
+            over: false,
+            lost: None,
+        }
+    }
+
+    /// The next command to run, unless the chain is over.
+    fn take_later(&mut self) -> Option<Command> {
+        if self.over {
+            return None;
+        }
+        self.later.pop_front()
+    }
+
+    /// Records how the command just collected ended.
+    fn ended(&mut self, result: &Result<Output, TransportError>) {
+        if !matches!(result, Ok(out) if out.success()) {
+            self.over = true;
+            self.later.clear();
+            self.sent = None;
+        }
+    }
 }
 
 /// `script` run with `input` as its standard input, through a here-document.
@@ -208,6 +282,18 @@ impl Link for AnyLink {
         match self {
             AnyLink::Ssh(l) => l.send(script, payload).await,
             AnyLink::Local(l) => l.send(script, payload).await,
+        }
+    }
+    async fn chain(&self, commands: Vec<Command>) -> Chain {
+        match self {
+            AnyLink::Ssh(l) => l.chain(commands).await,
+            AnyLink::Local(l) => l.chain(commands).await,
+        }
+    }
+    async fn next<'a>(&'a self, chain: &'a mut Chain) -> Option<Result<Output, TransportError>> {
+        match self {
+            AnyLink::Ssh(l) => l.next(chain).await,
+            AnyLink::Local(l) => l.next(chain).await,
         }
     }
     async fn prepare(&self) {

@@ -2,9 +2,13 @@
 //! the shell's standard input and run there as `setsid /bin/sh -c <block>`, its output read
 //! back up to a marker, so that a command costs no new SSH session.
 //!
-//! The shell ([`loop_script`]) reads a header line (`<n>` or `<n> input`), then the block's
-//! lines up to a line holding only its token, then (with `input`) the standard input the
-//! same way. `setsid` gives the block a process group of its own whose id is its `$$`, as
+//! The shell ([`loop_script`]) reads a header line (`<n>`, then ` input` and ` after` as they
+//! apply), then the block's lines up to a line holding only its token, then (with `input`) the
+//! standard input the same way. A block marked `after` runs only if the command before it
+//! exited 0; otherwise it is skipped, and its marker carries `-` for an exit code (and so do
+//! those of the `after` blocks that follow it). That is how a [chain](Shell::submit) of
+//! commands goes to the host at once: one round trip for all of them, each still reported
+//! as it ends. `setsid` gives the block a process group of its own whose id is its `$$`, as
 //! sshd gives every session (the contract of [`super::Link::run`]). When the block ends the
 //! shell prints `\n<token> <n> <exit code>\n` on standard output and `\n<token> <n>\n` on
 //! standard error; the output before each marker is the command's. The token is random, so
@@ -32,8 +36,9 @@ pub struct Shell {
     token: String,
     /// The number of the last command sent.
     sent: u64,
-    /// A command was sent and its output not read to the end: its future was dropped
-    /// (a timeout), so the shell may still be running it and is out of step.
+    /// Commands were sent and their output not all read: a chain still being collected, or a
+    /// command whose future was dropped (a timeout), so the shell may still be running it and
+    /// is out of step.
     busy: bool,
     /// The shell's first line was read.
     ready: bool,
@@ -90,11 +95,15 @@ held() {
   return 1
 }
 echo "$T ready"
+r=0
 while IFS= read -r h; do
   b=; while IFS= read -r l && [ "$l" != "$T" ]; do b="$b$l$N"; done
+  i=; case $h in *' input'*) while IFS= read -r l && [ "$l" != "$T" ]; do i="$i$l$N"; done;; esac
+  case $h in *' after') [ "$r" = 0 ] || {
+    printf '\n%s %s -\n' "$T" "${h%% *}"; printf '\n%s %s\n' "$T" "${h%% *}" >&2; continue; };;
+  esac
   case $h in
-  *' input') i=; while IFS= read -r l && [ "$l" != "$T" ]; do i="$i$l$N"; done
-    printf %s "$i" | setsid /bin/sh -c "$b" & ;;
+  *' input'*) printf %s "$i" | setsid /bin/sh -c "$b" & ;;
   *) setsid /bin/sh -c "$b" </dev/null & ;;
   esac
   p=$!; wait $p; r=$?
@@ -144,7 +153,33 @@ impl Shell {
 
     /// Runs `script` (with `input` on its standard input) and returns its output.
     pub async fn run(&mut self, script: &str, input: Option<&[u8]>) -> Result<Output, ShellError> {
-        let text = self.frame(script, input)?;
+        let sent = self.submit(&[(script, input)]).await?;
+        match self.collect(sent[0]).await? {
+            Some(out) => Ok(out),
+            None => Err(ShellError::Lost("the shell skipped a command".into())),
+        }
+    }
+
+    /// Sends `commands` at once, each after the first marked to run only if the one before it
+    /// exited 0, and returns their numbers for [`Shell::collect`]. Nothing is sent if one of
+    /// them cannot go through the shell ([`ShellError::Unsuitable`]).
+    pub async fn submit(
+        &mut self,
+        commands: &[(&str, Option<&[u8]>)],
+    ) -> Result<Vec<u64>, ShellError> {
+        let mut text = String::new();
+        let mut numbers = Vec::with_capacity(commands.len());
+        let first = self.sent;
+        for (i, (script, input)) in commands.iter().enumerate() {
+            match self.frame(script, *input, i > 0) {
+                Ok(frame) => text.push_str(&frame),
+                Err(e) => {
+                    self.sent = first;
+                    return Err(e);
+                }
+            }
+            numbers.push(self.sent);
+        }
         self.busy = true;
         let lost = |e: std::io::Error| ShellError::Lost(e.to_string());
         if let Err(e) = self.send(&text).await {
@@ -157,7 +192,13 @@ impl Shell {
         if !self.ready {
             self.first_line().await?;
         }
-        let n = self.sent.to_string();
+        Ok(numbers)
+    }
+
+    /// The output of command `n`, sent by [`Shell::submit`], once it ends; `None` if it was
+    /// skipped (the command before it did not exit 0). Commands are collected in order.
+    pub async fn collect(&mut self, n: u64) -> Result<Option<Output>, ShellError> {
+        let lost = |e: std::io::Error| ShellError::Lost(e.to_string());
         let out_mark = format!("\n{} {n} ", self.token);
         let err_mark = format!("\n{} {n}\n", self.token);
         let (out, err) = tokio::join!(
@@ -166,19 +207,27 @@ impl Shell {
         );
         let (stdout, code) = out.map_err(lost)?;
         let (stderr, _) = err.map_err(lost)?;
+        self.busy = n != self.sent;
+        if code.as_deref() == Some("-") {
+            return Ok(None);
+        }
         let code = code
             .and_then(|c| c.parse::<i32>().ok())
             .ok_or_else(|| ShellError::Lost("the shell's marker had no exit code".into()))?;
-        self.busy = false;
-        Ok(Output {
+        Ok(Some(Output {
             code: Some(code),
             stdout,
             stderr,
-        })
+        }))
     }
 
     /// The bytes to send for one command; refuses text the shell would not read back whole.
-    fn frame(&mut self, script: &str, input: Option<&[u8]>) -> Result<String, ShellError> {
+    fn frame(
+        &mut self,
+        script: &str,
+        input: Option<&[u8]>,
+        after: bool,
+    ) -> Result<String, ShellError> {
         let input = match input {
             Some(bytes) => Some(
                 std::str::from_utf8(bytes)
@@ -192,10 +241,14 @@ impl Shell {
             return Err(ShellError::Unsuitable("command holds a NUL byte".into()));
         }
         self.sent += 1;
-        let mut text = match input {
-            Some(_) => format!("{} input\n", self.sent),
-            None => format!("{}\n", self.sent),
-        };
+        let mut text = self.sent.to_string();
+        if input.is_some() {
+            text.push_str(" input");
+        }
+        if after {
+            text.push_str(" after");
+        }
+        text.push('\n');
         for part in std::iter::once(script).chain(input) {
             text.push_str(part);
             if !part.is_empty() && !part.ends_with('\n') {
@@ -292,16 +345,17 @@ impl Stream {
         }
     }
 
+    /// Reads what is there into `buf` (not through a buffer on the stack: this future is part
+    /// of every command's, and a step nests several).
     async fn fill(&mut self) -> std::io::Result<()> {
-        let mut chunk = [0u8; 16 * 1024];
-        let n = self.reader.read(&mut chunk).await?;
+        self.buf.reserve(16 * 1024);
+        let n = self.reader.read_buf(&mut self.buf).await?;
         if n == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "the shell's output ended",
             ));
         }
-        self.buf.extend_from_slice(&chunk[..n]);
         Ok(())
     }
 }

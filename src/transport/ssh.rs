@@ -2,11 +2,12 @@
 
 use super::persist::Masters;
 use super::shell::{self, Shell, ShellError};
-use super::{quote, Link, Output, Target, Transport, TransportError};
+use super::{quote, Chain, Command, Link, Output, Target, Transport, TransportError};
 use crate::site::SshOptions;
 use openssh::{KnownHosts, Session, SessionBuilder, Stdio};
+use std::collections::VecDeque;
 use std::sync::Arc;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// Reaches hosts with the user's OpenSSH: ssh_config, agent, known_hosts and ProxyJump apply.
 pub struct Ssh {
@@ -122,9 +123,16 @@ impl Ssh {
 pub struct SshLink {
     host: String,
     session: Arc<Session>,
-    shell: Mutex<Slot>,
+    shell: Arc<Mutex<Slot>>,
     /// Where to leave the master when the link closes, and under which key (`persist`).
     keep: Option<Box<(Masters, String)>>,
+}
+
+/// A chain's commands sent to the kept shell, not all collected yet: the shell is held (other
+/// commands meanwhile go to sessions of their own, as while any command runs there).
+pub struct Sent {
+    slot: OwnedMutexGuard<Slot>,
+    numbers: VecDeque<u64>,
 }
 
 /// Where the link's next command goes.
@@ -161,10 +169,10 @@ impl Transport for Ssh {
         Ok(SshLink {
             host: target.name.clone(),
             session: Arc::new(session),
-            shell: Mutex::new(match self.options.keep_shell {
+            shell: Arc::new(Mutex::new(match self.options.keep_shell {
                 true => Slot::Fresh,
                 false => Slot::Off,
-            }),
+            })),
             keep,
         })
     }
@@ -326,6 +334,103 @@ impl Link for SshLink {
             stdout: out,
             stderr: err,
         })
+    }
+
+    /// Sends the whole chain to the kept shell when it is free (opening it if need be); else,
+    /// or if the shell cannot take these commands, each runs when asked for.
+    async fn chain(&self, commands: Vec<Command>) -> Chain {
+        let Ok(mut slot) = self.shell.clone().try_lock_owned() else {
+            return Chain::later(commands);
+        };
+        if matches!(&*slot, Slot::Open(shell) if shell.out_of_step()) {
+            *slot = Slot::Idle;
+        }
+        if matches!(*slot, Slot::Fresh | Slot::Idle) {
+            *slot = self.opened().await;
+        }
+        let Slot::Open(shell) = &mut *slot else {
+            return Chain::later(commands);
+        };
+        let framed: Vec<(&str, Option<&[u8]>)> = commands
+            .iter()
+            .map(|c| (c.script.as_str(), c.input.as_deref()))
+            .collect();
+        match shell.submit(&framed).await {
+            Ok(numbers) => Chain {
+                later: VecDeque::new(),
+                sent: Some(Sent {
+                    slot,
+                    numbers: numbers.into(),
+                }),
+                over: false,
+                lost: None,
+            },
+            Err(ShellError::Unsuitable(_)) => Chain::later(commands),
+            Err(ShellError::Unavailable(_)) => {
+                *slot = Slot::Off;
+                Chain::later(commands)
+            }
+            Err(ShellError::Lost(reason)) => {
+                *slot = Slot::Idle;
+                let mut chain = Chain::later(Vec::new());
+                chain.over = true;
+                chain.lost = Some(TransportError::Command {
+                    host: self.host.clone(),
+                    reason,
+                });
+                chain
+            }
+        }
+    }
+
+    async fn next<'a>(&'a self, chain: &'a mut Chain) -> Option<Result<Output, TransportError>> {
+        if let Some(lost) = chain.lost.take() {
+            return Some(Err(lost));
+        }
+        let Some(sent) = chain.sent.as_mut() else {
+            let command = chain.take_later()?;
+            let result = match &command.input {
+                Some(input) => self.run_input(&command.script, input).await,
+                None => self.run(&command.script).await,
+            };
+            chain.ended(&result);
+            return Some(result);
+        };
+        let n = sent.numbers.pop_front()?;
+        let Slot::Open(shell) = &mut *sent.slot else {
+            chain.sent = None;
+            return None;
+        };
+        let result = match shell.collect(n).await {
+            Ok(Some(out)) => Ok(out),
+            Ok(None) => Err(TransportError::Command {
+                host: self.host.clone(),
+                reason: "the host skipped a command of a chain whose previous one passed".into(),
+            }),
+            Err(e) => {
+                *sent.slot = Slot::Idle;
+                chain.sent = None;
+                chain.over = true;
+                return Some(Err(TransportError::Command {
+                    host: self.host.clone(),
+                    reason: e.to_string(),
+                }));
+            }
+        };
+        if !matches!(&result, Ok(out) if out.success()) {
+            // The host skips the rest: read their markers so that the shell stays in step.
+            for n in std::mem::take(&mut sent.numbers) {
+                if shell.collect(n).await.is_err() {
+                    *sent.slot = Slot::Idle;
+                    break;
+                }
+            }
+        }
+        if sent.numbers.is_empty() {
+            chain.sent = None;
+        }
+        chain.ended(&result);
+        Some(result)
     }
 
     async fn prepare(&self) {

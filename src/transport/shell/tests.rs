@@ -1,6 +1,7 @@
 //! The kept shell run by the real `/bin/sh` on this machine.
 
 use super::*;
+use crate::transport::quote;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -32,6 +33,38 @@ fn open(path: &str) -> Shell {
 
 fn shell() -> Shell {
     open(&std::env::var("PATH").unwrap_or_default())
+}
+
+/// Counts the times what is written to the shell is flushed: one per [`Shell::submit`].
+struct Flushes {
+    inner: Writer,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl AsyncWrite for Flushes {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let done = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        if done.is_ready() {
+            self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        done
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 async fn run(shell: &mut Shell, script: &str) -> Output {
@@ -184,4 +217,88 @@ async fn a_command_ends_once_what_it_left_running_lets_go_of_its_output() {
         "the command came back while {pid} still ran"
     );
     assert_eq!(run(&mut sh, "echo next").await.stdout, b"next\n");
+}
+
+#[tokio::test]
+async fn a_chain_is_sent_at_once_and_stops_at_the_first_command_that_fails() {
+    let mut sh = shell();
+    let flushes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stdin = std::mem::replace(&mut sh.stdin, Box::new(tokio::io::sink()));
+    sh.stdin = Box::new(Flushes {
+        inner: stdin,
+        count: flushes.clone(),
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ran = |name: &str| dir.path().join(name);
+    let touch = |name: &str| format!("touch {}", quote(&ran(name).display().to_string()));
+    let (a, b, c) = (
+        format!("{}; echo one", touch("a")),
+        format!("{}; echo two >&2; exit 3", touch("b")),
+        touch("c"),
+    );
+    let sent = sh
+        .submit(&[
+            (a.as_str(), None),
+            (b.as_str(), Some(&b"input\n"[..])),
+            (c.as_str(), None),
+        ])
+        .await
+        .expect("sent");
+    // All three went to the host before the first one's output was read: one round trip.
+    assert_eq!(flushes.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(sh.out_of_step(), "not collected yet");
+    let one = sh.collect(sent[0]).await.expect("collects").expect("ran");
+    assert_eq!((one.code, one.stdout.as_slice()), (Some(0), &b"one\n"[..]));
+    let two = sh.collect(sent[1]).await.expect("collects").expect("ran");
+    assert_eq!((two.code, two.stderr.as_slice()), (Some(3), &b"two\n"[..]));
+    // The command after the one that failed is skipped, and says so.
+    assert!(sh.collect(sent[2]).await.expect("collects").is_none());
+    assert!(!sh.out_of_step(), "every command collected");
+    assert!(ran("a").exists() && ran("b").exists());
+    assert!(!ran("c").exists(), "ran after a command that failed");
+    // A command that is not chained runs whatever the one before it did.
+    assert_eq!(run(&mut sh, "echo next").await.stdout, b"next\n");
+    // A chain whose first command fails runs none of the rest.
+    let (d, e) = (touch("d"), touch("e"));
+    let sent = sh
+        .submit(&[("exit 1", None), (d.as_str(), None), (e.as_str(), None)])
+        .await
+        .expect("sent");
+    let first = sh.collect(sent[0]).await.expect("collects").expect("ran");
+    assert_eq!(first.code, Some(1));
+    for n in &sent[1..] {
+        assert!(sh.collect(*n).await.expect("collects").is_none());
+    }
+    assert!(!ran("d").exists() && !ran("e").exists());
+    // A chain of commands that pass runs them all, in order.
+    let sent = sh
+        .submit(&[("echo 1", None), ("echo 2", None), ("echo 3", None)])
+        .await
+        .expect("sent");
+    let mut outputs = Vec::new();
+    for n in sent {
+        outputs.extend(sh.collect(n).await.expect("collects").expect("ran").stdout);
+    }
+    assert_eq!(outputs, b"1\n2\n3\n");
+}
+
+#[tokio::test]
+async fn a_chain_the_shell_cannot_carry_sends_nothing() {
+    let mut sh = shell();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", quote(&marker.display().to_string()));
+    match sh
+        .submit(&[(touch.as_str(), None), ("echo a\0b", None)])
+        .await
+    {
+        Err(ShellError::Unsuitable(_)) => {}
+        other => panic!("expected Unsuitable, got {:?}", other.map(|n| n.len())),
+    }
+    assert!(!sh.out_of_step());
+    assert_eq!(
+        run(&mut sh, "echo still here").await.stdout,
+        b"still here\n"
+    );
+    assert!(!marker.exists(), "nothing of the chain was run");
 }
