@@ -575,6 +575,59 @@ fn ctrl_c_twice_kills_the_running_hook_records_it_and_a_later_apply_redoes_the_h
     assert!(status_json(&shop, &site)["unfinished_run"].is_null());
 }
 
+#[test]
+fn ctrl_c_twice_while_a_chain_runs_stops_the_hooks_sent_after_the_running_one() {
+    let shop = Shop::start();
+    installed(&shop, &lockstep());
+    // app1's `install` leaves a process holding its output for 3 s: its shell has ended (the
+    // abort's kill passes leave its group alone) but its command has not. `migrate`, sent to
+    // the host in the same chain, starts there as soon as `install` is over, after the abort:
+    // the controller must stop it (it would mark /srv/late-api 2 s in).
+    let path = upgrade(&shop);
+    let site = std::fs::read_to_string(&path).unwrap();
+    let hold = "[ -e /srv/hold-$DEPLOY_SERVICE ]";
+    let patched = site
+        .replace(
+            "ev install;",
+            &format!("ev install; if {hold}; then (sleep 3) & fi;"),
+        )
+        .replace(
+            "ev migrate;",
+            &format!("ev migrate; if {hold}; then sleep 2; : >/srv/late-$DEPLOY_SERVICE; fi;"),
+        );
+    assert!(patched.contains("(sleep 3) &") && patched.contains("late-$DEPLOY_SERVICE"));
+    std::fs::write(&path, patched).unwrap();
+    let root = shop.fleet.host_root("app1");
+    std::fs::write(root.join("srv/hold-api"), "").unwrap();
+    let run = Running::start(&shop, &["apply", &path, "--yes"]);
+    wait_until("app1 installs api 2.0", Duration::from_secs(60), || {
+        whats(&shop, "app1")
+            .iter()
+            .filter(|w| *w == "install")
+            .count()
+            == 2
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    run.interrupt();
+    std::thread::sleep(Duration::from_millis(300));
+    run.interrupt();
+    let (code, _, stderr) = run.wait(Duration::from_secs(60));
+    assert_eq!(code, 130, "{stderr}");
+    assert!(stderr.contains("api: app1 FAILED"), "{stderr}");
+    // Long enough for `migrate` to have marked the host, had it gone on.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !root.join("srv/late-api").exists(),
+        "a hook sent in the chain ran on after the abort: {:?}\n{stderr}",
+        whats(&shop, "app1")
+    );
+    let (_, configured, _, hook) = record(&shop, "app1");
+    assert_eq!(
+        (configured.as_str(), hook.as_str()),
+        ("failure", "interrupted")
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // A controller that dies (kill -9): its locks are stale, its hook is stopped, the host redone
 

@@ -45,6 +45,9 @@ pub struct Call<'a> {
     pub timeout: Option<Duration>,
     /// Shell text run after the hook, only if it exits 0, in the same command.
     pub then: Option<&'a str>,
+    /// A hook after the first of a chain: the chain's stop file ([`chain_stop_file`]), whose
+    /// presence keeps it from running.
+    pub stop: Option<&'a str>,
 }
 
 /// The exit code of a command whose hook succeeded but whose [`Call::then`] failed …
@@ -110,6 +113,7 @@ pub fn prepare(call: &Call<'_>) -> Prepared {
         &Recorded {
             file: &pid_file,
             number,
+            stop: call.stop,
         },
         input.is_some(),
     );
@@ -196,10 +200,39 @@ pub fn pid_file(state_dir: &str) -> String {
     )
 }
 
-/// Where a hook records its process group: the run's pid file, and the hook's number in it.
+/// Where a hook records its process group: the run's pid file, and the hook's number in it;
+/// for a hook after the first of a chain, the chain's stop file.
 pub struct Recorded<'a> {
     pub file: &'a str,
     pub number: u64,
+    pub stop: Option<&'a str>,
+}
+
+/// The exit code of a chained hook that did not run: its chain's stop file was there.
+pub const STOPPED: i32 = 124;
+
+/// A new chain's stop file on a host: `<state-dir>/hooks/<controller pid>-<controller
+/// start>.<n>.stop`. The hooks after the first of a chain are sent to the host before the one
+/// ahead of them has ended, so a controller that leaves a chain before its end (a hook that
+/// timed out, an abort) must keep the rest from starting there: each of them records its
+/// process group, then exits [`STOPPED`] if this file exists ([`abandon_script`]).
+pub fn chain_stop_file(state_dir: &str) -> String {
+    static CHAINS: AtomicU64 = AtomicU64::new(1);
+    let n = CHAINS.fetch_add(1, Ordering::Relaxed);
+    let pid_file = pid_file(state_dir);
+    format!("{}.{n}.stop", pid_file.trim_end_matches(".pid"))
+}
+
+/// What a controller runs (in a session of its own) when it leaves a chain before its end:
+/// makes the chain's stop file, then kills every hook of this process still running on the
+/// host ([`super::interrupt::kill_script`]). A chained hook that recorded its group before the
+/// kill reads the pid files is killed; one that records it after finds the stop file.
+pub fn abandon_script(state_dir: &str, stop: &str) -> String {
+    format!(
+        "{{ : >{}; }} 2>/dev/null; {}",
+        quote(stop),
+        super::interrupt::kill_script(state_dir, std::process::id())
+    )
 }
 
 /// The script a hook runs as (see the module's documentation). It ends with the hook itself,
@@ -217,6 +250,9 @@ pub fn script(
         "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ echo \"$$ {n}\" >{file}; }} 2>/dev/null; ",
         quote(&format!("{{ echo \"$$ {n} ended\" >{file}; }} 2>/dev/null"))
     );
+    if let Some(stop) = pid.stop {
+        out.push_str(&format!("[ -e {} ] && exit {STOPPED}; ", quote(stop)));
+    }
     if stdin_secrets {
         out.push_str("eval \"$(cat)\" || exit 125; exec </dev/null; ");
     }
@@ -274,6 +310,7 @@ mod tests {
         let pid = Recorded {
             file: &file,
             number: 1,
+            stop: None,
         };
         let mut text = script(&[], hook, &state, &pid, false);
         text.push_str(&followed_by(then));
@@ -288,6 +325,70 @@ mod tests {
             stdout: out.stdout,
             stderr: out.stderr,
         }
+    }
+
+    #[test]
+    fn a_chained_hook_does_not_start_once_its_chain_is_stopped_and_is_killed_if_it_had() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().display().to_string();
+        std::fs::create_dir_all(dir.path().join("hooks")).expect("hooks dir");
+        let file = pid_file(&state);
+        let stop = chain_stop_file(&state);
+        assert!(stop.starts_with(&format!("{state}/hooks/")) && stop.ends_with(".stop"));
+        assert_ne!(stop, chain_stop_file(&state), "each chain its own");
+        let ran = dir.path().join("ran");
+        let hook = format!("touch {}", quote(&ran.display().to_string()));
+        let chained = |n| {
+            let pid = Recorded {
+                file: &file,
+                number: n,
+                stop: Some(&stop),
+            };
+            script(&[], &hook, &state, &pid, false)
+        };
+        let sh = |text: &str| {
+            std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(text)
+                .output()
+                .expect("sh runs")
+        };
+        // Before the chain is left, the hook runs.
+        assert!(sh(&chained(1)).status.success());
+        assert!(ran.exists());
+        std::fs::remove_file(&ran).expect("rm");
+        // Left: the stop file is made, and a hook that starts after it does not run.
+        let abandon = sh(&abandon_script(&state, &stop));
+        assert!(abandon.status.success(), "{abandon:?}");
+        let stopped = sh(&chained(2));
+        assert_eq!(stopped.status.code(), Some(STOPPED));
+        assert!(!ran.exists(), "a hook ran after its chain was left");
+        // One that started before: its group is killed by the same script.
+        std::fs::remove_file(&stop).expect("rm");
+        let slow = Recorded {
+            file: &file,
+            number: 3,
+            stop: Some(&stop),
+        };
+        let text = script(&[], &format!("sleep 5; {hook}"), &state, &slow, false);
+        let mut child = std::process::Command::new("setsid")
+            .args(["/bin/sh", "-c", &text])
+            .spawn()
+            .expect("setsid runs");
+        // Once it has recorded its group (the pid file names hook 3).
+        let recorded = || std::fs::read_to_string(&file).is_ok_and(|t| t.contains(" 3"));
+        let mut waited = 0;
+        while !recorded() && waited < 100 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            waited += 1;
+        }
+        // Reaped as soon as it dies (as the host's shell would), or its group looks alive.
+        let waiter = std::thread::spawn(move || child.wait());
+        let abandon = sh(&abandon_script(&state, &stop));
+        assert_eq!(String::from_utf8_lossy(&abandon.stdout).trim(), "1");
+        let status = waiter.join().expect("joins").expect("waits");
+        assert!(!status.success(), "killed");
+        assert!(!ran.exists(), "the hook went on after its chain was left");
     }
 
     #[test]

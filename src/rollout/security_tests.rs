@@ -58,6 +58,7 @@ async fn timed_out(
         secrets: &secrets,
         timeout: Some(timeout),
         then: None,
+        stop: None,
     };
     let Ran::TimedOut { after, killed } = hook_run::run(link, &call).await else {
         panic!("the hook must time out");
@@ -136,6 +137,7 @@ async fn a_hook_that_ends_keeps_its_code_gets_its_secrets_and_leaves_nothing() {
         secrets: &secrets,
         timeout: Some(Duration::from_secs(10)),
         then: None,
+        stop: None,
     };
     let Ran::Done(Ok(out)) = hook_run::run(&link, &call).await else {
         panic!("the hook ends by itself");
@@ -253,6 +255,7 @@ proptest! {
                 secrets: &secrets,
                 timeout: Some(Duration::from_secs(20)),
                 then: None,
+                stop: None,
             };
             match hook_run::run(&link, &call).await {
                 Ran::Done(Ok(out)) => out,

@@ -9,7 +9,7 @@ use crate::plan::StepKind;
 use crate::secrets::Secrets;
 use crate::site::{Hook, Hooks, OnFailure};
 use crate::state::{write_script, HostRecord, Inputs, Mark, Outcome, ServiceRecord};
-use crate::transport::{Link, Output, TransportError};
+use crate::transport::{Chain, Link, Output, TransportError};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -216,8 +216,9 @@ impl<L: Link> Running<'_, L> {
         if let Some(aborted) = super::interrupt::interrupted(&svc, first.name, false) {
             return Err(aborted);
         }
+        let stop = (calls.len() > 1).then(|| hook_run::chain_stop_file(&svc.state_dir));
         let mut prepared = Vec::with_capacity(calls.len());
-        for call in &calls {
+        for (i, call) in calls.iter().enumerate() {
             let then_script = call
                 .then
                 .as_ref()
@@ -230,18 +231,44 @@ impl<L: Link> Running<'_, L> {
                 secrets: &svc.secrets,
                 timeout: call.timeout,
                 then: then_script.as_deref(),
+                stop: stop.as_deref().filter(|_| i > 0),
             }));
         }
-        let link = self.link;
-        let mut chain = if calls.len() > 1 {
-            Some(
-                link.chain(prepared.iter().map(|p| p.command.clone()).collect())
-                    .await,
-            )
-        } else {
-            None
+        let mut chain = match stop {
+            Some(_) => {
+                let commands = prepared.iter().map(|p| p.command.clone()).collect();
+                Some(self.link.chain(commands).await)
+            }
+            None => None,
         };
-        for (i, (call, prepared)) in calls.iter().zip(&prepared).enumerate() {
+        let result = self.chained(&calls, &prepared, chain.as_mut()).await;
+        // Left before its end (a hook timed out, or the run is aborted): the hooks already
+        // sent must not start on the host, nor go on running there.
+        if let (Some(stop), Some(chain)) = (&stop, &chain) {
+            if chain.pending() {
+                let script = hook_run::abandon_script(&svc.state_dir, stop);
+                let said = match self.link.run(&script).await {
+                    Ok(out) if out.success() => "the rest of its chain stopped on the host".into(),
+                    Ok(out) => exit_reason("stopping the rest of its chain", &out),
+                    Err(e) => format!("stopping the rest of its chain: {e}"),
+                };
+                log_line(&self.job.log, &format!("== chain: {said}"));
+            }
+        }
+        result
+    }
+
+    /// Collects the outputs of `calls`, from `chain` or (alone) by running it; see
+    /// [`Running::hooks`].
+    async fn chained(
+        &mut self,
+        calls: &[HookCall<'_>],
+        prepared: &[hook_run::Prepared],
+        mut chain: Option<&mut Chain>,
+    ) -> Result<(), Failure> {
+        let svc = self.job.service.clone();
+        let link = self.link;
+        for (i, (call, prepared)) in calls.iter().zip(prepared).enumerate() {
             // A later hook of the chain may already run on the host: an abort kills it there.
             if i > 0 {
                 if let Some(aborted) = super::interrupt::interrupted(&svc, call.name, true) {
@@ -257,7 +284,7 @@ impl<L: Link> Running<'_, L> {
             let command = &prepared.command;
             // Boxed: the link's future is large, and would be copied up the stack here.
             let ran = Box::pin(async {
-                match chain.as_mut() {
+                match chain.as_deref_mut() {
                     Some(chain) => link.next(chain).await.unwrap_or_else(|| {
                         Err(TransportError::Command {
                             host: self.job.host.clone(),

@@ -107,6 +107,7 @@ async fn check_host<T: Transport>(
             secrets,
             timeout: Some(check.timeout),
             then: None,
+            stop: None,
         };
         ran_any = true;
         let (ok, detail) = match hook_run::run(&link, &call).await {

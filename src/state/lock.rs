@@ -661,7 +661,8 @@ fn break_script(dir: &str, seen: &str) -> String {
 }
 
 /// Removes the lock if `me` holds it (`holder.json` is one line, read without a process).
-/// Also removes the run's hook pid files (`rollout::hook_run`), emptied as each hook ended.
+/// Also removes the run's hook pid files (`rollout::hook_run`), emptied as each hook ended,
+/// and the stop files of chains it left before their end.
 fn release_script(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
     format!("{}; exit 0", release_body(state_dir, dir, me, pid))
 }
@@ -671,8 +672,8 @@ fn release_body(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
     let hooks = hooks_dir(state_dir);
     format!(
         "d={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
-         if [ \"$h\" = {me} ]; then rm -rf \"$d\" {hooks}/{pid}-*.pid; \
-         else rm -f {hooks}/{pid}-*.pid; fi 2>/dev/null; :",
+         if [ \"$h\" = {me} ]; then rm -rf \"$d\" {hooks}/{pid}-*.pid {hooks}/{pid}-*.stop; \
+         else rm -f {hooks}/{pid}-*.pid {hooks}/{pid}-*.stop; fi 2>/dev/null; :",
         d = quote(dir),
         me = quote(me),
         hooks = quote(&hooks),

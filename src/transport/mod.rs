@@ -209,6 +209,12 @@ impl Chain {
         self.later.pop_front()
     }
 
+    /// Whether commands of the chain were sent to the host and not all collected: if the
+    /// caller leaves it now, the host may still run them.
+    pub fn pending(&self) -> bool {
+        self.sent.as_ref().is_some_and(ssh::Sent::pending)
+    }
+
     /// Records how the command just collected ended.
     fn ended(&mut self, result: &Result<Output, TransportError>) {
         if !matches!(result, Ok(out) if out.success()) {

@@ -180,19 +180,26 @@ impl Shell {
             }
             numbers.push(self.sent);
         }
+        // Nothing is sent before the shell said it is ready: a shell that cannot run commands
+        // (no `setsid`, or a login shell printing something of its own first) is given up for
+        // sessions of their own, and what was sent to it must not run there as well.
+        if let Err(e) = self.wait_ready().await {
+            self.sent = first;
+            return Err(e);
+        }
         self.busy = true;
         let lost = |e: std::io::Error| ShellError::Lost(e.to_string());
-        if let Err(e) = self.send(&text).await {
-            // Unless it was ready, the shell ended before it read the command.
-            return Err(match self.ready {
-                true => lost(e),
-                false => self.first_line().await.err().unwrap_or_else(|| lost(e)),
-            });
-        }
-        if !self.ready {
-            self.first_line().await?;
-        }
+        self.send(&text).await.map_err(lost)?;
         Ok(numbers)
+    }
+
+    /// Reads the shell's first line, once: ready, or why it cannot run commands
+    /// ([`ShellError::Unavailable`]).
+    pub async fn wait_ready(&mut self) -> Result<(), ShellError> {
+        if self.ready {
+            return Ok(());
+        }
+        self.first_line().await
     }
 
     /// The output of command `n`, sent by [`Shell::submit`], once it ends; `None` if it was

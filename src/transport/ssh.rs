@@ -135,6 +135,13 @@ pub struct Sent {
     numbers: VecDeque<u64>,
 }
 
+impl Sent {
+    /// Commands sent and not collected yet.
+    pub fn pending(&self) -> bool {
+        !self.numbers.is_empty()
+    }
+}
+
 /// Where the link's next command goes.
 enum Slot {
     /// No command ran yet: the next runs in a session of its own.
@@ -437,6 +444,12 @@ impl Link for SshLink {
         let mut slot = self.shell.lock().await;
         if matches!(*slot, Slot::Fresh | Slot::Idle) {
             *slot = self.opened().await;
+        }
+        // Its first line read now, with the connections made, not ahead of the first command.
+        if let Slot::Open(shell) = &mut *slot {
+            if shell.wait_ready().await.is_err() {
+                *slot = Slot::Off;
+            }
         }
     }
 
