@@ -621,6 +621,12 @@ fn ctrl_c_twice_while_a_chain_runs_stops_the_hooks_sent_after_the_running_one() 
         "a hook sent in the chain ran on after the abort: {:?}\n{stderr}",
         whats(&shop, "app1")
     );
+    // It did not even start: the abort's first kill pass made the run's stop file.
+    assert_eq!(
+        whats(&shop, "app1"),
+        ["install", "start", "checked", "stop", "install"],
+        "{stderr}"
+    );
     let (_, configured, _, hook) = record(&shop, "app1");
     assert_eq!(
         (configured.as_str(), hook.as_str()),

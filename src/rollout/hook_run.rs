@@ -45,9 +45,12 @@ pub struct Call<'a> {
     pub timeout: Option<Duration>,
     /// Shell text run after the hook, only if it exits 0, in the same command.
     pub then: Option<&'a str>,
-    /// A hook after the first of a chain: the chain's stop file ([`chain_stop_file`]), whose
-    /// presence keeps it from running.
+    /// A hook of a chain: the chain's stop file ([`chain_stop_file`]), made before the hook is
+    /// killed on timeout so that those after it do not start.
     pub stop: Option<&'a str>,
+    /// Not the first of its chain: it does not run once the chain's stop file, or the run's
+    /// ([`run_stop_file`]), exists.
+    pub after: bool,
 }
 
 /// The exit code of a command whose hook succeeded but whose [`Call::then`] failed …
@@ -97,6 +100,8 @@ pub struct Prepared {
     pub command: Command,
     pid_file: String,
     number: u64,
+    /// Its chain's stop file.
+    stop: Option<String>,
 }
 
 /// The hook's command: its script (numbered among this process's hooks, followed by
@@ -113,7 +118,7 @@ pub fn prepare(call: &Call<'_>) -> Prepared {
         &Recorded {
             file: &pid_file,
             number,
-            stop: call.stop,
+            stop: call.stop.filter(|_| call.after),
         },
         input.is_some(),
     );
@@ -124,6 +129,7 @@ pub fn prepare(call: &Call<'_>) -> Prepared {
         command: Command { script, input },
         pid_file,
         number,
+        stop: call.stop.map(str::to_string),
     }
 }
 
@@ -153,7 +159,7 @@ pub async fn wait<L: Link>(
         Some(t) => match tokio::time::timeout(t, ran).await {
             Ok(result) => result,
             Err(_) => {
-                let killed = kill(link, &prepared.pid_file, prepared.number).await;
+                let killed = kill(link, prepared).await;
                 return Ran::TimedOut { after: t, killed };
             }
         },
@@ -211,6 +217,13 @@ pub struct Recorded<'a> {
 /// The exit code of a chained hook that did not run: its chain's stop file was there.
 pub const STOPPED: i32 = 124;
 
+/// The run's stop file on a host: `<state-dir>/hooks/<controller pid>-<controller
+/// start>.stop`, made by an abort's kill passes ([`super::interrupt::kill_running`]) before
+/// they look for hooks to kill: no chained hook of the run starts on the host after it.
+pub fn run_stop_file(state_dir: &str) -> String {
+    format!("{}.stop", pid_file(state_dir).trim_end_matches(".pid"))
+}
+
 /// A new chain's stop file on a host: `<state-dir>/hooks/<controller pid>-<controller
 /// start>.<n>.stop`. The hooks after the first of a chain are sent to the host before the one
 /// ahead of them has ended, so a controller that leaves a chain before its end (a hook that
@@ -251,7 +264,15 @@ pub fn script(
         quote(&format!("{{ echo \"$$ {n} ended\" >{file}; }} 2>/dev/null"))
     );
     if let Some(stop) = pid.stop {
-        out.push_str(&format!("[ -e {} ] && exit {STOPPED}; ", quote(stop)));
+        let run = pid
+            .file
+            .strip_suffix(".pid")
+            .map_or_else(|| format!("{}.stop", pid.file), |f| format!("{f}.stop"));
+        out.push_str(&format!(
+            "{{ [ -e {} ] || [ -e {} ]; }} && exit {STOPPED}; ",
+            quote(stop),
+            quote(&run)
+        ));
     }
     if stdin_secrets {
         out.push_str("eval \"$(cat)\" || exit 125; exec </dev/null; ");
@@ -287,8 +308,14 @@ pub fn kill_script(pid_file: &str, number: u64) -> String {
     )
 }
 
-async fn kill<L: Link>(link: &L, pid_file: &str, number: u64) -> Result<(), String> {
-    match link.run(&kill_script(pid_file, number)).await {
+/// Kills the prepared hook ([`kill_script`]); a hook of a chain makes its chain's stop file
+/// first, so that the hook after it does not start if this one ends (exit 0) meanwhile.
+async fn kill<L: Link>(link: &L, prepared: &Prepared) -> Result<(), String> {
+    let mut script = kill_script(&prepared.pid_file, prepared.number);
+    if let Some(stop) = &prepared.stop {
+        script = format!("{{ : >{}; }} 2>/dev/null; {script}", quote(stop));
+    }
+    match link.run(&script).await {
         Ok(out) if out.success() => Ok(()),
         Ok(out) => Err(format!(
             "could not kill it: {}",
@@ -378,10 +405,11 @@ mod tests {
         // Once it has recorded its group (the pid file names hook 3).
         let recorded = || std::fs::read_to_string(&file).is_ok_and(|t| t.contains(" 3"));
         let mut waited = 0;
-        while !recorded() && waited < 100 {
+        while !recorded() && waited < 250 {
             std::thread::sleep(std::time::Duration::from_millis(20));
             waited += 1;
         }
+        assert!(recorded(), "the hook recorded its group");
         // Reaped as soon as it dies (as the host's shell would), or its group looks alive.
         let waiter = std::thread::spawn(move || child.wait());
         let abandon = sh(&abandon_script(&state, &stop));
@@ -389,6 +417,13 @@ mod tests {
         let status = waiter.join().expect("joins").expect("waits");
         assert!(!status.success(), "killed");
         assert!(!ran.exists(), "the hook went on after its chain was left");
+        // The run's stop file (an abort's kill passes make it) stops every chained hook too.
+        std::fs::remove_file(&stop).expect("rm");
+        assert!(sh(&chained(4)).status.success(), "runs again");
+        std::fs::remove_file(&ran).expect("rm");
+        std::fs::write(run_stop_file(&state), "").expect("run stop");
+        assert_eq!(sh(&chained(5)).status.code(), Some(STOPPED));
+        assert!(!ran.exists(), "a chained hook ran after the run's abort");
     }
 
     #[test]

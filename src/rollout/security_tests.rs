@@ -59,6 +59,7 @@ async fn timed_out(
         timeout: Some(timeout),
         then: None,
         stop: None,
+        after: false,
     };
     let Ran::TimedOut { after, killed } = hook_run::run(link, &call).await else {
         panic!("the hook must time out");
@@ -138,6 +139,7 @@ async fn a_hook_that_ends_keeps_its_code_gets_its_secrets_and_leaves_nothing() {
         timeout: Some(Duration::from_secs(10)),
         then: None,
         stop: None,
+        after: false,
     };
     let Ran::Done(Ok(out)) = hook_run::run(&link, &call).await else {
         panic!("the hook ends by itself");
@@ -256,6 +258,7 @@ proptest! {
                 timeout: Some(Duration::from_secs(20)),
                 then: None,
                 stop: None,
+                after: false,
             };
             match hook_run::run(&link, &call).await {
                 Ran::Done(Ok(out)) => out,

@@ -78,6 +78,7 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
         placed: false,
         previous,
         last_started: Instant::now(),
+        passed: false,
     };
     match step.switch().await {
         Ok(()) => StepResult {
@@ -103,6 +104,8 @@ struct Running<'a, L> {
     previous: Option<Inputs>,
     /// When the hook being run started (as far as the controller can tell).
     last_started: Instant,
+    /// The last hook that ended passed (and its record, if any, was written).
+    passed: bool,
 }
 
 type Failure = (&'static str, String);
@@ -231,7 +234,8 @@ impl<L: Link> Running<'_, L> {
                 secrets: &svc.secrets,
                 timeout: call.timeout,
                 then: then_script.as_deref(),
-                stop: stop.as_deref().filter(|_| i > 0),
+                stop: stop.as_deref(),
+                after: i > 0,
             }));
         }
         let mut chain = match stop {
@@ -247,10 +251,14 @@ impl<L: Link> Running<'_, L> {
         if let (Some(stop), Some(chain)) = (&stop, &chain) {
             if chain.pending() {
                 let script = hook_run::abandon_script(&svc.state_dir, stop);
-                let said = match self.link.run(&script).await {
-                    Ok(out) if out.success() => "the rest of its chain stopped on the host".into(),
-                    Ok(out) => exit_reason("stopping the rest of its chain", &out),
-                    Err(e) => format!("stopping the rest of its chain: {e}"),
+                let ran = tokio::time::timeout(Duration::from_secs(30), self.link.run(&script));
+                let said = match ran.await {
+                    Ok(Ok(out)) if out.success() => {
+                        "the rest of its chain stopped on the host".into()
+                    }
+                    Ok(Ok(out)) => exit_reason("stopping the rest of its chain", &out),
+                    Ok(Err(e)) => format!("stopping the rest of its chain: {e}"),
+                    Err(_) => "stopping the rest of its chain: no answer in 30 s".into(),
                 };
                 log_line(&self.job.log, &format!("== chain: {said}"));
             }
@@ -268,13 +276,11 @@ impl<L: Link> Running<'_, L> {
     ) -> Result<(), Failure> {
         let svc = self.job.service.clone();
         let link = self.link;
-        for (i, (call, prepared)) in calls.iter().zip(prepared).enumerate() {
-            // A later hook of the chain may already run on the host: an abort kills it there.
-            if i > 0 {
-                if let Some(aborted) = super::interrupt::interrupted(&svc, call.name, true) {
-                    return Err(aborted);
-                }
-            }
+        let mut aborted = None;
+        for (call, prepared) in calls.iter().zip(prepared) {
+            // Aborting: a later hook of the chain may already run on the host. It is waited for
+            // all the same: the abort's kill passes kill it, or it does not start (the run's
+            // stop file), or it ended first, and then what it wrote is the host's record.
             self.sink.emit(Event::now(EventKind::HookStarted {
                 service: svc.name.clone(),
                 host: self.job.host.clone(),
@@ -298,12 +304,20 @@ impl<L: Link> Running<'_, L> {
                 }
             });
             let ran = hook_run::wait(link, prepared, &svc.secrets, call.timeout, ran).await;
-            self.ended(call, ran)?;
+            let result = self.ended(call, ran);
             if self.released {
                 return Ok(());
             }
+            match result {
+                Ok(()) => {}
+                // It passed as the run was aborted: the next hook of the chain is waited for.
+                Err(e) if e.0 == "interrupted" && self.passed => {
+                    aborted.get_or_insert(e);
+                }
+                Err(e) => return Err(aborted.unwrap_or(e)),
+            }
         }
-        Ok(())
+        aborted.map_or(Ok(()), Err)
     }
 
     /// Runs one hook alone (`rollback`); see [`Running::ended`].
@@ -374,6 +388,7 @@ impl<L: Link> Running<'_, L> {
             log_line(&self.job.log, &format!("== state: {reason}"));
             return Err(("state", reason));
         }
+        self.passed = ok;
         if let (true, Some(record)) = (ok, then) {
             self.job.record = record.clone();
             self.released = release.is_some();

@@ -108,6 +108,7 @@ async fn check_host<T: Transport>(
             timeout: Some(check.timeout),
             then: None,
             stop: None,
+            after: false,
         };
         ran_any = true;
         let (ok, detail) = match hook_run::run(&link, &call).await {
