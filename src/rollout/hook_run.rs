@@ -136,13 +136,7 @@ pub fn prepare(call: &Call<'_>) -> Prepared {
 /// Runs the hook; on timeout, kills its process group.
 pub async fn run<L: Link>(link: &L, call: &Call<'_>) -> Ran {
     let prepared = prepare(call);
-    let command = &prepared.command;
-    let ran = async {
-        match &command.input {
-            Some(input) => link.run_input(&command.script, input).await,
-            None => link.run(&command.script).await,
-        }
-    };
+    let ran = prepared.command.run(link);
     wait(link, &prepared, call.secrets, call.timeout, ran).await
 }
 
@@ -221,7 +215,18 @@ pub const STOPPED: i32 = 124;
 /// start>.stop`, made by an abort's kill passes ([`super::interrupt::kill_running`]) before
 /// they look for hooks to kill: no chained hook of the run starts on the host after it.
 pub fn run_stop_file(state_dir: &str) -> String {
-    format!("{}.stop", pid_file(state_dir).trim_end_matches(".pid"))
+    run_stop_of(&pid_file(state_dir))
+}
+
+/// The run's stop file beside its pid file ([`run_stop_file`]).
+fn run_stop_of(pid_file: &str) -> String {
+    format!("{}.stop", pid_file.trim_end_matches(".pid"))
+}
+
+/// `script`, after making the stop file `stop` (whose presence keeps chained hooks from
+/// starting): what every command that kills hooks of a chain runs.
+pub fn stop_then(stop: &str, script: &str) -> String {
+    format!("{{ : >{}; }} 2>/dev/null; {script}", quote(stop))
 }
 
 /// A new chain's stop file on a host: `<state-dir>/hooks/<controller pid>-<controller
@@ -232,8 +237,7 @@ pub fn run_stop_file(state_dir: &str) -> String {
 pub fn chain_stop_file(state_dir: &str) -> String {
     static CHAINS: AtomicU64 = AtomicU64::new(1);
     let n = CHAINS.fetch_add(1, Ordering::Relaxed);
-    let pid_file = pid_file(state_dir);
-    format!("{}.{n}.stop", pid_file.trim_end_matches(".pid"))
+    format!("{}.{n}.stop", pid_file(state_dir).trim_end_matches(".pid"))
 }
 
 /// What a controller runs (in a session of its own) when it leaves a chain before its end:
@@ -241,10 +245,9 @@ pub fn chain_stop_file(state_dir: &str) -> String {
 /// host ([`super::interrupt::kill_script`]). A chained hook that recorded its group before the
 /// kill reads the pid files is killed; one that records it after finds the stop file.
 pub fn abandon_script(state_dir: &str, stop: &str) -> String {
-    format!(
-        "{{ : >{}; }} 2>/dev/null; {}",
-        quote(stop),
-        super::interrupt::kill_script(state_dir, std::process::id())
+    stop_then(
+        stop,
+        &super::interrupt::kill_script(state_dir, std::process::id()),
     )
 }
 
@@ -264,14 +267,10 @@ pub fn script(
         quote(&format!("{{ echo \"$$ {n} ended\" >{file}; }} 2>/dev/null"))
     );
     if let Some(stop) = pid.stop {
-        let run = pid
-            .file
-            .strip_suffix(".pid")
-            .map_or_else(|| format!("{}.stop", pid.file), |f| format!("{f}.stop"));
         out.push_str(&format!(
             "{{ [ -e {} ] || [ -e {} ]; }} && exit {STOPPED}; ",
             quote(stop),
-            quote(&run)
+            quote(&run_stop_of(pid.file))
         ));
     }
     if stdin_secrets {
@@ -313,7 +312,7 @@ pub fn kill_script(pid_file: &str, number: u64) -> String {
 async fn kill<L: Link>(link: &L, prepared: &Prepared) -> Result<(), String> {
     let mut script = kill_script(&prepared.pid_file, prepared.number);
     if let Some(stop) = &prepared.stop {
-        script = format!("{{ : >{}; }} 2>/dev/null; {script}", quote(stop));
+        script = stop_then(stop, &script);
     }
     match link.run(&script).await {
         Ok(out) if out.success() => Ok(()),

@@ -45,11 +45,9 @@ echo "$n""#,
 pub async fn kill_running<L: Link>(link: &L, state_dir: &str, grace: Duration) -> usize {
     // Each pass first makes the run's stop file: a chained hook the host's shell starts after
     // it does not run (`hook_run::run_stop_file`), one that started before is killed.
-    let stop = super::hook_run::run_stop_file(state_dir);
-    let script = format!(
-        "{{ : >{}; }} 2>/dev/null; {}",
-        quote(&stop),
-        kill_script(state_dir, std::process::id())
+    let script = super::hook_run::stop_then(
+        &super::hook_run::run_stop_file(state_dir),
+        &kill_script(state_dir, std::process::id()),
     );
     let deadline = Instant::now() + grace;
     let mut killed = 0;

@@ -287,7 +287,6 @@ impl<L: Link> Running<'_, L> {
                 hook: call.name.into(),
             }));
             self.last_started = Instant::now();
-            let command = &prepared.command;
             // Boxed: the link's future is large, and would be copied up the stack here.
             let ran = Box::pin(async {
                 match chain.as_deref_mut() {
@@ -297,10 +296,7 @@ impl<L: Link> Running<'_, L> {
                             reason: "the hook before it in the chain did not pass".into(),
                         })
                     }),
-                    None => match &command.input {
-                        Some(input) => link.run_input(&command.script, input).await,
-                        None => link.run(&command.script).await,
-                    },
+                    None => prepared.command.run(link).await,
                 }
             });
             let ran = hook_run::wait(link, prepared, &svc.secrets, call.timeout, ran).await;

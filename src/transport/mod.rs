@@ -152,15 +152,7 @@ pub trait Link: Send + Sync + 'static {
         &'a self,
         chain: &'a mut Chain,
     ) -> impl Future<Output = Option<Result<Output, TransportError>>> + Send + 'a {
-        async move {
-            let command = chain.take_later()?;
-            let result = match &command.input {
-                Some(input) => self.run_input(&command.script, input).await,
-                None => self.run(&command.script).await,
-            };
-            chain.ended(&result);
-            Some(result)
-        }
+        chain.next_later(self)
     }
     /// Gets ready for many commands, ahead of the first: the `ssh` link opens the shell it
     /// keeps on the host (`transport/shell.rs`). By default nothing.
@@ -175,6 +167,16 @@ pub trait Link: Send + Sync + 'static {
 pub struct Command {
     pub script: String,
     pub input: Option<Vec<u8>>,
+}
+
+impl Command {
+    /// Runs it on `link`, with its input if it has one.
+    pub async fn run<L: Link + ?Sized>(&self, link: &L) -> Result<Output, TransportError> {
+        match &self.input {
+            Some(input) => link.run_input(&self.script, input).await,
+            None => link.run(&self.script).await,
+        }
+    }
 }
 
 /// Commands started by [`Link::chain`], their outputs collected by [`Link::next`].
@@ -201,12 +203,19 @@ impl Chain {
         }
     }
 
-    /// The next command to run, unless the chain is over.
-    fn take_later(&mut self) -> Option<Command> {
+    /// Runs the next command not sent yet on `link`, unless the chain is over
+    /// ([`Link::next`] for a chain that was not sent at once).
+    async fn next_later<L: Link + ?Sized>(
+        &mut self,
+        link: &L,
+    ) -> Option<Result<Output, TransportError>> {
         if self.over {
             return None;
         }
-        self.later.pop_front()
+        let command = self.later.pop_front()?;
+        let result = command.run(link).await;
+        self.ended(&result);
+        Some(result)
     }
 
     /// Whether commands of the chain were sent to the host and not all collected: if the

@@ -395,13 +395,7 @@ impl Link for SshLink {
             return Some(Err(lost));
         }
         let Some(sent) = chain.sent.as_mut() else {
-            let command = chain.take_later()?;
-            let result = match &command.input {
-                Some(input) => self.run_input(&command.script, input).await,
-                None => self.run(&command.script).await,
-            };
-            chain.ended(&result);
-            return Some(result);
+            return chain.next_later(self).await;
         };
         let n = sent.numbers.pop_front()?;
         let Slot::Open(shell) = &mut *sent.slot else {
