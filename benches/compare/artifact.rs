@@ -5,8 +5,7 @@
 //! controller's peak memory delivering the file at a tenth of its size and at its size.
 //!
 //! Each delivery sends new content (a seeded pseudo-random file, incompressible), so that every
-//! host lacks it; the hosts' content stores are pruned to the content in place between runs
-//! (untimed), as an operator's would be. The no-op site keeps its own state directory on each
+//! host lacks it. The no-op site keeps its own state directory on each
 //! host (`/var/lib/drover-small`), so the two sites are each converged on the same hosts and
 //! their applies can be interleaved.
 
@@ -166,7 +165,7 @@ struct ArtifactBench<'a> {
     /// The file's size, and the seed of its current content.
     bytes: u64,
     seed: u64,
-    /// The current content's sha256 (its name in each host's store).
+    /// The current content's sha256 (empty before the first).
     digest: String,
     started_in: f64,
     _relay: Option<Relay>,
@@ -247,21 +246,10 @@ impl<'a> ArtifactBench<'a> {
         write_content(&self.work.join("small.bin"), SMALL_BYTES, u64::MAX);
     }
 
-    /// New content for the big file: `bytes` long, from the next seed. Each host's store is
-    /// first pruned to the content in place (with the new one, two in the store; with the placed
-    /// file and `scp`'s copy, four times the size per host on the fleet's disk).
+    /// New content for the big file: `bytes` long, from the next seed. (Each host keeps the
+    /// placed file and the one it replaced, beside it; with `scp`'s copy and a content arriving,
+    /// four times the size per host on the fleet's disk.)
     fn renew(&mut self, bytes: u64) {
-        if !self.digest.is_empty() {
-            for h in &self.hosts {
-                let store = self.fleet.host_root(h).join("var-lib/drover/files");
-                for entry in fs::read_dir(&store).into_iter().flatten().flatten() {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    if name.len() == 64 && name != self.digest {
-                        fs::remove_file(entry.path()).unwrap();
-                    }
-                }
-            }
-        }
         self.seed += 1;
         self.bytes = bytes;
         let path = self.work.join("big.bin");

@@ -1,88 +1,59 @@
-//! Delivering a step's files: the contents a host's store lacks are streamed to it over the
-//! host's connection, kept only if their source did not change while they were sent, then
-//! every file is put in place atomically (`state::files` has the host's side).
+//! Delivering a step's files: the host says which of them are still exactly as drover placed
+//! them; the contents of the others are streamed to it over the host's connection, each into
+//! its target's directory, kept only if their source did not change while they were sent, then
+//! renamed over their targets (`state::files` has the host's side).
 
 use crate::desired::{Content, Delivery};
 use crate::state::{
-    commit_script, discard_script, missing_script, place_script, receive_script, Inputs, Placed,
-    NOTHING_PLACED,
+    discard_script, kept, place_script, receive_script, survey_script, Placed, NOTHING_PLACED,
 };
 use crate::transport::{Link, Payload};
 
-/// What a delivery sent.
+/// What a delivery did.
 pub struct Sent {
+    /// Contents sent, and their bytes.
     pub contents: usize,
     pub bytes: u64,
+    /// Files put in place; the others were as placed before and left alone.
+    pub placed: usize,
 }
 
 impl Sent {
     /// `placed 2 files, sent 1 content (420 bytes)`.
     pub fn describe(&self, files: usize) -> String {
         let s = |n: usize| if n == 1 { "" } else { "s" };
+        let kept = files.saturating_sub(self.placed);
         match self.contents {
             0 => format!(
-                "placed {files} file{}, the host had every content",
-                s(files)
+                "{kept} file{} in place already, the host had every content",
+                s(kept)
             ),
-            n => format!(
-                "placed {files} file{}, sent {n} content{} ({} bytes)",
-                s(files),
-                s(n),
-                self.bytes
-            ),
+            n => {
+                let mut text = format!(
+                    "placed {} file{}, sent {n} content{} ({} bytes)",
+                    self.placed,
+                    s(self.placed),
+                    s(n),
+                    self.bytes
+                );
+                if kept > 0 {
+                    text.push_str(&format!(", {kept} in place already"));
+                }
+                text
+            }
         }
     }
 }
 
-/// Delivers `files` of `service`; `previous` is what the host recorded the service had.
-/// On failure, whether anything may have been put in place, and why.
+/// Delivers `files` of `service`. On failure, whether anything may have been put in place,
+/// and why.
 pub async fn deliver<L: Link>(
     link: &L,
     state_dir: &str,
     service: &str,
     files: &[Delivery],
-    previous: Option<&Inputs>,
 ) -> Result<Sent, (bool, String)> {
-    let mut digests: Vec<&str> = files.iter().map(|f| f.digest.as_str()).collect();
-    digests.sort_unstable();
-    digests.dedup();
-    let out = link
-        .run(&missing_script(state_dir, &digests))
-        .await
-        .map_err(|e| (false, e.to_string()))?;
-    if !out.success() {
-        return Err((false, failed("looking up the host's store", &out.stderr)));
-    }
-    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
-    let missing: Vec<&str> = listed
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    let mut sent = Sent {
-        contents: 0,
-        bytes: 0,
-    };
-    let mut received: Vec<&str> = Vec::new();
-    for digest in &missing {
-        let Some(f) = files.iter().find(|f| f.digest == *digest) else {
-            continue;
-        };
-        match receive(link, state_dir, digest, f).await {
-            Ok(size) => {
-                received.push(*digest);
-                sent.contents += 1;
-                sent.bytes += size;
-            }
-            Err(e) => {
-                // Best effort: the host keeps nothing that will never be committed.
-                received.push(*digest);
-                let _ = link.run(&discard_script(state_dir, &received)).await;
-                return Err((false, e));
-            }
-        }
-    }
-    let placed: Vec<Placed> = files
+    let wanted: Vec<Placed> = files
         .iter()
         .map(|f| Placed {
             to: f.to.clone(),
@@ -90,39 +61,69 @@ pub async fn deliver<L: Link>(
             digest: f.digest.clone(),
         })
         .collect();
-    let known: Vec<Placed> = previous
-        .map(|p| {
-            p.files()
-                .map(|(to, digest, mode)| Placed {
-                    to: to.to_string(),
-                    mode,
-                    digest: digest.to_string(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let script =
-        commit_script(state_dir, &received) + &place_script(state_dir, service, &placed, &known);
+    let paths: Vec<&str> = files.iter().map(|f| f.to.as_str()).collect();
+    let out = link
+        .run(&survey_script(state_dir, service, &paths))
+        .await
+        .map_err(|e| (false, e.to_string()))?;
+    if !out.success() {
+        return Err((false, failed("looking at the host's files", &out.stderr)));
+    }
+    let kept = kept(&wanted, &String::from_utf8_lossy(&out.stdout));
+    let mut sent = Sent {
+        contents: 0,
+        bytes: 0,
+        placed: 0,
+    };
+    let to_place: Vec<usize> = (0..files.len()).filter(|i| kept[*i].is_none()).collect();
+    if to_place.is_empty() {
+        return Ok(sent);
+    }
+    // The first file of each content receives it; the others are copies of it on the host.
+    let mut received: Vec<&str> = Vec::new();
+    for &i in &to_place {
+        let f = &files[i];
+        if to_place
+            .iter()
+            .any(|&j| j < i && files[j].digest == f.digest)
+        {
+            continue;
+        }
+        received.push(&f.to);
+        match receive(link, f).await {
+            Ok(size) => {
+                sent.contents += 1;
+                sent.bytes += size;
+            }
+            Err(e) => {
+                // Best effort: the host keeps nothing that will never be placed.
+                let _ = link.run(&discard_script(&received)).await;
+                return Err((false, e));
+            }
+        }
+    }
+    let placing: Vec<Placed> = to_place.iter().map(|&i| wanted[i].clone()).collect();
+    let left: Vec<String> = kept.into_iter().flatten().collect();
+    let script = place_script(state_dir, service, &placing, &left);
     let out = link.run(&script).await.map_err(|e| (true, e.to_string()))?;
     if !out.success() {
         // Before any target changed, the previous list of what was replaced still stands:
         // nothing to put back (putting it back would restore the placement before last).
         let placed = out.code != Some(NOTHING_PLACED);
+        if !placed {
+            let _ = link.run(&discard_script(&received)).await;
+        }
         return Err((placed, failed("putting the files in place", &out.stderr)));
     }
+    sent.placed = placing.len();
     Ok(sent)
 }
 
-/// Sends `f`'s content to the host as `digest`'s received copy; its size. A plain file is sent
+/// Sends `f`'s content to the host, beside its target; its size. A plain file is sent
 /// only while its source is what was digested, and what arrived counts only if the source did
 /// not change while it was sent (a changed size also fails the host's size check: the stamp
 /// says why).
-async fn receive<L: Link>(
-    link: &L,
-    state_dir: &str,
-    digest: &str,
-    f: &Delivery,
-) -> Result<u64, String> {
+async fn receive<L: Link>(link: &L, f: &Delivery) -> Result<u64, String> {
     let changed = || match &f.content {
         Content::Path { path, stamp } => stamp.check(path).err(),
         Content::Rendered { .. } => None,
@@ -135,7 +136,7 @@ async fn receive<L: Link>(
         Content::Rendered { text, .. } => (Payload::Bytes(text.as_bytes()), text.len() as u64),
     };
     let out = link
-        .send(&receive_script(state_dir, digest, size), payload)
+        .send(&receive_script(&f.to, size, f.mode), payload)
         .await
         .map_err(|e| changed().unwrap_or_else(|| format!("sending {}: {e}", f.to)))?;
     if !out.success() {

@@ -572,17 +572,14 @@ impl<L: Link> Running<'_, L> {
             hook: "files".into(),
         }));
         let started = Instant::now();
-        let result = super::files::deliver(
-            self.link,
-            &svc.state_dir,
-            &svc.name,
-            &files,
-            self.previous.as_ref(),
-        )
-        .await;
+        let result = super::files::deliver(self.link, &svc.state_dir, &svc.name, &files).await;
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        // Even a failed placement may have put some files in place.
-        self.placed = !matches!(result, Err((false, _)));
+        // Even a failed placement may have put some files in place; one that found every file
+        // in place already wrote no list of what it replaced (the last one is not this step's).
+        self.placed = match &result {
+            Ok(sent) => sent.placed > 0,
+            Err((placed, _)) => *placed,
+        };
         let (ok, text) = match &result {
             Ok(sent) => (true, sent.describe(files.len())),
             Err((_, reason)) => (false, reason.clone()),

@@ -1,18 +1,29 @@
-//! Files a host keeps for its services: a content-addressed store under the state directory
-//! (`<state-dir>/files/<digest>`, one file per content, 0600 in a 0700 directory), atomic
-//! placement from it, and what each service's last placement replaced, to put it back.
+//! Files a host keeps for its services: each content arrives in its target's directory and is
+//! renamed over it, so every byte is written once on the host; what drover put where is written
+//! down with the target's stamp (`<state-dir>/files/placed/<service>`), so that a file still as
+//! it was placed is never sent again; and what a placement replaced is kept in the same
+//! directory, to be put back by a rename.
 //!
-//! Every function builds shell text (POSIX sh and coreutils: `cp`, `mv`, `sync`, `chmod`,
-//! `mkdir`, `sha256sum`, `stat`, `wc`); every value in it is quoted.
+//! Every function builds shell text (POSIX sh and coreutils: `cat`, `cp`, `ln`, `mv`, `rm`,
+//! `sync`, `chmod`, `mkdir`, `stat`, `wc`, `grep`); every value in it is quoted.
 //!
-//! What a placement replaced is listed in `<state-dir>/files/prev/<service>`, a line per file:
-//! `<digest> <mode in octal> <path>` for a file that was there (its content is in the store), or
-//! `- - <path>` for one that was not. Paths never hold a newline (the site checker refuses them).
+//! - What drover writes beside a target `<dir>/<name>` is in `<dir>/.drover/`, a directory of
+//!   the user drover logs in as alone (0700; one that is a link, or another user's, is refused):
+//!   `<name>.new` while a content arrives, `<name>.tmp` for a copy, `<name>.prev` for what the
+//!   last placement replaced (a hard link to it). No one else can plant a link or a FIFO there,
+//!   swap a file drover is about to `chmod` or rename, or read a replaced secret by its path.
+//! - `placed/<service>`, a line per file: `<digest> <mode in octal> <stamp> <path>`, the stamp
+//!   being the target's `stat` (device, inode, size, modification and change times in
+//!   nanoseconds) right after it was put in place. Any later write, rename or `chmod` changes
+//!   the change time, which nothing can set back: a file whose stamp still holds has the content.
+//! - `prev/<service>`: what the service's last placement replaced, a line per file: `+ <path>`
+//!   (its previous file is `<dir>/.drover/<name>.prev`) or `- <path>` (there was none). Paths
+//!   never hold a newline (the site checker refuses them).
 
 use crate::transport::quote;
 use serde::{Deserialize, Serialize};
 
-/// A file as it must be on the host: its content is `<store>/<digest>`.
+/// A file as it must be on the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placed {
     pub to: String,
@@ -20,17 +31,20 @@ pub struct Placed {
     pub digest: String,
 }
 
-/// The exit code of a placement (with its commit) that failed before it changed any target:
-/// the previous list of what was replaced still stands, so there is nothing to put back.
+/// The exit code of a placement that failed before it changed any target: the previous list
+/// of what was replaced still stands, so there is nothing to put back.
 pub const NOTHING_PLACED: i32 = 3;
+
+/// The `stat` format of a target's stamp.
+const STAMP: &str = "%d:%i:%s:%.9Y:%.9Z";
 
 /// `<state_dir>/files`.
 pub fn store_dir(state_dir: &str) -> String {
     format!("{state_dir}/files")
 }
 
-/// The list of what `service`'s last placement replaced (a file name safe for any service).
-fn prev_file(state_dir: &str, service: &str) -> String {
+/// `<store>/<list>/<service>` (a file name safe for any service).
+fn list_file(state_dir: &str, list: &str, service: &str) -> String {
     let mut name = String::new();
     for c in service.chars() {
         if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -39,59 +53,7 @@ fn prev_file(state_dir: &str, service: &str) -> String {
             name.push_str(&format!("%{:02x}", c as u32));
         }
     }
-    format!("{}/prev/{name}", store_dir(state_dir))
-}
-
-/// Prints, one per line, those of `digests` the store does not have.
-pub fn missing_script(state_dir: &str, digests: &[&str]) -> String {
-    let list: Vec<String> = digests.iter().map(|d| quote(d)).collect();
-    format!(
-        "for d in {list}; do [ -e {store}/\"$d\" ] || printf '%s\\n' \"$d\"; done",
-        list = list.join(" "),
-        store = quote(&store_dir(state_dir)),
-    )
-}
-
-/// Reads standard input into the store as `digest`'s received copy, `.<digest>.tmp`: its size
-/// checked against `size` (a cut-off transfer is never kept) and synced. It is not the stored
-/// content yet: [`commit_script`] names it, once the controller knows that what it sent is what
-/// it digested (its source did not change under it).
-pub fn receive_script(state_dir: &str, digest: &str, size: u64) -> String {
-    let tmp = quote(&received(state_dir, digest));
-    format!(
-        "umask 077 && mkdir -p {store} && cat >{tmp} && {{ [ \"$(wc -c <{tmp})\" -eq {size} ] || {{ echo \"drover: received $(wc -c <{tmp}) of {size} bytes\" >&2; rm -f {tmp}; exit 1; }}; }} && {{ sync {tmp} 2>/dev/null || true; }}",
-        store = quote(&store_dir(state_dir)),
-    )
-}
-
-/// `<store>/.<digest>.tmp`: a received content not yet committed.
-fn received(state_dir: &str, digest: &str) -> String {
-    format!("{}/.{digest}.tmp", store_dir(state_dir))
-}
-
-/// Removes what [`receive_script`] received as `digests`, to be committed never.
-pub fn discard_script(state_dir: &str, digests: &[&str]) -> String {
-    let tmps: Vec<String> = digests
-        .iter()
-        .map(|d| quote(&received(state_dir, d)))
-        .collect();
-    format!("rm -f {}", tmps.join(" "))
-}
-
-/// Makes each received content (see [`receive_script`]) the store's content under its digest:
-/// a rename each. Run before [`place_script`], in the same command.
-pub fn commit_script(state_dir: &str, digests: &[&str]) -> String {
-    digests
-        .iter()
-        .map(|d| {
-            format!(
-                "mv -f {tmp} {file} || {{ echo \"drover: cannot store the received content {d} in {store}\" >&2; exit {NOTHING_PLACED}; }}\n",
-                store = store_dir(state_dir).replace(['"', '\\', '$', '`'], "_"),
-                tmp = quote(&received(state_dir, d)),
-                file = quote(&format!("{}/{d}", store_dir(state_dir))),
-            )
-        })
-        .collect()
+    format!("{}/{list}/{name}", store_dir(state_dir))
 }
 
 /// `path` split into its directory and its name.
@@ -103,89 +65,218 @@ fn split(path: &str) -> (String, &str) {
     }
 }
 
-/// Shell text that copies `<store>/<digest>` over `to` atomically with `mode` (the digest and
-/// mode may be shell words such as `"$d"`, already quoted).
-fn copy_in(store: &str, digest: &str, mode: &str, to: &str) -> String {
-    let (dir, name) = split(to);
-    let tmp = quote(&format!("{dir}/.{name}.drover-tmp"));
+/// `<dir>/.drover`, where drover keeps what it writes beside the files of `<dir>`.
+fn private_dir(to: &str) -> String {
+    let (dir, _) = split(to);
+    match dir.as_str() {
+        "/" => "/.drover".to_string(),
+        _ => format!("{dir}/.drover"),
+    }
+}
+
+/// `<dir>/.drover/<name>.<suffix>`, for the file `to`.
+fn beside(to: &str, suffix: &str) -> String {
+    let (_, name) = split(to);
+    format!("{}/{name}.{suffix}", private_dir(to))
+}
+
+/// Where a content for `to` is received: `<dir>/.drover/<name>.new`.
+pub fn received_at(to: &str) -> String {
+    beside(to, "new")
+}
+
+/// Shell text that makes `to`'s directory (parents too) and its [`private_dir`], and fails
+/// unless the latter is a directory (not a link) of this user's alone.
+fn make_private(to: &str) -> String {
+    let (dir, _) = split(to);
+    let private = quote(&private_dir(to));
     format!(
-        "{{ mkdir -p {dir} && cp {store}/{digest} {tmp} && chmod {mode} {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {to}; }} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}",
+        "mkdir -p {dir} && {{ [ -d {private} ] || mkdir -m 700 {private}; }} && {{ [ ! -L {private} ] && [ -O {private} ] && chmod 700 {private} || {{ echo \"drover: {shown} is not a directory of this user's alone: remove it\" >&2; false; }}; }}",
         dir = quote(&dir),
-        store = quote(store),
-        to = quote(to),
-        shown = to.replace(['"', '\\', '$', '`'], "_"),
+        shown = shown(&private_dir(to)),
     )
 }
 
-/// Puts `files` in place for `service`, first listing what each target holds now so that
-/// [`restore_script`] can put it back: the entry of `known` (what the host's record says the
-/// service had) for that path if its content is in the store; else the target's own content,
-/// hashed into the store; else "absent". Each file is copied from the store to a temporary
-/// file in its own directory (parents made), given its mode, synced and renamed over the
-/// target. Stops at the first failure, naming the path: with exit code [`NOTHING_PLACED`]
-/// while no target has been changed yet (the previous list still stands).
-pub fn place_script(state_dir: &str, service: &str, files: &[Placed], known: &[Placed]) -> String {
+/// `path` with the characters that would end or expand a double-quoted shell word replaced.
+fn shown(path: &str) -> String {
+    path.replace(['"', '\\', '$', '`'], "_")
+}
+
+/// Prints the stamp of each of `paths` (a line each, `-` for none), then the service's list of
+/// what drover placed: what [`kept`] reads.
+pub fn survey_script(state_dir: &str, service: &str, paths: &[&str]) -> String {
+    let list: Vec<String> = paths.iter().map(|p| quote(p)).collect();
+    format!(
+        "for p in {list}; do stat -c '{STAMP}' -- \"$p\" 2>/dev/null || echo -; done; cat {placed} 2>/dev/null; true",
+        list = list.join(" "),
+        placed = quote(&list_file(state_dir, "placed", service)),
+    )
+}
+
+/// From what [`survey_script`] printed for `files`: per file, its line of the list of what was
+/// placed when the file is still exactly as drover placed it with this content and mode (so it
+/// needs neither sending nor placing), else `None`.
+pub fn kept(files: &[Placed], survey: &str) -> Vec<Option<String>> {
+    let mut lines = survey.lines();
+    let stamps: Vec<&str> = lines.by_ref().take(files.len()).collect();
+    let placed: Vec<&str> = lines.collect();
+    files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let stamp = stamps
+                .get(i)
+                .copied()
+                .filter(|s| *s != "-" && !s.is_empty())?;
+            let line = placed.iter().rev().find(|l| {
+                let mut w = l.splitn(4, ' ');
+                let (d, m, s, p) = (w.next(), w.next(), w.next(), w.next());
+                p == Some(f.to.as_str())
+                    && d == Some(f.digest.as_str())
+                    && m == Some(format!("{:o}", f.mode).as_str())
+                    && s == Some(stamp)
+            })?;
+            Some(line.to_string())
+        })
+        .collect()
+}
+
+/// Reads standard input into [`received_at`] `to` (parents made): its size checked against
+/// `size` (a cut-off transfer is never kept), given `mode`, synced. It is not in place yet:
+/// [`place_script`] renames it over the target, once the controller knows that what it sent is
+/// what it digested (its source did not change under it).
+pub fn receive_script(to: &str, size: u64, mode: u32) -> String {
+    let tmp = quote(&received_at(to));
+    format!(
+        "umask 077 && {private} && rm -f {tmp} && cat >{tmp} && {{ [ \"$(wc -c <{tmp})\" -eq {size} ] || {{ echo \"drover: received $(wc -c <{tmp}) of {size} bytes\" >&2; rm -f {tmp}; exit 1; }}; }} && chmod {mode:o} {tmp} && {{ sync {tmp} 2>/dev/null || true; }}",
+        private = make_private(to),
+    )
+}
+
+/// Removes what [`receive_script`] received for `tos`, never to be placed.
+pub fn discard_script(tos: &[&str]) -> String {
+    let tmps: Vec<String> = tos.iter().map(|t| quote(&received_at(t))).collect();
+    format!("rm -f {}", tmps.join(" "))
+}
+
+/// Puts `files` in place for `service`: the first file of each digest has received its content
+/// ([`receive_script`]), the others are copies of it. First the previous list of what was
+/// replaced goes (it is the last step's, never this one's), then the list of what each target
+/// holds now, for [`restore_script`]: a hard link to it in its directory's [`private_dir`] (a
+/// copy where the file system has no links), or "absent"; then each copy is made (given its
+/// mode, synced) and each file renamed over its target: a reader sees the old file or the new
+/// one, never half of one. Last, the list of what was placed: `kept`'s lines (files left as
+/// they were), then a line with each new file's stamp. Stops at the first failure, naming the
+/// path: with exit code [`NOTHING_PLACED`] while no target has changed yet. A target that is a
+/// directory is refused before anything changes.
+pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[String]) -> String {
     let store = store_dir(state_dir);
-    let prev = prev_file(state_dir, service);
-    let tmp_list = quote(&format!("{prev}.tmp"));
+    let prev = quote(&list_file(state_dir, "prev", service));
+    let placed = list_file(state_dir, "placed", service);
+    let prev_tmp = quote(&format!("{}.tmp", list_file(state_dir, "prev", service)));
+    let placed_tmp = quote(&format!("{placed}.tmp"));
     let mut s = format!(
-        "umask 077 && mkdir -p {prev_dir} && : >{tmp_list} || exit {NOTHING_PLACED}\n",
+        "umask 077 && rm -f {prev} && mkdir -p {prev_dir} {placed_dir} && : >{prev_tmp} || exit {NOTHING_PLACED}\n",
         prev_dir = quote(&format!("{store}/prev")),
+        placed_dir = quote(&format!("{store}/placed")),
     );
+    for f in files.iter().filter(|f| first_of(files, f).to == f.to) {
+        s.push_str(&format!(
+            "[ -f {new} ] || {{ echo \"drover: the content received for {shown} is gone\" >&2; exit {NOTHING_PLACED}; }}\n",
+            new = quote(&received_at(&f.to)),
+            shown = shown(&f.to),
+        ));
+    }
     for f in files {
         let to = quote(&f.to);
-        let known = known
-            .iter()
-            .find(|k| k.to == f.to)
-            .map(|k| (quote(&k.digest), format!("{:o}", k.mode)));
-        let hash_in = format!(
-            "h=$(sha256sum <{to} | cut -c1-64) && m=$(stat -c %a {to}) && {{ [ -e {store}/\"$h\" ] || {{ cp {to} {store}/.\"$h\".tmp && mv -f {store}/.\"$h\".tmp {store}/\"$h\"; }}; }} && printf '%s %s %s\\n' \"$h\" \"$m\" {to} >>{tmp_list}",
-            store = quote(&store),
-        );
-        let absent = format!(
-            "printf '%s\\n' {line} >>{tmp_list}",
-            line = quote(&format!("- - {}", f.to))
-        );
-        let remember = match known {
-            Some((d, m)) => format!(
-                "if [ -e {store}/{d} ]; then printf '%s %s %s\\n' {d} {m} {to} >>{tmp_list}; elif [ -f {to} ]; then {hash_in}; else {absent}; fi",
-                store = quote(&store),
-            ),
-            None => format!("if [ -f {to} ]; then {hash_in}; else {absent}; fi"),
-        };
+        let link = quote(&beside(&f.to, "prev"));
         s.push_str(&format!(
-            "{{ {remember}; }} || {{ echo \"drover: cannot keep what is at {shown}\" >&2; exit {NOTHING_PLACED}; }}\n",
-            shown = f.to.replace(['"', '\\', '$', '`'], "_"),
+            "if [ -d {to} ]; then echo \"drover: {shown} is a directory: no file is put in its place\" >&2; exit {NOTHING_PLACED}; fi\n\
+             {{ {private} && if [ -e {to} ] || [ -L {to} ]; then {{ ln -f {to} {link} 2>/dev/null || {{ rm -f {link} && cp -pP {to} {link}; }}; }} && printf '+ %s\\n' {to} >>{prev_tmp}; else printf '%s %s\\n' - {to} >>{prev_tmp}; fi; }} || {{ echo \"drover: cannot keep what is at {shown}\" >&2; exit {NOTHING_PLACED}; }}\n",
+            private = make_private(&f.to),
+            shown = shown(&f.to),
         ));
     }
     s.push_str(&format!(
-        "mv -f {tmp_list} {prev} || exit {NOTHING_PLACED}\n",
-        prev = quote(&prev)
+        "mv -f {prev_tmp} {prev} || exit {NOTHING_PLACED}\n"
     ));
-    for f in files {
-        s.push_str(&copy_in(
-            &store,
-            &quote(&f.digest),
-            &format!("{:o}", f.mode),
-            &f.to,
+    // Copies first: the content they are made from is renamed away below.
+    for f in files.iter().filter(|f| first_of(files, f).to != f.to) {
+        let tmp = quote(&beside(&f.to, "tmp"));
+        s.push_str(&format!(
+            "{{ rm -f {tmp} && cat {new} >{tmp} && chmod {mode:o} {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {to}; }} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n",
+            new = quote(&received_at(&first_of(files, f).to)),
+            mode = f.mode,
+            to = quote(&f.to),
+            shown = shown(&f.to),
         ));
-        s.push('\n');
     }
+    for f in files.iter().filter(|f| first_of(files, f).to == f.to) {
+        s.push_str(&format!(
+            "mv -f {new} {to} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n",
+            new = quote(&received_at(&f.to)),
+            to = quote(&f.to),
+            shown = shown(&f.to),
+        ));
+    }
+    s.push_str(&format!("{{ : >{placed_tmp}"));
+    for line in kept {
+        s.push_str(&format!(
+            " && printf '%s\\n' {} >>{placed_tmp}",
+            quote(line)
+        ));
+    }
+    for f in files {
+        s.push_str(&format!(
+            " && printf '%s %s %s %s\\n' {digest} {mode:o} \"$(stat -c '{STAMP}' -- {to})\" {to} >>{placed_tmp}",
+            digest = quote(&f.digest),
+            mode = f.mode,
+            to = quote(&f.to),
+        ));
+    }
+    s.push_str(&format!(
+        " && mv -f {placed_tmp} {placed}; }} || {{ echo \"drover: cannot write down what was placed\" >&2; exit 1; }}\n",
+        placed = quote(&placed),
+    ));
     s
 }
 
-/// Puts back what [`place_script`] listed for `service` (the same atomic copy; a file that was
-/// absent is removed), then removes the list. With no list, does nothing and succeeds.
+/// The first of `files` with `f`'s content: the one that received it.
+fn first_of<'a>(files: &'a [Placed], f: &'a Placed) -> &'a Placed {
+    files.iter().find(|g| g.digest == f.digest).unwrap_or(f)
+}
+
+/// Puts back what [`place_script`] listed for `service` (a rename of the file it kept for each
+/// target, unless that is still the target itself; a file that was absent is removed, and what
+/// was received or copied for a target and not placed goes too), drops those paths from the list
+/// of what was placed, then removes the list. With no list, does nothing and succeeds; run again
+/// after an interruption, it finishes what it began (a file already put back has nothing kept
+/// for it any more).
 pub fn restore_script(state_dir: &str, service: &str) -> String {
-    let store = quote(&store_dir(state_dir));
-    let prev = quote(&prev_file(state_dir, service));
+    let prev = quote(&list_file(state_dir, "prev", service));
+    let placed = list_file(state_dir, "placed", service);
+    let placed_tmp = quote(&format!("{placed}.tmp"));
+    let placed = quote(&placed);
     format!(
         "[ -f {prev} ] || exit 0\n\
-         while IFS=' ' read -r d m p; do\n\
-         \x20 if [ \"$d\" = - ]; then rm -f -- \"$p\" || exit 1; continue; fi\n\
-         \x20 dir=\"${{p%/*}}\"; [ \"$dir\" = \"$p\" ] && dir=.; [ -n \"$dir\" ] || dir=/; t=\"$dir/.${{p##*/}}.drover-tmp\"\n\
-         \x20 {{ mkdir -p \"$dir\" && cp {store}/\"$d\" \"$t\" && chmod \"$m\" \"$t\" && {{ sync \"$t\" 2>/dev/null || true; }} && mv -f \"$t\" \"$p\"; }} || {{ echo \"drover: cannot put back $p\" >&2; exit 1; }}\n\
+         while IFS= read -r line; do\n\
+         \x20 k=\"${{line%% *}}\"; p=\"${{line#? }}\"\n\
+         \x20 d=\"${{p%/*}}\"; [ \"$d\" = \"$p\" ] && d=.; n=\"${{p##*/}}\"; l=\"$d/.drover/$n.prev\"\n\
+         \x20 rm -f -- \"$d/.drover/$n.new\" \"$d/.drover/$n.tmp\" || exit 1\n\
+         \x20 if [ \"$k\" = - ]; then rm -f -- \"$p\" || exit 1; continue; fi\n\
+         \x20 if [ -e \"$l\" ] || [ -L \"$l\" ]; then\n\
+         \x20   if [ \"$l\" -ef \"$p\" ]; then rm -f -- \"$l\" || exit 1\n\
+         \x20   else mv -f -- \"$l\" \"$p\" || {{ echo \"drover: cannot put back $p\" >&2; exit 1; }}; fi\n\
+         \x20 fi\n\
          done <{prev}\n\
+         if [ -f {placed} ]; then\n\
+         \x20 : >{placed_tmp} || exit 1\n\
+         \x20 while IFS= read -r line; do\n\
+         \x20   p=\"${{line#* * * }}\"\n\
+         \x20   grep -qxF -e \"+ $p\" -e \"- $p\" {prev} || printf '%s\\n' \"$line\" >>{placed_tmp} || exit 1\n\
+         \x20 done <{placed}\n\
+         \x20 mv -f {placed_tmp} {placed} || exit 1\n\
+         fi\n\
          rm -f {prev}"
     )
 }

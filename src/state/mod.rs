@@ -12,8 +12,8 @@ pub mod store;
 mod unreadable;
 
 pub use files::{
-    commit_script, discard_script, missing_script, place_script, receive_script, restore_script,
-    store_dir, Placed, NOTHING_PLACED,
+    discard_script, kept, place_script, receive_script, received_at, restore_script, survey_script,
+    Placed, NOTHING_PLACED,
 };
 pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};

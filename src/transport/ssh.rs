@@ -317,11 +317,26 @@ impl Link for SshLink {
             host: self.host.clone(),
             reason,
         };
-        let input = payload.open().await.map_err(|e| error(e.to_string()))?;
+        // A file is handed to the master itself as the session's standard input (the mux
+        // passes the descriptor): the master reads it from disk, and no byte of it passes
+        // through this process.
+        let (stdin, input) = match payload {
+            super::Payload::File(path) => {
+                let file = std::fs::File::open(path)
+                    .map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
+                let empty: Box<dyn tokio::io::AsyncRead + Send + Unpin> =
+                    Box::new(tokio::io::empty());
+                (Stdio::from(std::os::fd::OwnedFd::from(file)), empty)
+            }
+            super::Payload::Bytes(_) => (
+                Stdio::piped(),
+                payload.open().await.map_err(|e| error(e.to_string()))?,
+            ),
+        };
         let mut child = self
             .session
             .raw_command(script)
-            .stdin(Stdio::piped())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// A `local` host whose sends can be interfered with: with `change`, the source is rewritten
 /// while it is being sent (after the host read it, before `send` returns); with `lose`, what
-/// arrived is removed from `<dir>/state/files` before it is committed.
+/// arrived is removed from beside its target (`<dir>/srv/.drover`) before it is placed.
 struct Host {
     link: <Local as Transport>::Link,
     dir: PathBuf,
@@ -46,11 +46,14 @@ impl Link for Host {
             std::fs::write(source, b"changed while it was sent\n").expect("rewrite the source");
         }
         if self.lose {
-            for e in std::fs::read_dir(self.dir.join("state/files"))
+            for e in std::fs::read_dir(self.dir.join("srv/.drover"))
                 .into_iter()
                 .flatten()
             {
-                std::fs::remove_file(e.expect("entry").path()).expect("remove");
+                let path = e.expect("entry").path();
+                if path.to_string_lossy().ends_with(".new") {
+                    std::fs::remove_file(path).expect("remove");
+                }
             }
         }
         out
@@ -80,18 +83,31 @@ fn setup() -> (tempfile::TempDir, String, PathBuf, Vec<Delivery>) {
 }
 
 #[tokio::test]
-async fn a_source_that_holds_is_stored_under_its_digest_and_placed() {
+async fn a_source_that_holds_is_placed_and_not_sent_again() {
     let (dir, state, _, files) = setup();
     let link = Host::new(dir.path(), None, false).await;
-    let sent = deliver(&link, &state, "app", &files, None)
+    let sent = deliver(&link, &state, "app", &files)
         .await
         .expect("delivered");
-    assert_eq!((sent.contents, sent.bytes), (1, 21));
-    let stored = Path::new(&state).join("files").join(&files[0].digest);
+    assert_eq!((sent.contents, sent.bytes, sent.placed), (1, 21, 1));
     assert_eq!(
-        std::fs::read(stored).expect("stored"),
+        std::fs::read(&files[0].to).expect("placed"),
         b"the content digested\n"
     );
+    let again = deliver(&link, &state, "app", &files)
+        .await
+        .expect("delivered");
+    assert_eq!((again.contents, again.placed), (0, 0), "in place already");
+    assert_eq!(
+        again.describe(1),
+        "1 file in place already, the host had every content"
+    );
+    // Changed on the host: sent and placed again.
+    std::fs::write(&files[0].to, b"edited by hand\n").expect("edit");
+    let third = deliver(&link, &state, "app", &files)
+        .await
+        .expect("delivered");
+    assert_eq!((third.contents, third.placed), (1, 1));
     assert_eq!(
         std::fs::read(&files[0].to).expect("placed"),
         b"the content digested\n"
@@ -99,33 +115,34 @@ async fn a_source_that_holds_is_stored_under_its_digest_and_placed() {
 }
 
 #[tokio::test]
-async fn a_source_changed_while_it_was_sent_is_neither_stored_nor_placed() {
+async fn a_source_changed_while_it_was_sent_is_neither_kept_nor_placed() {
     let (dir, state, source, files) = setup();
     let link = Host::new(dir.path(), Some(source), false).await;
-    let Err((placed, why)) = deliver(&link, &state, "app", &files, None).await else {
+    let Err((placed, why)) = deliver(&link, &state, "app", &files).await else {
         panic!("a delivery of a source that changed while it was sent succeeded");
     };
     assert!(!placed, "nothing was put in place");
     assert!(why.contains("changed after this run read it"), "{why}");
-    let store = Path::new(&state).join("files");
-    let left: Vec<String> = std::fs::read_dir(&store)
-        .expect("the store")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(left, Vec::<String>::new(), "the store keeps nothing of it");
-    assert!(!Path::new(&files[0].to).exists());
+    let left = |d: &str| -> Vec<String> {
+        std::fs::read_dir(dir.path().join(d))
+            .expect("a directory")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(left("srv"), [".drover"], "nothing was put in place");
+    assert_eq!(left("srv/.drover"), Vec::<String>::new(), "nor kept");
 }
 
 #[tokio::test]
-async fn a_commit_that_fails_reports_nothing_placed() {
+async fn a_received_content_lost_before_its_placement_reports_nothing_placed() {
     let (dir, state, _, files) = setup();
     let link = Host::new(dir.path(), None, true).await;
-    let Err((placed, why)) = deliver(&link, &state, "app", &files, None).await else {
+    let Err((placed, why)) = deliver(&link, &state, "app", &files).await else {
         panic!("a delivery whose content could not be committed succeeded");
     };
     // Nothing to put back: the previous list of what was replaced still stands.
     assert!(!placed, "{why}");
-    assert!(why.contains("cannot store the received content"), "{why}");
+    assert!(why.contains("is gone"), "{why}");
     assert!(!Path::new(&files[0].to).exists());
 }
