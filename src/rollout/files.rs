@@ -5,7 +5,8 @@
 
 use crate::desired::{Content, Delivery};
 use crate::state::{
-    discard_script, kept, place_script, receive_script, survey_script, Placed, NOTHING_PLACED,
+    discard_script, kept, place_script, receive_script, receives, survey_script, Placed,
+    NOTHING_PLACED,
 };
 use crate::transport::{Link, Payload};
 
@@ -79,16 +80,14 @@ pub async fn deliver<L: Link>(
     if to_place.is_empty() {
         return Ok(sent);
     }
+    let placing: Vec<Placed> = to_place.iter().map(|&i| wanted[i].clone()).collect();
     // The first file of each content receives it; the others are copies of it on the host.
     let mut received: Vec<&str> = Vec::new();
-    for &i in &to_place {
-        let f = &files[i];
-        if to_place
-            .iter()
-            .any(|&j| j < i && files[j].digest == f.digest)
-        {
+    for (&i, p) in to_place.iter().zip(&placing) {
+        if !receives(&placing, p) {
             continue;
         }
+        let f = &files[i];
         received.push(&f.to);
         match receive(link, f).await {
             Ok(size) => {
@@ -102,7 +101,6 @@ pub async fn deliver<L: Link>(
             }
         }
     }
-    let placing: Vec<Placed> = to_place.iter().map(|&i| wanted[i].clone()).collect();
     let left: Vec<String> = kept.into_iter().flatten().collect();
     let script = place_script(state_dir, service, &placing, &left);
     let out = link.run(&script).await.map_err(|e| (true, e.to_string()))?;

@@ -180,7 +180,7 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[St
         prev_dir = quote(&format!("{store}/prev")),
         placed_dir = quote(&format!("{store}/placed")),
     );
-    for f in files.iter().filter(|f| first_of(files, f).to == f.to) {
+    for f in files.iter().filter(|f| receives(files, f)) {
         s.push_str(&format!(
             "[ -f {new} ] || {{ echo \"drover: the content received for {shown} is gone\" >&2; exit {NOTHING_PLACED}; }}\n",
             new = quote(&received_at(&f.to)),
@@ -201,7 +201,7 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[St
         "mv -f {prev_tmp} {prev} || exit {NOTHING_PLACED}\n"
     ));
     // Copies first: the content they are made from is renamed away below.
-    for f in files.iter().filter(|f| first_of(files, f).to != f.to) {
+    for f in files.iter().filter(|f| !receives(files, f)) {
         let tmp = quote(&beside(&f.to, "tmp"));
         s.push_str(&format!(
             "{{ rm -f {tmp} && cat {new} >{tmp} && chmod {mode:o} {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {to}; }} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n",
@@ -211,7 +211,7 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[St
             shown = shown(&f.to),
         ));
     }
-    for f in files.iter().filter(|f| first_of(files, f).to == f.to) {
+    for f in files.iter().filter(|f| receives(files, f)) {
         s.push_str(&format!(
             "mv -f {new} {to} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n",
             new = quote(&received_at(&f.to)),
@@ -239,6 +239,12 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[St
         placed = quote(&placed),
     ));
     s
+}
+
+/// Whether `f` is the file of `files` that receives its content (the first with it): what
+/// [`place_script`] expects of the files it is given.
+pub fn receives(files: &[Placed], f: &Placed) -> bool {
+    first_of(files, f).to == f.to
 }
 
 /// The first of `files` with `f`'s content: the one that received it.
