@@ -17,7 +17,7 @@ use crate::site::{ServiceId, Site};
 use crate::state::Inputs;
 use miette::Diagnostic;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
@@ -92,6 +92,23 @@ pub enum DesiredError {
         )
     )]
     Unreadable { path: String, reason: String },
+    /// Two services deliver one path to one host.
+    #[error("{site}: services `{first}` and `{second}` both deliver {path}, to host {host}")]
+    #[diagnostic(
+        code(drover::desired::shared_path),
+        help(
+            "a file belongs to the service that delivers it (what it replaced is kept, and put \
+             back if that service's step fails), so each would undo the other: deliver {path} \
+             from one of them"
+        )
+    )]
+    SharedPath {
+        site: String,
+        path: String,
+        host: String,
+        first: String,
+        second: String,
+    },
     /// A template that does not render for a host (an error pointing into the template).
     #[error("{service}: template does not render for host {host}")]
     #[diagnostic(code(drover::desired::render))]
@@ -123,7 +140,7 @@ fn count(n: usize) -> String {
 /// Works out every service's inputs on each of its hosts; every template is rendered for every
 /// host it goes to, and every problem reported at once (one per template file).
 pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired, DesiredErrors> {
-    let mut errors = Vec::new();
+    let mut errors = shared_paths(site, hosts);
     let mut digests: HashMap<PathBuf, (String, Stamp)> = HashMap::new();
     for f in site.services.iter().flat_map(|s| &s.files) {
         if f.template.is_some() || digests.contains_key(&f.source) {
@@ -241,6 +258,47 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
     } else {
         Err(DesiredErrors { errors })
     }
+}
+
+/// Each path that two services deliver to one host, once per pair of services (naming the
+/// first such host): what a file replaced is kept and put back per service
+/// (`state::files`), so two services placing one path would undo each other. One service
+/// naming a path twice is the site checker's.
+fn shared_paths(site: &Site, hosts: &Hosts) -> Vec<DesiredError> {
+    let mut by_path: BTreeMap<&str, Vec<ServiceId>> = BTreeMap::new();
+    for (sid, service) in site.services.iter().enumerate() {
+        for f in &service.files {
+            let sids = by_path.entry(f.to.as_str()).or_default();
+            if !sids.contains(&sid) {
+                sids.push(sid);
+            }
+        }
+    }
+    let mut errors = Vec::new();
+    for (path, sids) in by_path.iter().filter(|(_, sids)| sids.len() > 1) {
+        for (i, &first) in sids.iter().enumerate() {
+            let on_first: HashSet<HostId> = hosts
+                .of_classes(&site.services[first].classes)
+                .into_iter()
+                .collect();
+            for &second in &sids[i + 1..] {
+                let shared = hosts
+                    .of_classes(&site.services[second].classes)
+                    .into_iter()
+                    .find(|h| on_first.contains(h));
+                if let Some(h) = shared {
+                    errors.push(DesiredError::SharedPath {
+                        site: site.file.display().to_string(),
+                        path: path.to_string(),
+                        host: hosts.hosts[h].name.to_string(),
+                        first: site.services[first].name.clone(),
+                        second: site.services[second].name.clone(),
+                    });
+                }
+            }
+        }
+    }
+    errors
 }
 
 impl Desired {
