@@ -45,18 +45,22 @@ cargo fmt --check
 target_dir=$(cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 if [ -d "$target_dir/debug" ]; then
-    # A target directory that has builds in it (a developer's): `cargo clippy` checks whatever
-    # changed since its last run.
+    # A target directory that has builds in it (a developer's): `cargo clippy`, whose check
+    # builds are there already, lints what changed the cheapest way.
     cargo clippy --all-targets --quiet --features etcd -- -D warnings
     cargo clippy --lib --quiet -- -D warnings
 else
-    # A fresh one (CI's clone): clippy's driver compiles drover's own crates for the tests'
-    # build itself, linting them as it goes, as `cargo clippy` would have (with `-D warnings`):
-    # one build of every dependency instead of a check build and then a real one (a clean
-    # `cargo clippy --all-targets` was 287 s of a CI run; book/src/testing.md). Only in a fresh
-    # target directory: cargo does not tell a crate built by clippy's driver from one built by
-    # rustc, so a crate already built by a plain `cargo build` would not be linted.
-    lint=(env RUSTC_WORKSPACE_WRAPPER="$(command -v clippy-driver)"
+    # A fresh one (CI's clone): clippy's driver compiles drover's own crates, linting them as
+    # `cargo clippy` would (with `-D warnings`), in a build of every target that uses the
+    # dependencies' real builds, the ones the tests then link. `cargo clippy` would first make a
+    # check build of every dependency, used by nothing else (287 s of a CI run;
+    # book/src/testing.md). Cargo keeps the driver's builds of drover's crates apart from
+    # rustc's: the tests below build and run their own.
+    driver=$(command -v clippy-driver) || {
+        echo "tests/run.sh: clippy-driver not found (rustup component add clippy)" >&2
+        exit 1
+    }
+    lint=(env RUSTC_WORKSPACE_WRAPPER="$driver"
         CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__")
     "${lint[@]}" cargo test --quiet --features etcd --all-targets --no-run
     "${lint[@]}" cargo build --quiet --lib

@@ -260,8 +260,8 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
     }
 }
 
-/// Each path that two services deliver to one host, once per pair of services (naming the
-/// first such host): what a file replaced is kept and put back per service
+/// Each path that two services deliver to one host, once per path and pair of services
+/// (naming the first such host in name order): what a file replaced is kept and put back per service
 /// (`state::files`), so two services placing one path would undo each other. One service
 /// naming a path twice is the site checker's.
 fn shared_paths(site: &Site, hosts: &Hosts) -> Vec<DesiredError> {

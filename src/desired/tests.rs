@@ -234,3 +234,66 @@ service "web" {{ start "run web"; file "a.conf" to="{web_path}" }}
     let site = site::load(&dir.path().join("site.kdl")).expect("site loads");
     assert!(resolve(&site, &hosts, &Secrets::none()).is_ok());
 }
+
+#[test]
+fn a_host_in_two_classes_is_refused_only_for_two_services_of_one_path() {
+    use crate::inventory::Host;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let w = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+    w("a.conf", "a\n");
+    w(
+        "platform.kdl",
+        "platform \"p\" { transport \"local\"; inventory \"static\" {\n\
+         host \"a\" address=\"10.0.0.1\" class=\"app\"\n\
+         host \"e\" address=\"10.0.0.2\" class=\"edge\"\n\
+         host \"b\" address=\"10.0.0.3\" class=\"both\"\n} }",
+    );
+    // The platform's hosts only make the site load; the test's fleet is made below, with
+    // hosts in two classes (as an ec2 inventory gives them).
+    w(
+        "site.kdl",
+        r#"site "s" { version "1.0"; platform "platform.kdl" }
+class "app" { service "api" }
+class "edge" { service "proxy" }
+class "both" { service "api" }
+service "api" { start "run api"; file "a.conf" to="/etc/shared.conf" }
+service "proxy" { start "run proxy"; file "a.conf" to="/etc/shared.conf" }
+"#,
+    );
+    let site = site::load(&dir.path().join("site.kdl")).expect("site loads");
+    let class = |name: &str| {
+        site.classes
+            .iter()
+            .position(|c| c.name == name)
+            .expect("class")
+    };
+    let host = |name: &str, classes: &[&str]| Host {
+        name: name.into(),
+        address: "10.0.0.1".into(),
+        classes: classes.iter().map(|c| class(c)).collect(),
+        tags: Default::default(),
+    };
+    // api runs on x1 by way of two classes: one service, one path, nothing to refuse; app
+    // and edge share no host.
+    let fleet = vec![
+        host("app1", &["app"]),
+        host("edge1", &["edge"]),
+        host("x1", &["app", "both"]),
+    ];
+    let hosts = Hosts::new(fleet.clone(), site.classes.len());
+    assert!(resolve(&site, &hosts, &Secrets::none()).is_ok());
+    // y1 plays app and edge: api and proxy would both place /etc/shared.conf there.
+    let mut fleet = fleet;
+    fleet.push(host("y1", &["app", "edge"]));
+    let hosts = Hosts::new(fleet, site.classes.len());
+    let errors = match resolve(&site, &hosts, &Secrets::none()) {
+        Ok(_) => panic!("api and proxy share y1"),
+        Err(e) => e.errors,
+    };
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 1, "{text:?}");
+    assert!(
+        text[0].ends_with("services `api` and `proxy` both deliver /etc/shared.conf, to host y1"),
+        "{text:?}"
+    );
+}

@@ -121,6 +121,17 @@ pub fn files(
                 );
                 None
             }
+            Some(to) if !normal(&to.value) => {
+                r.bad(
+                    to.span,
+                    "`to`".into(),
+                    "a path with `//`, `.` or `..` in it".into(),
+                    "write the path as it resolves, as in \"/etc/haproxy/haproxy.cfg\": one path, \
+                     one way of writing it (two files of one path must be seen as one)"
+                        .into(),
+                );
+                None
+            }
             Some(to) => match seen.get(to.value.as_str()) {
                 Some(first) => {
                     r.errors.push(SiteError::Duplicate {
@@ -204,6 +215,13 @@ pub fn files(
 }
 
 /// `"0644"`, `"644"` or `"0o644"` → 0o644; at most 0o7777.
+/// Whether an absolute path is written one way only: no empty, `.` or `..` component.
+fn normal(path: &str) -> bool {
+    path.split('/')
+        .skip(1)
+        .all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
 fn parse_mode(text: &str) -> Option<u32> {
     let digits = text.strip_prefix("0o").unwrap_or(text);
     if digits.is_empty() || digits.len() > 5 {
@@ -325,6 +343,22 @@ mod tests {
                 ("TZ".to_string(), "UTC".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn a_path_is_written_one_way() {
+        assert!(normal("/etc/haproxy/haproxy.cfg"));
+        assert!(normal("/etc/.hidden"));
+        for p in [
+            "/etc//x",
+            "/etc/./x",
+            "/etc/a/../x",
+            "/etc/.",
+            "/etc/..",
+            "//x",
+        ] {
+            assert!(!normal(p), "{p}");
+        }
     }
 
     #[test]
