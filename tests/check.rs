@@ -115,6 +115,7 @@ fixtures! {
     local_ssh_setting => INVALID,
     keep_shell_string => INVALID,
     file_problems => INVALID,
+    shared_path => INVALID,
     template_problems => INVALID,
     store_problems => INVALID,
     service_template_problems => INVALID,

@@ -262,8 +262,9 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
 
 /// Each path that two services deliver to one host, once per path and pair of services
 /// (naming the first such host in name order): what a file replaced is kept and put back per service
-/// (`state::files`), so two services placing one path would undo each other. One service
-/// naming a path twice is the site checker's.
+/// (`state::files`), so two services placing one path would undo each other. A host in two
+/// classes is how it comes about: one service naming a path twice, or two services of one
+/// class, are the site checker's (`site::check_files::shared`).
 fn shared_paths(site: &Site, hosts: &Hosts) -> Vec<DesiredError> {
     let mut by_path: BTreeMap<&str, Vec<ServiceId>> = BTreeMap::new();
     for (sid, service) in site.services.iter().enumerate() {

@@ -186,56 +186,6 @@ fn a_secret_counts_only_as_an_hmac_under_the_controllers_key() {
 }
 
 #[test]
-fn two_services_delivering_one_path_to_a_host_are_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let w = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
-    w("a.conf", "a\n");
-    w(
-        "platform.kdl",
-        "platform \"p\" { transport \"local\"; inventory \"static\" {\n\
-         host \"app1\" address=\"10.0.0.1\" class=\"app\"\n\
-         host \"app2\" address=\"10.0.0.2\" class=\"app\"\n\
-         host \"web1\" address=\"10.0.1.1\" class=\"web\"\n} }",
-    );
-    let site_kdl = |web_path: &str| {
-        format!(
-            r#"site "s" {{ version "1.0"; platform "platform.kdl" }}
-class "app" {{ service "api"; service "metrics" }}
-class "web" {{ service "web" }}
-service "api" {{ start "run api"; file "a.conf" to="/etc/shared.conf" }}
-service "metrics" {{ start "run metrics"; file "a.conf" to="/etc/shared.conf" }}
-service "web" {{ start "run web"; file "a.conf" to="{web_path}" }}
-"#
-        )
-    };
-    // api and metrics share app1 and app2; web's hosts share nothing with them.
-    w("site.kdl", &site_kdl("/etc/shared.conf"));
-    let site = site::load(&dir.path().join("site.kdl")).expect("site loads");
-    let hosts = crate::inventory::resolve(&site).expect("hosts");
-    let errors = match resolve(&site, &hosts, &Secrets::none()) {
-        Ok(_) => panic!("two services placing one file on app1 must be refused"),
-        Err(e) => e.errors,
-    };
-    let shared: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    assert_eq!(shared.len(), 1, "{shared:?}");
-    assert!(
-        shared[0]
-            .ends_with("services `api` and `metrics` both deliver /etc/shared.conf, to host app1"),
-        "{shared:?}"
-    );
-    // One path per service on the hosts they share: nothing to refuse.
-    w(
-        "site.kdl",
-        &site_kdl("/etc/shared.conf").replace(
-            "service \"metrics\" { start \"run metrics\"; file \"a.conf\" to=\"/etc/shared.conf\" }",
-            "service \"metrics\" { start \"run metrics\"; file \"a.conf\" to=\"/etc/metrics.conf\" }",
-        ),
-    );
-    let site = site::load(&dir.path().join("site.kdl")).expect("site loads");
-    assert!(resolve(&site, &hosts, &Secrets::none()).is_ok());
-}
-
-#[test]
 fn a_host_in_two_classes_is_refused_only_for_two_services_of_one_path() {
     use crate::inventory::Host;
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,13 +1,14 @@
 //! `env` and `file` nodes → checked variables and files: names, paths, modes, and templates
-//! compiled (syntax and variable names) before anything is resolved.
+//! compiled (syntax and variable names) before anything is resolved; two services of a class
+//! delivering one path.
 
 use super::error::{SiteError, Src};
 use super::model::{File, Template};
-use super::raw::{RawEnv, RawFile};
+use super::raw::{RawEnv, RawFile, RawSite};
 use super::read::{Reader, Spanned};
 use super::source::{beside, Sources};
 use miette::SourceSpan;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -215,6 +216,64 @@ pub fn files(
 }
 
 /// `"0644"`, `"644"` or `"0o644"` → 0o644; at most 0o7777.
+/// Where one `file`'s `to=` is written.
+#[derive(Clone)]
+pub struct Place {
+    pub to: String,
+    pub src: Src,
+    pub span: SourceSpan,
+}
+
+/// Two services of one class delivering one path: each puts back what it replaced when its
+/// own step fails, so on every host of the class they would undo each other. `places[sid]`:
+/// service `sid`'s files, templates' included. (A host in two classes is only known with the
+/// hosts: `desired::resolve` refuses that case.)
+pub fn shared(
+    raw: &RawSite,
+    ids: &HashMap<&str, usize>,
+    places: &[Vec<Place>],
+    errors: &mut Vec<SiteError>,
+) {
+    let mut reported: HashSet<(usize, usize, &str)> = HashSet::new();
+    for class in &raw.classes {
+        let mut sids: Vec<usize> = Vec::new();
+        for m in &class.services {
+            if let Some(&sid) = ids.get(m.value.as_str()) {
+                if !sids.contains(&sid) {
+                    sids.push(sid);
+                }
+            }
+        }
+        for (i, &a) in sids.iter().enumerate() {
+            for &b in &sids[i + 1..] {
+                for first in &places[a] {
+                    let Some(second) = places[b].iter().find(|p| p.to == first.to) else {
+                        continue;
+                    };
+                    if !reported.insert((a.min(b), a.max(b), first.to.as_str())) {
+                        continue;
+                    }
+                    errors.push(SiteError::duplicate(
+                        "file destination",
+                        &first.to,
+                        (&first.src, first.span),
+                        (&second.src, second.span),
+                        format!(
+                            "class `{}` runs `{}` and `{}`, and a path belongs to one service \
+                             (what it replaced is put back if that service's step fails): \
+                             deliver {} from one of them",
+                            class.name.value,
+                            raw.services[a].name.value,
+                            raw.services[b].name.value,
+                            first.to
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+}
+
 /// Whether an absolute path is written one way only: no empty, `.` or `..` component.
 fn normal(path: &str) -> bool {
     path.split('/')

@@ -37,6 +37,8 @@ struct Layer {
     secrets: Vec<Secret>,
     env: Vec<(String, String)>,
     files: Vec<File>,
+    /// Where each file's `to=` is written, for the class check (`check_files::shared`).
+    places: Vec<check_files::Place>,
 }
 
 impl Layer {
@@ -77,6 +79,9 @@ impl Layer {
         self.files
             .retain(|f| !top.files.iter().any(|t| t.to == f.to));
         self.files.extend(top.files.iter().cloned());
+        self.places
+            .retain(|p| !top.places.iter().any(|t| t.to == p.to));
+        self.places.extend(top.places.iter().cloned());
         self
     }
 }
@@ -113,6 +118,7 @@ impl Checker {
         let mut seen: HashMap<&str, &RawService> = HashMap::new();
         let mut out = Vec::with_capacity(raw.services.len());
         let mut edges: Vec<Vec<Edge>> = vec![Vec::new(); raw.services.len()];
+        let mut places: Vec<Vec<check_files::Place>> = vec![Vec::new(); raw.services.len()];
         let mut ok = true;
         for (i, s) in raw.services.iter().enumerate() {
             if let Some(first) = seen.get(s.name.value.as_str()) {
@@ -141,6 +147,7 @@ impl Checker {
                 ),
                 None => Layer { ok: false, ..own },
             };
+            places[i].clone_from(&merged.places);
             edges[i] = merged
                 .needs
                 .iter()
@@ -180,6 +187,9 @@ impl Checker {
             }
         }
         cycle::report(&names, &edges, &mut self.errors);
+        let before = self.errors.len();
+        check_files::shared(raw, &ids, &places, &mut self.errors);
+        ok &= self.errors.len() == before;
         ok.then_some(out)
     }
 
@@ -229,6 +239,16 @@ impl Checker {
         };
         let env = check_files::env(&mut reader, &s.env);
         let files = check_files::files(&mut reader, &mut self.sources, path, &s.files);
+        let places = s
+            .files
+            .iter()
+            .filter_map(|f| f.to.as_ref())
+            .map(|to| check_files::Place {
+                to: to.value.clone(),
+                src: src.clone(),
+                span: to.span,
+            })
+            .collect();
         let policy = s.policy.as_ref().map(|p| self.policy(path, src, p));
         Layer {
             ok: self.errors.len() == before && !matches!(policy, Some(None)),
@@ -240,6 +260,7 @@ impl Checker {
             secrets,
             env,
             files,
+            places,
         }
     }
 
