@@ -199,7 +199,7 @@ fn a_host_in_two_classes_is_refused_only_for_two_services_of_one_path() {
          host \"b\" address=\"10.0.0.3\" class=\"both\"\n} }",
     );
     // The platform's hosts only make the site load; the test's fleet is made below, with
-    // hosts in two classes (as an ec2 inventory gives them).
+    // hosts in two classes (as an ec2 or command inventory gives them).
     w(
         "site.kdl",
         r#"site "s" { version "1.0"; platform "platform.kdl" }

@@ -8,7 +8,7 @@ use super::raw::{RawEnv, RawFile, RawSite};
 use super::read::{Reader, Spanned};
 use super::source::{beside, Sources};
 use miette::SourceSpan;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -86,8 +86,9 @@ pub fn files(
     sources: &mut Sources,
     named_in: &Path,
     raw: &[RawFile],
-) -> Vec<File> {
+) -> (Vec<File>, Vec<Place>) {
     let mut out = Vec::new();
+    let mut places = Vec::new();
     let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
     for f in raw {
         let mut ok = true;
@@ -126,7 +127,7 @@ pub fn files(
                 r.bad(
                     to.span,
                     "`to`".into(),
-                    "a path with `//`, `.` or `..` in it".into(),
+                    "a path with an empty, `.` or `..` component (`//`, `/./`, `/../`)".into(),
                     "write the path as it resolves, as in \"/etc/haproxy/haproxy.cfg\": one path, \
                      one way of writing it (two files of one path must be seen as one)"
                         .into(),
@@ -147,6 +148,11 @@ pub fn files(
                 }
                 None => {
                     seen.insert(&to.value, to.span);
+                    places.push(Place {
+                        to: to.value.clone(),
+                        src: r.src.clone(),
+                        span: to.span,
+                    });
                     Some(to.value.clone())
                 }
             },
@@ -212,11 +218,10 @@ pub fn files(
             });
         }
     }
-    out
+    (out, places)
 }
 
-/// `"0644"`, `"644"` or `"0o644"` → 0o644; at most 0o7777.
-/// Where one `file`'s `to=` is written.
+/// Where one `file`'s `to=` is written (a path the checker accepted).
 #[derive(Clone)]
 pub struct Place {
     pub to: String,
@@ -226,16 +231,23 @@ pub struct Place {
 
 /// Two services of one class delivering one path: each puts back what it replaced when its
 /// own step fails, so on every host of the class they would undo each other. `places[sid]`:
-/// service `sid`'s files, templates' included. (A host in two classes is only known with the
-/// hosts: `desired::resolve` refuses that case.)
+/// service `sid`'s files, templates' included. One diagnostic per class and path, at two of
+/// the places in file order, or, when every service has the path from one template, at that
+/// template's `to=`. (A host in two classes is only known with the hosts:
+/// `desired::resolve` refuses that case.)
 pub fn shared(
     raw: &RawSite,
     ids: &HashMap<&str, usize>,
     places: &[Vec<Place>],
     errors: &mut Vec<SiteError>,
 ) {
-    let mut reported: HashSet<(usize, usize, &str)> = HashSet::new();
+    let mut classes_seen: HashSet<&str> = HashSet::new();
+    let mut reported: HashSet<(&str, Vec<usize>)> = HashSet::new();
     for class in &raw.classes {
+        // A class defined twice is refused, and only its first definition counts.
+        if !classes_seen.insert(class.name.value.as_str()) {
+            continue;
+        }
         let mut sids: Vec<usize> = Vec::new();
         for m in &class.services {
             if let Some(&sid) = ids.get(m.value.as_str()) {
@@ -244,31 +256,53 @@ pub fn shared(
                 }
             }
         }
-        for (i, &a) in sids.iter().enumerate() {
-            for &b in &sids[i + 1..] {
-                for first in &places[a] {
-                    let Some(second) = places[b].iter().find(|p| p.to == first.to) else {
-                        continue;
-                    };
-                    if !reported.insert((a.min(b), a.max(b), first.to.as_str())) {
-                        continue;
-                    }
-                    errors.push(SiteError::duplicate(
-                        "file destination",
-                        &first.to,
-                        (&first.src, first.span),
-                        (&second.src, second.span),
-                        format!(
-                            "class `{}` runs `{}` and `{}`, and a path belongs to one service \
-                             (what it replaced is put back if that service's step fails): \
-                             deliver {} from one of them",
-                            class.name.value,
-                            raw.services[a].name.value,
-                            raw.services[b].name.value,
-                            first.to
-                        ),
-                    ));
+        let mut by_to: BTreeMap<&str, Vec<(usize, &Place)>> = BTreeMap::new();
+        for &sid in &sids {
+            for p in &places[sid] {
+                by_to.entry(p.to.as_str()).or_default().push((sid, p));
+            }
+        }
+        for (to, mut users) in by_to.into_iter().filter(|(_, u)| u.len() > 1) {
+            users.sort_by_key(|(sid, _)| *sid);
+            if !reported.insert((to, users.iter().map(|(sid, _)| *sid).collect())) {
+                continue;
+            }
+            let names: Vec<String> = users
+                .iter()
+                .map(|(sid, _)| format!("`{}`", raw.services[*sid].name.value))
+                .collect();
+            let names = match names.split_last() {
+                Some((last, [])) => last.clone(),
+                Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                None => String::new(),
+            };
+            let why = format!(
+                "class `{}` runs {}, and a path belongs to one service (what it replaced is put \
+                 back if that service's step fails)",
+                class.name.value, names
+            );
+            let mut at: Vec<&Place> = users.iter().map(|(_, p)| *p).collect();
+            at.sort_by_key(|p| (p.src.name().to_string(), p.span.offset()));
+            at.dedup_by(|a, b| a.src.name() == b.src.name() && a.span == b.span);
+            match at.as_slice() {
+                [one] => Reader {
+                    src: &one.src,
+                    errors,
                 }
+                .bad(
+                    one.span,
+                    "`to`".into(),
+                    format!("{to} is delivered by {names}, all from this template"),
+                    format!("{why}: move this file into one of the services"),
+                ),
+                [first, second, ..] => errors.push(SiteError::duplicate(
+                    "file destination",
+                    to,
+                    (&first.src, first.span),
+                    (&second.src, second.span),
+                    format!("{why}: deliver {to} from one of them"),
+                )),
+                [] => {}
             }
         }
     }
@@ -281,6 +315,7 @@ fn normal(path: &str) -> bool {
         .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
+/// `"0644"`, `"644"` or `"0o644"` → 0o644; at most 0o7777.
 fn parse_mode(text: &str) -> Option<u32> {
     let digits = text.strip_prefix("0o").unwrap_or(text);
     if digits.is_empty() || digits.len() > 5 {
@@ -408,6 +443,7 @@ mod tests {
     fn a_path_is_written_one_way() {
         assert!(normal("/etc/haproxy/haproxy.cfg"));
         assert!(normal("/etc/.hidden"));
+        assert!(normal("/etc/..foo") && normal("/etc/..."));
         for p in [
             "/etc//x",
             "/etc/./x",

@@ -238,17 +238,7 @@ impl Checker {
             errors: &mut self.errors,
         };
         let env = check_files::env(&mut reader, &s.env);
-        let files = check_files::files(&mut reader, &mut self.sources, path, &s.files);
-        let places = s
-            .files
-            .iter()
-            .filter_map(|f| f.to.as_ref())
-            .map(|to| check_files::Place {
-                to: to.value.clone(),
-                src: src.clone(),
-                span: to.span,
-            })
-            .collect();
+        let (files, places) = check_files::files(&mut reader, &mut self.sources, path, &s.files);
         let policy = s.policy.as_ref().map(|p| self.policy(path, src, p));
         Layer {
             ok: self.errors.len() == before && !matches!(policy, Some(None)),
