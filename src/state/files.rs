@@ -39,7 +39,7 @@ pub const NOTHING_PLACED: i32 = 3;
 const STAMP: &str = "%d:%i:%s:%.9Y:%.9Z";
 
 /// `<state_dir>/files`.
-pub fn store_dir(state_dir: &str) -> String {
+fn store_dir(state_dir: &str) -> String {
     format!("{state_dir}/files")
 }
 
@@ -171,9 +171,10 @@ pub fn discard_script(tos: &[&str]) -> String {
 /// directory is refused before anything changes.
 pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[String]) -> String {
     let store = store_dir(state_dir);
-    let prev = quote(&list_file(state_dir, "prev", service));
+    let prev_list = list_file(state_dir, "prev", service);
+    let prev = quote(&prev_list);
+    let prev_tmp = quote(&format!("{prev_list}.tmp"));
     let placed = list_file(state_dir, "placed", service);
-    let prev_tmp = quote(&format!("{}.tmp", list_file(state_dir, "prev", service)));
     let placed_tmp = quote(&format!("{placed}.tmp"));
     let mut s = format!(
         "umask 077 && rm -f {prev} && mkdir -p {prev_dir} {placed_dir} && : >{prev_tmp} || exit {NOTHING_PLACED}\n",
