@@ -253,6 +253,21 @@ fn each_kind_of_input_change_redoes_only_its_service() {
     std::fs::write(s.fleet.dir.join("static.txt"), "static two\n").expect("static");
     only_lb_reconfigured(&s, &c, "file: /srv/lb/static.txt");
     assert_eq!(s.file("lb1", "srv/lb/static.txt"), "static two\n");
+    // What the placements replaced is let go once their steps passed (renamed away at once,
+    // removed in the background): nothing is kept beside the files.
+    for lb in ["lb1", "lb2"] {
+        assert!(
+            s.fleet.host_root(lb).join("srv/lb/.drover").is_dir(),
+            "{lb}: the placements worked beside the files"
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut kept = others_in(&s.fleet, lb, "srv/lb/.drover", &[]);
+        while !kept.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            kept = others_in(&s.fleet, lb, "srv/lb/.drover", &[]);
+        }
+        assert_eq!(kept, Vec::<String>::new(), "{lb} keeps no previous file");
+    }
     std::fs::write(
         s.fleet.dir.join("lb.cfg.j2"),
         "{% for h in needs.api %}backend {{ h.host }}\n{% endfor %}",

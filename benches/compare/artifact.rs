@@ -17,7 +17,7 @@ use std::fs;
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where every tool puts the file on each host.
 const DROVER_TO: &str = "/srv/app/big.bin";
@@ -247,8 +247,8 @@ impl<'a> ArtifactBench<'a> {
     }
 
     /// New content for the big file: `bytes` long, from the next seed. (Each host keeps the
-    /// placed file and the one it replaced, beside it; with `scp`'s copy and a content arriving,
-    /// four times the size per host on the fleet's disk.)
+    /// placed file, and while a step runs the one it replaced; with `scp`'s copy and a content
+    /// arriving, up to four times the size per host on the fleet's disk.)
     fn renew(&mut self, bytes: u64) {
         self.seed += 1;
         self.bytes = bytes;
@@ -272,6 +272,9 @@ impl<'a> ArtifactBench<'a> {
             Mode::DroverNoop => self.drover("site-small.kdl", &logs, &stem, None),
         };
         let cpu = machine_cpu() - cpu;
+        if mode == Mode::DroverFirst {
+            self.wait_for_removals(&logs, &stem);
+        }
         // A site applied the first time, or new content, steps every host.
         let steps = if mode == Mode::DroverFirst || what == "install" {
             self.n
@@ -280,6 +283,43 @@ impl<'a> ArtifactBench<'a> {
         };
         self.verify(mode, &logs, &stem, steps);
         Sample { seconds, load, cpu }
+    }
+
+    /// Waits (untimed) until every host has removed, in the background, the file its last
+    /// placement replaced (`<dir>/.drover/<name>.gone.<pid>`), so that the next run of any mode
+    /// does not share the disk with those removals; the wait goes to the logs.
+    fn wait_for_removals(&self, logs: &Path, stem: &str) {
+        let started = Instant::now();
+        let private = Path::new(DROVER_TO)
+            .parent()
+            .unwrap()
+            .join(".drover")
+            .display()
+            .to_string();
+        // A directory that cannot be read counts as still removing (it exists after a
+        // delivery), so that an error never reads as "done".
+        let gone = |h: &String| match fs::read_dir(
+            self.fleet
+                .host_root(h)
+                .join(private.trim_start_matches('/')),
+        ) {
+            Ok(entries) => entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().contains(".gone.")),
+            Err(_) => true,
+        };
+        while self.hosts.iter().any(gone) && started.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let left = self.hosts.iter().filter(|h| gone(h)).count();
+        fs::write(
+            logs.join(format!("{stem}.removals")),
+            format!(
+                "background removals ended {:.2} s after the run; hosts still removing: {left}\n",
+                started.elapsed().as_secs_f64()
+            ),
+        )
+        .unwrap();
     }
 
     /// `scp` of the file to every host at once (one process per host, as a script would); with

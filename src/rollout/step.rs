@@ -81,13 +81,18 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
         passed: false,
     };
     match step.switch().await {
-        Ok(()) => StepResult {
-            record: step.job.record,
-            failed_hook: None,
-            reason: None,
-            rolled_back: false,
-            released: step.released,
-        },
+        Ok(()) => {
+            if step.placed {
+                step.let_go().await;
+            }
+            StepResult {
+                record: step.job.record,
+                failed_hook: None,
+                reason: None,
+                rolled_back: false,
+                released: step.released,
+            }
+        }
         Err((hook, reason)) => step.fail(hook, reason).await,
     }
 }
@@ -471,12 +476,41 @@ impl<L: Link> Running<'_, L> {
     }
 
     /// `script` followed, when it succeeds and `last` holds, by giving the host's lock back
-    /// (the host's last step only). Clears the hook wrapper's exit trap first: the release
-    /// removes the pid file that trap would empty (`hook_run.rs`).
+    /// (the host's last step only; a step that placed files gives it back in [`Running::let_go`]
+    /// instead). Clears the hook wrapper's exit trap first: the release removes the pid file
+    /// that trap would empty (`hook_run.rs`).
     fn then_release(&self, script: String, last: bool) -> String {
-        match self.job.release.as_deref().filter(|_| last) {
+        match self.job.release.as_deref().filter(|_| last && !self.placed) {
             Some(release) => format!("{script} && {{ trap - EXIT; {release}; }}"),
             None => script,
+        }
+    }
+
+    /// Once the controller has seen the step pass (its record written on the host), lets go
+    /// of what its placement replaced, which nothing may put back any more, and gives the
+    /// host's lock back if this is its last step, in one command. Not in the command that
+    /// wrote the record: had that command's answer been lost, the step would fail here with
+    /// nothing left to put back. Best effort: a previous file left behind costs only its space
+    /// until the next placement, and a lock not given back here is given back after the rollout.
+    async fn let_go(&mut self) {
+        let svc = &self.job.service;
+        let mut script = crate::state::let_go_script(&svc.state_dir, &svc.name);
+        if let Some(release) = &self.job.release {
+            script = format!("{script} && {{ {release}; }}");
+        }
+        match self.link.run(&script).await {
+            Ok(out) if out.success() => self.released = self.job.release.is_some(),
+            Ok(out) => log_line(
+                &self.job.log,
+                &format!(
+                    "== let go of the previous files: {}",
+                    exit_reason("state", &out)
+                ),
+            ),
+            Err(e) => log_line(
+                &self.job.log,
+                &format!("== let go of the previous files: {e}"),
+            ),
         }
     }
 

@@ -2,7 +2,7 @@
 //! renamed over it, so every byte is written once on the host; what drover put where is written
 //! down with the target's stamp (`<state-dir>/files/placed/<service>`), so that a file still as
 //! it was placed is never sent again; and what a placement replaced is kept in the same
-//! directory, to be put back by a rename.
+//! directory until the step passes, to be put back by a rename if it fails.
 //!
 //! Every function builds shell text (POSIX sh and coreutils: `cat`, `cp`, `ln`, `mv`, `rm`,
 //! `sync`, `chmod`, `mkdir`, `stat`, `wc`, `grep`); every value in it is quoted.
@@ -10,15 +10,16 @@
 //! - What drover writes beside a target `<dir>/<name>` is in `<dir>/.drover/`, a directory of
 //!   the user drover logs in as alone (0700; one that is a link, or another user's, is refused):
 //!   `<name>.new` while a content arrives, `<name>.tmp` for a copy, `<name>.prev` for what the
-//!   last placement replaced (a hard link to it). No one else can plant a link or a FIFO there,
+//!   last placement replaced (a hard link to it) until its step passes, `<name>.gone.<pid>`
+//!   while that is removed ([`let_go_script`]). No one else can plant a link or a FIFO there,
 //!   swap a file drover is about to `chmod` or rename, or read a replaced secret by its path.
 //! - `placed/<service>`, a line per file: `<digest> <mode in octal> <stamp> <path>`, the stamp
 //!   being the target's `stat` (device, inode, size, modification and change times in
 //!   nanoseconds) right after it was put in place. Any later write, rename or `chmod` changes
 //!   the change time, which nothing can set back: a file whose stamp still holds has the content.
-//! - `prev/<service>`: what the service's last placement replaced, a line per file: `+ <path>`
-//!   (its previous file is `<dir>/.drover/<name>.prev`) or `- <path>` (there was none). Paths
-//!   never hold a newline (the site checker refuses them).
+//! - `prev/<service>`: what the service's last placement replaced (until its step passes), a
+//!   line per file: `+ <path>` (its previous file is `<dir>/.drover/<name>.prev`) or
+//!   `- <path>` (there was none). Paths never hold a newline (the site checker refuses them).
 
 use crate::transport::quote;
 use serde::{Deserialize, Serialize};
@@ -285,6 +286,31 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
          \x20 mv -f {placed_tmp} {placed} || exit 1\n\
          fi\n\
          rm -f {prev}"
+    )
+}
+
+/// Lets go of what the service's last placement replaced, once the step that placed it has
+/// passed (nothing can ask for it back any more): each kept previous file is renamed out of
+/// the way at once (`<dir>/.drover/<name>.gone.<pid>`, so a later placement never meets it)
+/// and removed in the background, since freeing a large file's blocks can take a while on a
+/// busy disk and nothing waits for it; a removal cut off before (a reboot) is finished by the
+/// next one of that file (only names ending in `.gone.` and digits: a target named
+/// `<name>.gone.x` beside it is another file's). Then the list goes. Never fails: a previous
+/// file left behind only costs its space until the next placement of its target replaces it.
+pub fn let_go_script(state_dir: &str, service: &str) -> String {
+    let prev = quote(&list_file(state_dir, "prev", service));
+    format!(
+        "if [ -f {prev} ]; then\n\
+         \x20 while IFS= read -r line; do\n\
+         \x20   case \"$line\" in \"+ \"*)\n\
+         \x20     p=\"${{line#+ }}\"; d=\"${{p%/*}}\"; [ \"$d\" = \"$p\" ] && d=.; n=\"${{p##*/}}\"\n\
+         \x20     if {{ [ -e \"$d/.drover/$n.prev\" ] || [ -L \"$d/.drover/$n.prev\" ]; }} && mv -f -- \"$d/.drover/$n.prev\" \"$d/.drover/$n.gone.$$\" 2>/dev/null; then\n\
+         \x20       {{ for g in \"$d/.drover/$n\".gone.*; do case \"${{g#\"$d/.drover/$n.gone.\"}}\" in \'\'|*[!0-9]*) ;; *) rm -f -- \"$g\";; esac; done </dev/null >/dev/null 2>&1 & }}\n\
+         \x20     fi;;\n\
+         \x20   esac\n\
+         \x20 done <{prev}\n\
+         \x20 rm -f {prev}\n\
+         fi; true"
     )
 }
 

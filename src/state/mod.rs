@@ -12,8 +12,8 @@ pub mod store;
 mod unreadable;
 
 pub use files::{
-    discard_script, kept, place_script, receive_script, received_at, receives, restore_script,
-    survey_script, Placed, NOTHING_PLACED,
+    discard_script, kept, let_go_script, place_script, receive_script, received_at, receives,
+    restore_script, survey_script, Placed, NOTHING_PLACED,
 };
 pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};

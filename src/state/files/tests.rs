@@ -455,3 +455,56 @@ fn a_target_that_is_a_directory_is_refused_before_anything_changes() {
     assert!(!Path::new(&plain.to).exists());
     assert_eq!(std::fs::read_dir(&target).expect("dir").count(), 0);
 }
+
+#[test]
+fn a_passed_step_lets_go_of_what_its_placement_replaced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("var lib/dr'over").display().to_string();
+    let to = dir.path().join("srv/my app/app.conf");
+    let fresh = dir.path().join("srv/my app/new.conf");
+    std::fs::create_dir_all(to.parent().expect("parent")).expect("dir");
+    std::fs::write(&to, b"old\n").expect("old");
+    let new = receive(dir.path(), &to, b"new\n", 0o644);
+    let added = receive(dir.path(), &fresh, b"added\n", 0o600);
+    ok(&place_script(&state, "app", &[new, added], &[]), dir.path());
+    let private = dir.path().join("srv/my app/.drover");
+    assert!(
+        private.join("app.conf.prev").exists(),
+        "kept until the step passes"
+    );
+    // A removal cut off earlier (a reboot) left this behind: finished now too. The file kept
+    // for another target, named `app.conf.gone.x`, is that target's, and stays.
+    std::fs::write(private.join("app.conf.gone.12"), b"older\n").expect("leftover");
+    std::fs::write(private.join("app.conf.gone.x.prev"), b"other's\n").expect("other");
+    let out = sh(&let_go_script(&state, "app"), dir.path(), b"");
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    // Renamed out of the way at once, so the next placement never meets it; removed in the
+    // background.
+    assert!(!private.join("app.conf.prev").exists());
+    assert!(!Path::new(&state).join("files/prev/app").exists());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let left = || -> Vec<_> {
+        std::fs::read_dir(&private)
+            .expect("private")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "app.conf.gone.x.prev")
+            .collect()
+    };
+    while !left().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(left().is_empty(), "nothing kept: {:?}", left());
+    assert_eq!(
+        std::fs::read(private.join("app.conf.gone.x.prev")).expect("other's"),
+        b"other's\n"
+    );
+    assert_eq!(std::fs::read(&to).expect("to"), b"new\n");
+    assert_eq!(std::fs::read(&fresh).expect("fresh"), b"added\n");
+    // Nothing to put back any more: a restore leaves the placed files, and so does a second
+    // letting go.
+    ok(&restore_script(&state, "app"), dir.path());
+    ok(&let_go_script(&state, "app"), dir.path());
+    assert_eq!(std::fs::read(&to).expect("to"), b"new\n");
+    assert_eq!(std::fs::read(&fresh).expect("fresh"), b"added\n");
+}
