@@ -267,6 +267,11 @@ fn each_kind_of_input_change_redoes_only_its_service() {
             kept = others_in(&s.fleet, lb, "srv/lb/.drover", &[]);
         }
         assert_eq!(kept, Vec::<String>::new(), "{lb} keeps no previous file");
+        // The command that let go gave the host's lock back too.
+        assert!(
+            !s.fleet.host_root(lb).join("var-lib/drover/lock").exists(),
+            "{lb}'s lock was given back"
+        );
     }
     std::fs::write(
         s.fleet.dir.join("lb.cfg.j2"),

@@ -43,7 +43,8 @@ pub struct StepJob {
     pub files: Result<Vec<Delivery>, String>,
     pub record: HostRecord,
     pub log: PathBuf,
-    /// The host's last step: this shell text ends its last command if every hook passes.
+    /// The host's last step: this shell text ends its last command if every hook passes (for a
+    /// step that placed files, the command after it that lets go of what they replaced).
     pub release: Option<Arc<str>>,
 }
 
@@ -101,7 +102,8 @@ struct Running<'a, L> {
     job: StepJob,
     link: &'a L,
     sink: &'a dyn Sink,
-    /// The command that wrote the last record also gave the host's lock back.
+    /// The host's lock was given back: by the command that wrote the last record, or (a step
+    /// that placed files) by the one that let go of what they replaced.
     released: bool,
     /// This step put files in place (a failure puts the previous ones back).
     placed: bool,
@@ -498,8 +500,13 @@ impl<L: Link> Running<'_, L> {
         if let Some(release) = &self.job.release {
             script = format!("{script} && {{ {release}; }}");
         }
-        match self.link.run(&script).await {
-            Ok(out) if out.success() => self.released = self.job.release.is_some(),
+        let ran = self.link.run(&script).await;
+        // The record's command did not give the lock back (see `then_release`), whatever
+        // `released` says since: only this command's success does, else the release after the
+        // rollout must.
+        self.released = matches!(&ran, Ok(out) if out.success()) && self.job.release.is_some();
+        match ran {
+            Ok(out) if out.success() => {}
             Ok(out) => log_line(
                 &self.job.log,
                 &format!(
