@@ -298,7 +298,7 @@ impl<'a> ArtifactBench<'a> {
             .to_string();
         // A directory that cannot be read counts as still removing (it exists after a
         // delivery), so that an error never reads as "done".
-        let gone = |h: &String| match fs::read_dir(
+        let removing = |h: &String| match fs::read_dir(
             self.fleet
                 .host_root(h)
                 .join(private.trim_start_matches('/')),
@@ -308,10 +308,10 @@ impl<'a> ArtifactBench<'a> {
                 .any(|e| e.file_name().to_string_lossy().contains(".gone.")),
             Err(_) => true,
         };
-        while self.hosts.iter().any(gone) && started.elapsed() < Duration::from_secs(120) {
+        while self.hosts.iter().any(removing) && started.elapsed() < Duration::from_secs(120) {
             std::thread::sleep(Duration::from_millis(100));
         }
-        let left = self.hosts.iter().filter(|h| gone(h)).count();
+        let left = self.hosts.iter().filter(|h| removing(h)).count();
         fs::write(
             logs.join(format!("{stem}.removals")),
             format!(

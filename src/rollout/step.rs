@@ -500,24 +500,20 @@ impl<L: Link> Running<'_, L> {
         if let Some(release) = &self.job.release {
             script = format!("{script} && {{ {release}; }}");
         }
-        let ran = self.link.run(&script).await;
+        let failed = match self.link.run(&script).await {
+            Ok(out) if out.success() => None,
+            Ok(out) => Some(exit_reason("state", &out)),
+            Err(e) => Some(e.to_string()),
+        };
         // The record's command did not give the lock back (see `then_release`), whatever
         // `released` says since: only this command's success does, else the release after the
         // rollout must.
-        self.released = matches!(&ran, Ok(out) if out.success()) && self.job.release.is_some();
-        match ran {
-            Ok(out) if out.success() => {}
-            Ok(out) => log_line(
+        self.released = failed.is_none() && self.job.release.is_some();
+        if let Some(why) = failed {
+            log_line(
                 &self.job.log,
-                &format!(
-                    "== let go of the previous files: {}",
-                    exit_reason("state", &out)
-                ),
-            ),
-            Err(e) => log_line(
-                &self.job.log,
-                &format!("== let go of the previous files: {e}"),
-            ),
+                &format!("== let go of the previous files: {why}"),
+            );
         }
     }
 

@@ -254,6 +254,11 @@ fn first_of<'a>(files: &'a [Placed], f: &'a Placed) -> &'a Placed {
     files.iter().find(|g| g.digest == f.digest).unwrap_or(f)
 }
 
+/// Shell that sets `d` and `n` to the directory and name of the path in `p`, as [`split`] does:
+/// `$d/.drover/$n.prev` is then the file [`place_script`] kept for it. What [`restore_script`]
+/// and [`let_go_script`] read from the list of what was replaced.
+const PARTS: &str = "d=\"${p%/*}\"; [ \"$d\" = \"$p\" ] && d=.; n=\"${p##*/}\"";
+
 /// Puts back what [`place_script`] listed for `service` (a rename of the file it kept for each
 /// target, unless that is still the target itself; a file that was absent is removed, and what
 /// was received or copied for a target and not placed goes too), drops those paths from the list
@@ -269,7 +274,7 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
         "[ -f {prev} ] || exit 0\n\
          while IFS= read -r line; do\n\
          \x20 k=\"${{line%% *}}\"; p=\"${{line#? }}\"\n\
-         \x20 d=\"${{p%/*}}\"; [ \"$d\" = \"$p\" ] && d=.; n=\"${{p##*/}}\"; l=\"$d/.drover/$n.prev\"\n\
+         \x20 {PARTS}; l=\"$d/.drover/$n.prev\"\n\
          \x20 rm -f -- \"$d/.drover/$n.new\" \"$d/.drover/$n.tmp\" || exit 1\n\
          \x20 if [ \"$k\" = - ]; then rm -f -- \"$p\" || exit 1; continue; fi\n\
          \x20 if [ -e \"$l\" ] || [ -L \"$l\" ]; then\n\
@@ -303,7 +308,7 @@ pub fn let_go_script(state_dir: &str, service: &str) -> String {
         "if [ -f {prev} ]; then\n\
          \x20 while IFS= read -r line; do\n\
          \x20   case \"$line\" in \"+ \"*)\n\
-         \x20     p=\"${{line#+ }}\"; d=\"${{p%/*}}\"; [ \"$d\" = \"$p\" ] && d=.; n=\"${{p##*/}}\"\n\
+         \x20     p=\"${{line#+ }}\"; {PARTS}\n\
          \x20     if {{ [ -e \"$d/.drover/$n.prev\" ] || [ -L \"$d/.drover/$n.prev\" ]; }} && mv -f -- \"$d/.drover/$n.prev\" \"$d/.drover/$n.gone.$$\" 2>/dev/null; then\n\
          \x20       {{ for g in \"$d/.drover/$n\".gone.*; do case \"${{g#\"$d/.drover/$n.gone.\"}}\" in \'\'|*[!0-9]*) ;; *) rm -f -- \"$g\";; esac; done </dev/null >/dev/null 2>&1 & }}\n\
          \x20     fi;;\n\

@@ -63,6 +63,17 @@ fn survey(dir: &Path, state: &str, service: &str, files: &[Placed]) -> Vec<Optio
     kept(files, &String::from_utf8_lossy(&out.stdout))
 }
 
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("a directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path)
@@ -421,11 +432,7 @@ fn a_restore_after_a_placement_that_stopped_halfway_puts_every_file_back() {
     ok(&restore_script(&state, "app"), dir.path());
     assert_eq!(std::fs::read(&a).expect("a"), b"old a\n");
     assert_eq!(std::fs::read(&b).expect("b"), b"old b\n");
-    let private: Vec<_> = std::fs::read_dir(dir.path().join("etc/.drover"))
-        .expect("private")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    let private = names_in(&dir.path().join("etc/.drover"));
     assert!(
         private.is_empty(),
         "nothing kept or received is left: {private:?}"
@@ -483,13 +490,10 @@ fn a_passed_step_lets_go_of_what_its_placement_replaced() {
     assert!(!private.join("app.conf.prev").exists());
     assert!(!Path::new(&state).join("files/prev/app").exists());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let left = || -> Vec<_> {
-        std::fs::read_dir(&private)
-            .expect("private")
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n != "app.conf.gone.x.prev")
-            .collect()
+    let left = || -> Vec<String> {
+        let mut names = names_in(&private);
+        names.retain(|n| n != "app.conf.gone.x.prev");
+        names
     };
     while !left().is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
