@@ -114,6 +114,7 @@ fixtures! {
     empty_policy => INVALID,
     local_ssh_setting => INVALID,
     keep_shell_string => INVALID,
+    direct_above_bad => INVALID,
     file_problems => INVALID,
     shared_path => INVALID,
     template_problems => INVALID,

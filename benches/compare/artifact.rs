@@ -601,7 +601,7 @@ fn render(args: &Args, machine: &Machine, results: &[Size]) -> String {
             writeln!(
                 out,
                 "| {n} | `deploy`'s peak RSS independent of the size (≤ 1.1 × at a tenth of it): \
-                 {:.1} MiB at {} MB, {:.1} MiB at {} MB; with the ssh masters {:.1} and {:.1} MiB \
+                 {:.1} MiB at {} MB, {:.1} MiB at {} MB; with its ssh processes (masters, connections of their own) {:.1} and {:.1} MiB \
                  | {r:.3} | {} |",
                 super::mib(tenth.deploy_hwm),
                 args.size_mb as f64 / 10.0,

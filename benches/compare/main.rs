@@ -1199,7 +1199,7 @@ struct Memory {
 impl Memory {
     fn summary(&self) -> String {
         format!(
-            "deploy peak RSS {:.1} MiB; peak deploy + masters RSS {:.1} MiB; {} masters at most, \
+            "deploy peak RSS {:.1} MiB; peak deploy + ssh processes RSS {:.1} MiB; {} masters at most, \
              {:.0} KiB RSS / {:.0} KiB PSS each",
             mib(self.deploy_hwm),
             mib(self.total_rss),
@@ -1236,7 +1236,9 @@ fn wait_sampled(
 }
 
 /// Samples /proc every 50 ms until `done`: `deploy` (pid) and every `ssh -M` master whose
-/// command line names `marker` (the fleet's ssh_config) and a `.ssh-connection` directory.
+/// command line names `marker` (the fleet's ssh_config) and a `.ssh-connection` directory;
+/// the `ssh` processes that send large files over connections of their own
+/// (`ControlPath=none`, `direct-above`) count in the total, not as masters.
 fn sample(pid: u32, marker: &str, done: &AtomicBool) -> Memory {
     let mut m = Memory::default();
     while !done.load(Ordering::Relaxed) {
@@ -1263,8 +1265,11 @@ fn sample(pid: u32, marker: &str, done: &AtomicBool) -> Memory {
                 && args.contains(&"-M")
                 && args.contains(&marker)
                 && cmdline.contains(".ssh-connection");
-            if master {
-                count += 1;
+            let direct = args.first().is_some_and(|a| a.ends_with("ssh"))
+                && args.contains(&"ControlPath=none")
+                && args.contains(&marker);
+            if master || direct {
+                count += usize::from(master);
                 rss += status(&p, "VmRSS:").unwrap_or(0);
                 pss += fs::read_to_string(entry.path().join("smaps_rollup"))
                     .ok()
@@ -1751,7 +1756,7 @@ fn render(
         writeln!(
             out,
             "\nController memory, {} at N = {n} (untimed run, /proc sampled every 50 ms, {} samples): \
-             `deploy` peak RSS {:.1} MiB; peak of `deploy` + its ssh masters RSS {:.1} MiB; at most \
+             `deploy` peak RSS {:.1} MiB; peak of `deploy` + its ssh processes RSS {:.1} MiB; at most \
              {} masters at once, {:.0} KiB RSS ({:.0} KiB PSS) each; {:.0} KiB RSS per connected host \
              all told.",
             mode.label(),

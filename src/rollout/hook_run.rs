@@ -2,13 +2,16 @@
 //! file under the state directory, so that a hook that outlives its timeout is killed with
 //! everything it started; secrets go on standard input, never on a command line.
 //!
-//! The script a hook runs as (one line; `F` is this run's pid file on the host,
-//! `<state-dir>/hooks/<controller pid>-<controller start>.pid`, one per run and host since a
-//! host runs one hook at a time; `N` numbers the hook among all the hooks this process runs):
+//! The script a hook runs as (shown on several lines; the parts are joined by `; `, and the
+//! hook and the command after it may span lines of their own; `F` is this run's pid file on
+//! the host, `<state-dir>/hooks/<controller pid>-<controller start>.pid`, one per run and host
+//! since a host runs one hook at a time; `N` numbers the hook among all the hooks this process
+//! runs):
 //!
 //! ```text
 //! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null;
 //! trap 'echo "$$ N ended" >F' EXIT; { echo "$$ N" >F; } 2>/dev/null;
+//! [{ [ -e STOP ] || [ -e F's .stop ]; } && exit STOPPED;]
 //! [eval "$(cat)" || exit 125; exec </dev/null;]
 //! DEPLOY_…='…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
 //! ```
@@ -25,7 +28,9 @@
 //! The shell running it leads a process group of its own (see [`Link`]), so `$$` is the
 //! group's id. On timeout the controller runs [`kill_script`] over the same link: `TERM` to the
 //! group, up to a second's grace, then `KILL`. The part in brackets is there when the hook
-//! gets secrets: they arrive on standard input as `export NAME='…'`.
+//! gets secrets: they arrive on standard input as `export NAME='…'`; the stop test is there
+//! for a hook chained after another ([`Recorded`]'s `stop`, the chain's stop file), which does
+//! not start once that file or the run's stop file ([`run_stop_file`]) is there.
 
 use crate::secrets::Secrets;
 use crate::transport::{env_prefix, quote, Command, Link, Output, TransportError};

@@ -25,6 +25,8 @@ pub struct Checker {
 }
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Files from this size on go to a host over a connection of their own (`direct-above`).
+pub const DEFAULT_DIRECT_ABOVE: u64 = 64 << 20;
 
 impl Checker {
     pub fn new() -> Self {
@@ -428,6 +430,9 @@ fn transport_model(
                 keep_shell: t.keep_shell.is_none_or(|k| k.value),
                 persist: t.persist.map_or(std::time::Duration::ZERO, |p| p.value),
                 accept_new_host_keys: false,
+                direct_above: t
+                    .direct_above
+                    .map_or(Some(DEFAULT_DIRECT_ABOVE), |d| d.value),
             }))
         }
         "local" => {
@@ -435,6 +440,7 @@ fn transport_model(
             let timeout = t.connect_timeout.as_ref().map(|c| c.span);
             let keep = t.keep_shell.as_ref().map(|k| k.span);
             let persist = t.persist.as_ref().map(|p| p.span);
+            let direct = t.direct_above.as_ref().map(|d| d.span);
             let ssh_only = [&t.user, &t.identity, &t.known_hosts, &t.config]
                 .into_iter()
                 .flatten()
@@ -443,6 +449,7 @@ fn transport_model(
                 .chain(timeout)
                 .chain(keep)
                 .chain(persist)
+                .chain(direct)
                 .next();
             if let Some(span) = ssh_only {
                 r.bad(

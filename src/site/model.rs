@@ -320,6 +320,9 @@ pub struct SshOptions {
     /// `StrictHostKeyChecking accept-new`); a changed key is still refused. Never set from a
     /// file: only `deploy apply --accept-new-host-keys` turns it on, for one run.
     pub accept_new_host_keys: bool,
+    /// Files of at least this many bytes go to the host over a connection of their own
+    /// (`direct-above`), not through its master; `None`: every file through the master.
+    pub direct_above: Option<u64>,
 }
 
 /// Where class → hosts comes from.

@@ -170,6 +170,8 @@ pub struct RawTransport {
     pub connect_timeout: Option<Spanned<Duration>>,
     pub keep_shell: Option<Spanned<bool>>,
     pub persist: Option<Spanned<Duration>>,
+    /// `direct-above`: a size, or `#false` (`Some(None)`).
+    pub direct_above: Option<Spanned<Option<u64>>>,
     pub root: Option<Spanned<String>>,
 }
 
@@ -210,6 +212,7 @@ const TRANSPORT_PROPS: &[&str] = &[
     "connect-timeout",
     "keep-shell",
     "persist",
+    "direct-above",
     "root",
 ];
 
@@ -576,6 +579,7 @@ fn transport(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawTransport> {
         connect_timeout: r.duration_prop(n, "connect-timeout"),
         keep_shell: r.bool_prop(n, "keep-shell"),
         persist: r.duration_prop(n, "persist"),
+        direct_above: r.size_or_off_prop(n, "direct-above"),
         root: r.string_prop(n, "root"),
         kind: r.string_arg(n, "the transport (\"ssh\" or \"local\")")?,
     })

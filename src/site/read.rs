@@ -2,7 +2,7 @@
 
 use super::error::{SiteError, Src};
 use super::suggest;
-use super::value::{parse_duration, Quota};
+use super::value::{parse_duration, parse_size, Quota};
 use kdl::{KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 use std::time::Duration;
@@ -348,6 +348,33 @@ impl Reader<'_> {
                 None
             }
         }
+    }
+
+    /// An optional size property (`"64MiB"`), or `#false` for none (`Some(None)`).
+    pub fn size_or_off_prop(&mut self, node: &KdlNode, key: &str) -> Option<Spanned<Option<u64>>> {
+        let e = self.prop(node, key)?;
+        let help = format!("write a size with a unit, as in `{key}=\"64MiB\"`, or `{key}=#false`");
+        let reason = match e.value() {
+            KdlValue::Bool(false) => {
+                return Some(Spanned {
+                    value: None,
+                    span: e.span(),
+                })
+            }
+            KdlValue::String(s) => match parse_size(s) {
+                Ok(n) => {
+                    return Some(Spanned {
+                        value: Some(n),
+                        span: e.span(),
+                    })
+                }
+                Err(reason) => reason,
+            },
+            KdlValue::Integer(_) => "a size needs a unit".into(),
+            other => format!("expected a size, found {}", kind(other)),
+        };
+        self.bad(e.span(), format!("`{key}`"), reason, help);
+        None
     }
 
     /// An optional boolean property (`#true` / `#false`).

@@ -126,6 +126,39 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// Parses a size such as `"64MiB"`, `"500KB"`, `"1GiB"` or `"4096B"`: binary units (KiB,
+/// MiB, GiB) count in 1024s, decimal ones (KB, MB, GB) in 1000s.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let bad = || format!("`{text}` is not a size like \"64MiB\", \"500KB\" or \"4096B\"");
+    let t = text.trim();
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(bad());
+    }
+    let value: u64 = t[..digits].parse().map_err(|_| bad())?;
+    let unit: u64 = match &t[digits..] {
+        "B" => 1,
+        "KB" => 1000,
+        "MB" => 1000 * 1000,
+        "GB" => 1000 * 1000 * 1000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    value.checked_mul(unit).ok_or_else(bad)
+}
+
+/// Formats a size the way the site language writes it: the largest binary unit that divides it.
+pub fn format_size(bytes: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes > 0 && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
+}
+
 /// Formats a duration the way the site language writes it.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -150,6 +183,37 @@ pub fn format_duration(d: Duration) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("500KB"), Ok(500_000));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("4096B"), Ok(4096));
+        for bad in [
+            "",
+            "64",
+            "MiB",
+            "64mib",
+            "64 MiB",
+            "-1B",
+            "1.5MiB",
+            "99999999999GiB",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(format_size(64 << 20), "64MiB");
+        assert_eq!(format_size(1500), "1500B");
+        assert_eq!(format_size(3 << 10), "3KiB");
+    }
+
+    proptest! {
+        #[test]
+        fn a_formatted_size_parses_back(bytes in 0u64..(1 << 50)) {
+            prop_assert_eq!(parse_size(&format_size(bytes)), Ok(bytes));
+        }
+    }
 
     #[test]
     fn quotas_parse() {

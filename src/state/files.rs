@@ -146,10 +146,16 @@ pub fn kept(files: &[Placed], survey: &str) -> Vec<Option<String>> {
 /// `size` (a cut-off transfer is never kept), given `mode`, synced. It is not in place yet:
 /// [`place_script`] renames it over the target, once the controller knows that what it sent is
 /// what it digested (its source did not change under it).
+///
+/// Each attempt writes a part of its own (`<name>.new.<its shell's pid>`) and renames it to
+/// `<name>.new` only once its size is right: an earlier attempt for the same file still running
+/// on the host (its connection lost, the content resent over another) can neither truncate nor
+/// remove this one's bytes. Parts that attempts cut off left behind go first (only names
+/// ending in `.new.` and digits: another target's files have other endings).
 pub fn receive_script(to: &str, size: u64, mode: u32) -> String {
     let tmp = quote(&received_at(to));
     format!(
-        "umask 077 && {private} && rm -f {tmp} && cat >{tmp} && {{ [ \"$(wc -c <{tmp})\" -eq {size} ] || {{ echo \"drover: received $(wc -c <{tmp}) of {size} bytes\" >&2; rm -f {tmp}; exit 1; }}; }} && chmod {mode:o} {tmp} && {{ sync {tmp} 2>/dev/null || true; }}",
+        "umask 077 && {private} && new={tmp} && {{ for g in \"$new\".*; do case \"${{g#\"$new\".}}\" in ''|*[!0-9]*) ;; *) rm -f -- \"$g\";; esac; done; true; }} && part=\"$new.$$\" && cat >\"$part\" && {{ [ \"$(wc -c <\"$part\")\" -eq {size} ] || {{ echo \"drover: received $(wc -c <\"$part\") of {size} bytes\" >&2; rm -f \"$part\"; exit 1; }}; }} && chmod {mode:o} \"$part\" && {{ sync \"$part\" 2>/dev/null || true; }} && mv -f \"$part\" \"$new\"",
         private = make_private(to),
     )
 }

@@ -3,6 +3,7 @@
 //! A transport runs shell text on a host through `/bin/sh -c` and returns its output. Every
 //! value inside that text was quoted by [`quote`] when the text was built.
 
+mod direct;
 mod feed;
 mod kept;
 mod local;

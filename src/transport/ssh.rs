@@ -126,6 +126,12 @@ pub struct SshLink {
     shell: Arc<Mutex<Slot>>,
     /// Where to leave the master when the link closes, and under which key (`persist`).
     keep: Option<Box<(Masters, String)>>,
+    /// The host's address and the transport's options, for contents sent over a connection
+    /// of their own (`direct-above`); `None` when that is off.
+    direct: Option<Arc<(SshOptions, String)>>,
+    /// A connection of its own failed on this link: the rest go over the master (a host that
+    /// refuses a second login would otherwise make every large file wait for it again).
+    direct_failed: std::sync::atomic::AtomicBool,
 }
 
 /// A chain's commands sent to the kept shell, not all collected yet: the shell is held (other
@@ -181,6 +187,11 @@ impl Transport for Ssh {
                 false => Slot::Off,
             })),
             keep,
+            direct: self
+                .options
+                .direct_above
+                .map(|_| Arc::new((self.options.clone(), target.address.clone()))),
+            direct_failed: false.into(),
         })
     }
 }
@@ -317,6 +328,19 @@ impl Link for SshLink {
             host: self.host.clone(),
             reason,
         };
+        // A large file goes over a connection of its own (`direct-above`); if that cannot be
+        // made (or is lost), over the master as any other, from its first byte, and so do the
+        // link's later ones.
+        use std::sync::atomic::Ordering::Relaxed;
+        if let (Some(direct), super::Payload::File(path)) = (&self.direct, payload) {
+            let (options, address) = &**direct;
+            if !self.direct_failed.load(Relaxed) && super::direct::goes_direct(options, path) {
+                match super::direct::send(options, &self.host, address, script, path).await {
+                    Ok(out) => return Ok(out),
+                    Err(_) => self.direct_failed.store(true, Relaxed),
+                }
+            }
+        }
         // A file is handed to the master itself as the session's standard input (the mux
         // passes the descriptor): the master reads it from disk, and no byte of it passes
         // through this process.

@@ -173,6 +173,43 @@ fn a_cut_off_transfer_is_not_kept() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("received 5 of 13 bytes"));
     assert!(!Path::new(&received_at(&to)).exists());
+    let private = dir.path().join("srv/.drover");
+    assert!(names_in(&private).is_empty(), "{:?}", names_in(&private));
+}
+
+#[test]
+fn each_attempt_receives_into_a_part_of_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let to = dir.path().join("srv/it's app.conf");
+    let private = dir.path().join("srv/.drover");
+    std::fs::create_dir_all(&private).expect("private");
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    // Left by an attempt cut off earlier: cleared. A name ending otherwise than in digits is
+    // no attempt's part (another target's file): kept.
+    std::fs::write(private.join("it's app.conf.new.4242"), b"partial").expect("leftover");
+    std::fs::write(private.join("it's app.conf.new.x"), b"neighbour").expect("neighbour");
+    // An earlier attempt still running for the same file holds the old `.new`: replaced whole,
+    // never written into.
+    std::fs::write(private.join("it's app.conf.new"), b"stale attempt").expect("stale");
+    let content = b"the whole content\n";
+    receive(dir.path(), &to, content, 0o640);
+    assert_eq!(
+        names_in(&private),
+        ["it's app.conf.new", "it's app.conf.new.x"],
+        "no part left behind, the neighbour kept"
+    );
+    assert_eq!(
+        std::fs::read(received_at(&to.display().to_string())).expect("received"),
+        content
+    );
+    assert_eq!(
+        std::fs::read(private.join("it's app.conf.new.x")).expect("neighbour"),
+        b"neighbour"
+    );
 }
 
 #[test]

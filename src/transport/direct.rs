@@ -1,0 +1,203 @@
+//! Large contents over a connection of their own (`direct-above` on the ssh transport): a file
+//! at least that large is streamed to the host by an `ssh` process of its own, with the same
+//! options as the host's master (strict host-key checking, BatchMode, the user's ssh_config,
+//! identity and known_hosts) but never through a master (`ControlPath=none`). Measured on the
+//! loopback fleet (book, performance.md): a session over a master made for the run costs the
+//! host's sshd far more per byte than a connection of its own. The price is a second
+//! authentication per host for each such file.
+
+use super::{Output, TransportError};
+use crate::site::SshOptions;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Stdio;
+
+/// The arguments of `ssh` that run `script` on `address` over a connection of its own: the
+/// options the master is made with, then `-- address script` (`--`: neither the address nor
+/// the script is ever read as an option).
+pub fn arguments(options: &SshOptions, address: &str, script: &str) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut opt = |o: String| {
+        args.push("-o".into());
+        args.push(o.into());
+    };
+    opt("BatchMode=yes".into());
+    opt(format!(
+        "StrictHostKeyChecking={}",
+        if options.accept_new_host_keys {
+            "accept-new"
+        } else {
+            "yes"
+        }
+    ));
+    // Its own connection, even where the user's ssh_config multiplexes.
+    opt("ControlMaster=no".into());
+    opt("ControlPath=none".into());
+    // Forwardings the user's ssh_config asks for are the master's: here they would only clash
+    // with it (a port already taken fails the connection under ExitOnForwardFailure).
+    opt("ClearAllForwardings=yes".into());
+    let secs = options.connect_timeout.as_secs().max(1);
+    opt(format!("ConnectTimeout={secs}"));
+    opt(format!("ServerAliveInterval={}", (secs / 3).max(1)));
+    if let Some(known) = &options.known_hosts {
+        let mut o = OsString::from("UserKnownHostsFile=");
+        o.push(known);
+        args.push("-o".into());
+        args.push(o);
+    }
+    if let Some(port) = options.port {
+        args.push("-p".into());
+        args.push(port.to_string().into());
+    }
+    if let Some(user) = &options.user {
+        args.push("-l".into());
+        args.push(user.into());
+    }
+    if let Some(key) = &options.identity {
+        args.push("-o".into());
+        args.push("IdentitiesOnly=yes".into());
+        args.push("-i".into());
+        args.push(key.into());
+    }
+    if let Some(config) = &options.config {
+        args.push("-F".into());
+        args.push(config.into());
+    }
+    args.extend(["-T".into(), "--".into(), address.into(), script.into()]);
+    args
+}
+
+/// Whether `path` is large enough to go over a connection of its own.
+pub fn goes_direct(options: &SshOptions, path: &Path) -> bool {
+    match options.direct_above {
+        Some(above) => std::fs::metadata(path).is_ok_and(|m| m.len() >= above),
+        None => false,
+    }
+}
+
+/// OpenSSH's own failures (it could not connect, authenticate, or lost the connection) end
+/// with this code, and so does a remote command killed by a signal; the scripts sent here
+/// never exit with it themselves. Either way the content is sent again over the master,
+/// which is harmless: each attempt receives into a part of its own
+/// ([`crate::state::receive_script`]).
+pub const SSH_FAILED: i32 = 255;
+
+/// Runs `script` on `host` over a connection of its own with `path` as its standard input
+/// (handed to `ssh` as a descriptor: no byte passes through this process). `Err` when ssh
+/// itself failed, with its last words.
+pub async fn send(
+    options: &SshOptions,
+    host: &str,
+    address: &str,
+    script: &str,
+    path: &Path,
+) -> Result<Output, TransportError> {
+    let error = |reason: String| TransportError::Command {
+        host: host.to_string(),
+        reason,
+    };
+    let file = std::fs::File::open(path)
+        .map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
+    let out = tokio::process::Command::new("ssh")
+        .args(arguments(options, address, script))
+        .stdin(Stdio::from(file))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Not in the terminal's process group: a first Ctrl-C lets running steps finish, and
+        // their transfers with them; a step given up drops (and so kills) this process.
+        .process_group(0)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| error(format!("cannot start ssh: {e}")))?;
+    if out.status.code() == Some(SSH_FAILED) {
+        let text = String::from_utf8_lossy(&out.stderr);
+        let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+        return Err(error(format!(
+            "a connection of its own for {} failed: {}",
+            path.display(),
+            last.trim()
+        )));
+    }
+    Ok(Output {
+        code: out.status.code(),
+        stdout: out.stdout,
+        stderr: out.stderr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn options() -> SshOptions {
+        SshOptions {
+            user: Some("deploy".into()),
+            port: Some(2222),
+            identity: Some("/keys/id".into()),
+            known_hosts: Some("/keys/known".into()),
+            config: Some("/keys/config".into()),
+            connect_timeout: Duration::from_secs(9),
+            keep_shell: true,
+            persist: Duration::ZERO,
+            accept_new_host_keys: false,
+            direct_above: Some(10),
+        }
+    }
+
+    fn text(args: &[OsString]) -> Vec<String> {
+        args.iter().map(|a| a.to_string_lossy().into()).collect()
+    }
+
+    #[test]
+    fn a_connection_of_its_own_keeps_every_option_of_the_master() {
+        let args = text(&arguments(&options(), "-oProxyCommand=x", "cat >f"));
+        let pairs: Vec<String> = args.windows(2).map(|w| w.join(" ")).collect();
+        for want in [
+            "-o BatchMode=yes",
+            "-o StrictHostKeyChecking=yes",
+            "-o ControlPath=none",
+            "-o ControlMaster=no",
+            "-o ClearAllForwardings=yes",
+            "-o ConnectTimeout=9",
+            "-o ServerAliveInterval=3",
+            "-o UserKnownHostsFile=/keys/known",
+            "-p 2222",
+            "-l deploy",
+            "-i /keys/id",
+            "-F /keys/config",
+        ] {
+            assert!(
+                pairs.iter().any(|p| p == want),
+                "{want} missing in {args:?}"
+            );
+        }
+        // The address and the script come after `--`, never read as options.
+        assert_eq!(args[args.len() - 3..], ["--", "-oProxyCommand=x", "cat >f"]);
+        let new = SshOptions {
+            accept_new_host_keys: true,
+            ..options()
+        };
+        let args = text(&arguments(&new, "h", "s"));
+        assert!(args.iter().any(|a| a == "StrictHostKeyChecking=accept-new"));
+        assert!(!args.iter().any(|a| a == "StrictHostKeyChecking=no"));
+    }
+
+    #[test]
+    fn only_files_at_least_as_large_as_the_setting_go_direct() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small");
+        let large = dir.path().join("large");
+        std::fs::write(&small, b"123456789").unwrap();
+        std::fs::write(&large, b"1234567890").unwrap();
+        assert!(!goes_direct(&options(), &small));
+        assert!(goes_direct(&options(), &large));
+        let off = SshOptions {
+            direct_above: None,
+            ..options()
+        };
+        assert!(!goes_direct(&off, &large));
+        assert!(!goes_direct(&options(), &dir.path().join("missing")));
+    }
+}
