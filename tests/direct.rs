@@ -1,7 +1,8 @@
 //! Large files over a connection of their own (`direct-above`), on the sshd fleet: a content at
 //! least that large costs its host one more login (counted in the host's sshd log) and arrives
 //! whole; a smaller one goes through the host's master; `direct-above=#false` sends every file
-//! through the master; and when the connection of its own cannot be made, or is cut off
+//! through the master, and so does one that would take the run past `--max-connections`;
+//! and when the connection of its own cannot be made, or is cut off
 //! half-way, the content still arrives whole, over the master, and the host keeps nothing of
 //! the attempt.
 
@@ -42,10 +43,11 @@ fn prepare(fleet: &Fleet, direct: &str, mark: &str) -> Vec<u8> {
     big
 }
 
-fn apply(fleet: &Fleet, path: Option<&Path>) -> Output {
+fn apply(fleet: &Fleet, path: Option<&Path>, extra: &[&str]) -> Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_deploy"));
     command
         .args(["apply", "site.kdl", "--yes"])
+        .args(extra)
         .current_dir(&fleet.dir);
     if let Some(dir) = path {
         let old = std::env::var("PATH").unwrap_or_default();
@@ -93,7 +95,7 @@ service "art" {
 
     // The big file (8 KiB) over a connection of its own, the small one through the master.
     let big = prepare(&fleet, "\"4KiB\"", "first");
-    apply(&fleet, None);
+    apply(&fleet, None, &[]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
     assert_eq!(
         contents(&fleet, "opt/art/small.txt"),
@@ -108,17 +110,31 @@ service "art" {
 
     // Off: the next content goes through the master, one login per host.
     let big = prepare(&fleet, "#false", "second");
-    apply(&fleet, None);
+    apply(&fleet, None, &[]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
     let second = logins(&fleet);
     let added: Vec<usize> = second.iter().zip(&first).map(|(a, b)| a - b).collect();
     assert_eq!(added, vec![1; 3], "`direct-above=#false`: the master only");
 
+    // On, but every connection the cap allows is a host's master (3 hosts, 3 connections):
+    // the content goes through the masters, one login per host.
+    let big = prepare(&fleet, "\"4KiB\"", "capped");
+    apply(&fleet, None, &["--max-connections", "3"]);
+    assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
+    let capped = logins(&fleet);
+    let added: Vec<usize> = capped.iter().zip(&second).map(|(a, b)| a - b).collect();
+    assert_eq!(added, vec![1; 3], "`--max-connections 3`: no room for a second connection");
+    let second = capped;
+
     // On, but the connection of its own cannot be made (an `ssh` that refuses it, as a host
     // refusing a second login would): the content still arrives, over the master.
-    let refusing = wrapper(&fleet, "refusing", "echo 'refused by the test' >&2; exit 255");
+    let refusing = wrapper(
+        &fleet,
+        "refusing",
+        "echo 'refused by the test' >&2; exit 255",
+    );
     let big = prepare(&fleet, "\"4KiB\"", "third");
-    apply(&fleet, Some(&refusing));
+    apply(&fleet, Some(&refusing), &[]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
     let third = logins(&fleet);
     let added: Vec<usize> = third.iter().zip(&second).map(|(a, b)| a - b).collect();
@@ -132,7 +148,7 @@ service "art" {
         &format!("head -c 4096 | {} \"$@\"; exit 255", real_ssh()),
     );
     let big = prepare(&fleet, "\"4KiB\"", "fourth");
-    apply(&fleet, Some(&cut));
+    apply(&fleet, Some(&cut), &[]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
     let fourth = logins(&fleet);
     let added: Vec<usize> = fourth.iter().zip(&third).map(|(a, b)| a - b).collect();

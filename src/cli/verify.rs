@@ -16,7 +16,10 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let status = state::status(&site, &hosts, &observed, &desired);
     let plan = plan::plan(&site, &hosts, &observed, &desired, &Selection::default())?;
-    let transport = Arc::new(AnyTransport::for_platform(&site.platform));
+    let transport = Arc::new(AnyTransport::for_platform(
+        &site.platform,
+        args.max_connections,
+    ));
     let checks = super::runtime()?.block_on(rollout::verify(
         Arc::new(site),
         Arc::new(plan),

@@ -11,6 +11,8 @@ use crate::site::SshOptions;
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// The arguments of `ssh` that run `script` on `address` over a connection of its own: the
 /// options the master is made with, then `-- address script` (`--`: neither the address nor
@@ -65,6 +67,50 @@ pub fn arguments(options: &SshOptions, address: &str, script: &str) -> Vec<OsStr
     }
     args.extend(["-T".into(), "--".into(), address.into(), script.into()]);
     args
+}
+
+/// The ssh connections a transport has open (its links' masters and the connections of their
+/// own in flight), against the run's `--max-connections`: a connection of its own is made only
+/// while that leaves the count within the cap.
+#[derive(Debug)]
+pub struct Open {
+    now: AtomicUsize,
+    cap: usize,
+}
+
+/// One connection counted in [`Open`], until dropped.
+#[derive(Debug)]
+pub struct Counted(Arc<Open>);
+
+impl Open {
+    pub fn new(cap: usize) -> Arc<Open> {
+        Arc::new(Open {
+            now: AtomicUsize::new(0),
+            cap: cap.max(1),
+        })
+    }
+
+    /// Counts a connection made (a master: the link pool keeps those within the cap).
+    pub fn count(self: &Arc<Self>) -> Counted {
+        self.now.fetch_add(1, Ordering::Relaxed);
+        Counted(self.clone())
+    }
+
+    /// Counts one more connection if that stays within the cap; `None` if it would not.
+    pub fn take(self: &Arc<Self>) -> Option<Counted> {
+        self.now
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Counted(self.clone()))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Whether `path` is large enough to go over a connection of its own.
@@ -182,6 +228,22 @@ mod tests {
         let args = text(&arguments(&new, "h", "s"));
         assert!(args.iter().any(|a| a == "StrictHostKeyChecking=accept-new"));
         assert!(!args.iter().any(|a| a == "StrictHostKeyChecking=no"));
+    }
+
+    #[test]
+    fn a_connection_of_its_own_is_made_only_within_the_cap() {
+        let open = Open::new(3);
+        let masters = [open.count(), open.count()];
+        let direct = open.take().expect("the third of 3");
+        assert!(open.take().is_none(), "a fourth would pass the cap");
+        drop(direct);
+        let again = open.take().expect("room again once it ended");
+        drop(masters);
+        let more = [open.take(), open.take()];
+        assert!(more.iter().all(Option::is_some));
+        assert!(open.take().is_none());
+        drop(again);
+        assert!(open.take().is_some());
     }
 
     #[test]

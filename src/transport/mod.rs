@@ -263,9 +263,12 @@ pub enum AnyLink {
 }
 
 impl AnyTransport {
-    pub fn for_platform(platform: &Platform) -> AnyTransport {
+    /// The platform's transport, for a run holding at most `max_connections` connections.
+    pub fn for_platform(platform: &Platform, max_connections: usize) -> AnyTransport {
         match &platform.transport {
-            TransportSpec::Ssh(options) => AnyTransport::Ssh(Ssh::new(options.clone())),
+            TransportSpec::Ssh(options) => {
+                AnyTransport::Ssh(Ssh::new(options.clone(), max_connections))
+            }
             TransportSpec::Local { root } => AnyTransport::Local(Local::new(root.clone())),
         }
     }

@@ -1,5 +1,6 @@
 //! The `ssh` transport: one OpenSSH master per host, every command multiplexed over it.
 
+use super::direct::{Counted, Open};
 use super::persist::Masters;
 use super::shell::{self, Shell, ShellError};
 use super::{quote, Chain, Command, Link, Output, Target, Transport, TransportError};
@@ -14,12 +15,21 @@ pub struct Ssh {
     options: SshOptions,
     /// Where masters outlive the command (`persist`): `None` when it is off.
     masters: Option<Masters>,
+    /// The connections open, against the run's cap (`direct-above`).
+    open: Arc<Open>,
 }
 
 impl Ssh {
-    pub fn new(options: SshOptions) -> Self {
+    /// The transport of a run holding at most `max_connections` ssh connections at once: the
+    /// link pool keeps the masters within it, and a connection of its own for a large file is
+    /// made only while the count leaves room.
+    pub fn new(options: SshOptions, max_connections: usize) -> Self {
         let masters = (!options.persist.is_zero()).then(Masters::new).flatten();
-        Ssh { options, masters }
+        Ssh {
+            options,
+            masters,
+            open: Open::new(max_connections),
+        }
     }
 
     fn builder(&self) -> SessionBuilder {
@@ -132,6 +142,10 @@ pub struct SshLink {
     /// A connection of its own failed on this link: the rest go over the master (a host that
     /// refuses a second login would otherwise make every large file wait for it again).
     direct_failed: std::sync::atomic::AtomicBool,
+    /// The transport's count of open connections: this link's master is one of them (dropped
+    /// with the link), and a connection of its own takes another while it lasts.
+    open: Arc<Open>,
+    _counted: Counted,
 }
 
 /// A chain's commands sent to the kept shell, not all collected yet: the shell is held (other
@@ -192,6 +206,8 @@ impl Transport for Ssh {
                 .direct_above
                 .map(|_| Arc::new((self.options.clone(), target.address.clone()))),
             direct_failed: false.into(),
+            open: self.open.clone(),
+            _counted: self.open.count(),
         })
     }
 }
@@ -334,10 +350,14 @@ impl Link for SshLink {
         use std::sync::atomic::Ordering::Relaxed;
         if let (Some(direct), super::Payload::File(path)) = (&self.direct, payload) {
             let (options, address) = &**direct;
-            if !self.direct_failed.load(Relaxed) && super::direct::goes_direct(options, path) {
-                match super::direct::send(options, &self.host, address, script, path).await {
-                    Ok(out) => return Ok(out),
-                    Err(_) => self.direct_failed.store(true, Relaxed),
+            let room = || (!self.direct_failed.load(Relaxed)).then(|| self.open.take());
+            if super::direct::goes_direct(options, path) {
+                // Under the cap only: with every slot taken, over the master.
+                if let Some(Some(_counted)) = room() {
+                    match super::direct::send(options, &self.host, address, script, path).await {
+                        Ok(out) => return Ok(out),
+                        Err(_) => self.direct_failed.store(true, Relaxed),
+                    }
                 }
             }
         }
