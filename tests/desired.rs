@@ -260,13 +260,11 @@ fn each_kind_of_input_change_redoes_only_its_service() {
             s.fleet.host_root(lb).join("srv/lb/.drover").is_dir(),
             "{lb}: the placements worked beside the files"
         );
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut kept = others_in(&s.fleet, lb, "srv/lb/.drover", &[]);
-        while !kept.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            kept = others_in(&s.fleet, lb, "srv/lb/.drover", &[]);
-        }
-        assert_eq!(kept, Vec::<String>::new(), "{lb} keeps no previous file");
+        assert_eq!(
+            kept_once_let_go(&s.fleet, lb),
+            Vec::<String>::new(),
+            "{lb} keeps no previous file"
+        );
         // The command that let go gave the host's lock back too.
         assert!(
             !s.fleet.host_root(lb).join("var-lib/drover/lock").exists(),
@@ -285,6 +283,31 @@ fn each_kind_of_input_change_redoes_only_its_service() {
     );
     s.token = "t0ken-Xq9-second".into();
     only_lb_reconfigured(&s, &c, "secret: TOKEN");
+    // A list of what an earlier placement replaced, as a step cut off after its placement
+    // leaves it (or a let-go that never got through): the next step of the service to pass
+    // lets go of it, even one that places nothing (an env change here), and gives the lock
+    // back with it.
+    let root = s.fleet.host_root("lb1");
+    std::fs::write(root.join("srv/lb/.drover/static.txt.prev"), "static zero\n").expect("copy");
+    std::fs::create_dir_all(root.join("var-lib/drover/files/prev")).expect("prev");
+    let list = root.join("var-lib/drover/files/prev/lb");
+    std::fs::write(&list, "+ /srv/lb/static.txt\n").expect("list");
+    let placed_nothing = || grep(&s.fleet.dir.join(".drover"), b"the host had every content").len();
+    let before = placed_nothing();
+    c.mode = "fast";
+    only_lb_reconfigured(&s, &c, "env: MODE");
+    assert_eq!(placed_nothing(), before + 2, "both lb steps placed nothing");
+    assert_eq!(
+        kept_once_let_go(&s.fleet, "lb1"),
+        Vec::<String>::new(),
+        "the stale copy went"
+    );
+    assert!(!list.exists(), "the stale list went");
+    assert_eq!(s.file("lb1", "srv/lb/static.txt"), "static two\n");
+    assert!(
+        !root.join("var-lib/drover/lock").exists(),
+        "lb1's lock was given back"
+    );
 
     // Neither value is in any file the hosts or the controller keep.
     for token in ["t0ken-Xq9-first", "t0ken-Xq9-second"] {
@@ -499,6 +522,18 @@ service "art" {{
         12,
         "the first apply sent the content once to each host"
     );
+}
+
+/// What `host` keeps in `srv/lb/.drover` once the background removals of a let-go ended (at
+/// most 10 s).
+fn kept_once_let_go(fleet: &Fleet, host: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut kept = others_in(fleet, host, "srv/lb/.drover", &[]);
+    while !kept.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        kept = others_in(fleet, host, "srv/lb/.drover", &[]);
+    }
+    kept
 }
 
 /// What `host` has in `dir` (under its root) besides `names`.

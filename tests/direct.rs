@@ -123,7 +123,11 @@ service "art" {
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
     let capped = logins(&fleet);
     let added: Vec<usize> = capped.iter().zip(&second).map(|(a, b)| a - b).collect();
-    assert_eq!(added, vec![1; 3], "`--max-connections 3`: no room for a second connection");
+    assert_eq!(
+        added,
+        vec![1; 3],
+        "`--max-connections 3`: no room for a second connection"
+    );
     let second = capped;
 
     // On, but the connection of its own cannot be made (an `ssh` that refuses it, as a host

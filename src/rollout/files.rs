@@ -5,8 +5,8 @@
 
 use crate::desired::{Content, Delivery};
 use crate::state::{
-    discard_script, kept, place_script, receive_script, receives, survey_script, Placed,
-    NOTHING_PLACED,
+    discard_script, kept, place_script, receive_script, receives, replaced_listed, survey_script,
+    Placed, NOTHING_PLACED,
 };
 use crate::transport::{Link, Payload};
 
@@ -17,6 +17,9 @@ pub struct Sent {
     pub bytes: u64,
     /// Files put in place; the others were as placed before and left alone.
     pub placed: usize,
+    /// Nothing was placed, and a list of what an earlier placement replaced is still on the
+    /// host ([`replaced_listed`]): left for this step to let go of if it passes.
+    pub listed: bool,
 }
 
 impl Sent {
@@ -70,11 +73,13 @@ pub async fn deliver<L: Link>(
     if !out.success() {
         return Err((false, failed("looking at the host's files", &out.stderr)));
     }
-    let kept = kept(&wanted, &String::from_utf8_lossy(&out.stdout));
+    let survey = String::from_utf8_lossy(&out.stdout);
+    let kept = kept(&wanted, &survey);
     let mut sent = Sent {
         contents: 0,
         bytes: 0,
         placed: 0,
+        listed: replaced_listed(&wanted, &survey),
     };
     let to_place: Vec<usize> = (0..files.len()).filter(|i| kept[*i].is_none()).collect();
     if to_place.is_empty() {
@@ -114,6 +119,7 @@ pub async fn deliver<L: Link>(
         return Err((placed, failed("putting the files in place", &out.stderr)));
     }
     sent.placed = placing.len();
+    sent.listed = false;
     Ok(sent)
 }
 

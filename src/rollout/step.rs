@@ -44,7 +44,7 @@ pub struct StepJob {
     pub record: HostRecord,
     pub log: PathBuf,
     /// The host's last step: this shell text ends its last command if every hook passes (for a
-    /// step that placed files, the command after it that lets go of what they replaced).
+    /// step that lets go of replaced files, the command after it that does).
     pub release: Option<Arc<str>>,
 }
 
@@ -77,13 +77,14 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
         sink,
         released: false,
         placed: false,
+        lets_go: false,
         previous,
         last_started: Instant::now(),
         passed: false,
     };
     match step.switch().await {
         Ok(()) => {
-            if step.placed {
+            if step.lets_go {
                 step.let_go().await;
             }
             StepResult {
@@ -103,10 +104,13 @@ struct Running<'a, L> {
     link: &'a L,
     sink: &'a dyn Sink,
     /// The host's lock was given back: by the command that wrote the last record, or (a step
-    /// that placed files) by the one that let go of what they replaced.
+    /// that lets go of replaced files) by the one that let go of them.
     released: bool,
     /// This step put files in place (a failure puts the previous ones back).
     placed: bool,
+    /// Once it passes, the step lets go of what a placement replaced: its own, or one an
+    /// earlier step left listed when it placed nothing itself.
+    lets_go: bool,
     /// The inputs the host recorded before this step.
     previous: Option<Inputs>,
     /// When the hook being run started (as far as the controller can tell).
@@ -478,11 +482,16 @@ impl<L: Link> Running<'_, L> {
     }
 
     /// `script` followed, when it succeeds and `last` holds, by giving the host's lock back
-    /// (the host's last step only; a step that placed files gives it back in [`Running::let_go`]
-    /// instead). Clears the hook wrapper's exit trap first: the release removes the pid file
-    /// that trap would empty (`hook_run.rs`).
+    /// (the host's last step only; a step that lets go of replaced files gives it back in
+    /// [`Running::let_go`] instead). Clears the hook wrapper's exit trap first: the release
+    /// removes the pid file that trap would empty (`hook_run.rs`).
     fn then_release(&self, script: String, last: bool) -> String {
-        match self.job.release.as_deref().filter(|_| last && !self.placed) {
+        match self
+            .job
+            .release
+            .as_deref()
+            .filter(|_| last && !self.lets_go)
+        {
             Some(release) => format!("{script} && {{ trap - EXIT; {release}; }}"),
             None => script,
         }
@@ -617,6 +626,10 @@ impl<L: Link> Running<'_, L> {
             Ok(sent) => sent.placed > 0,
             Err((placed, _)) => *placed,
         };
+        // A list left by an earlier placement whose let-go never came (its step cut off, or
+        // that command lost) is let go of once this step passes, but never put back if it
+        // fails: the survey cannot tell which of the two left it.
+        self.lets_go = self.placed || matches!(&result, Ok(sent) if sent.listed);
         let (ok, text) = match &result {
             Ok(sent) => (true, sent.describe(files.len())),
             Err((_, reason)) => (false, reason.clone()),

@@ -103,15 +103,26 @@ fn shown(path: &str) -> String {
     path.replace(['"', '\\', '$', '`'], "_")
 }
 
-/// Prints the stamp of each of `paths` (a line each, `-` for none), then the service's list of
-/// what drover placed: what [`kept`] reads.
+/// Prints the stamp of each of `paths` (a line each, `-` for none), then `prev` if a list of
+/// what the service's last placement replaced is still there, else `-` ([`replaced_listed`]),
+/// then the service's list of what drover placed: what [`kept`] reads.
 pub fn survey_script(state_dir: &str, service: &str, paths: &[&str]) -> String {
     let list: Vec<String> = paths.iter().map(|p| quote(p)).collect();
     format!(
-        "for p in {list}; do stat -c '{STAMP}' -- \"$p\" 2>/dev/null || echo -; done; cat {placed} 2>/dev/null; true",
+        "for p in {list}; do stat -c '{STAMP}' -- \"$p\" 2>/dev/null || echo -; done; if [ -f {prev} ]; then echo prev; else echo -; fi; cat {placed} 2>/dev/null; true",
         list = list.join(" "),
+        prev = quote(&list_file(state_dir, "prev", service)),
         placed = quote(&list_file(state_dir, "placed", service)),
     )
+}
+
+/// Whether what [`survey_script`] printed for `files` says that a list of what the service's
+/// last placement replaced is still on the host: its step never passed (it was cut off), or
+/// the command that lets go after a pass did not get through. A step that passes lets go of
+/// it even if it placed nothing itself ([`let_go_script`]); one that fails does not put those
+/// files back, since it cannot tell which of the two left them.
+pub fn replaced_listed(files: &[Placed], survey: &str) -> bool {
+    survey.lines().nth(files.len()) == Some("prev")
 }
 
 /// From what [`survey_script`] printed for `files`: per file, its line of the list of what was
@@ -120,6 +131,8 @@ pub fn survey_script(state_dir: &str, service: &str, paths: &[&str]) -> String {
 pub fn kept(files: &[Placed], survey: &str) -> Vec<Option<String>> {
     let mut lines = survey.lines();
     let stamps: Vec<&str> = lines.by_ref().take(files.len()).collect();
+    // The line [`replaced_listed`] reads.
+    lines.next();
     let placed: Vec<&str> = lines.collect();
     files
         .iter()

@@ -13,7 +13,7 @@ mod unreadable;
 
 pub use files::{
     discard_script, kept, let_go_script, place_script, receive_script, received_at, receives,
-    restore_script, survey_script, Placed, NOTHING_PLACED,
+    replaced_listed, restore_script, survey_script, Placed, NOTHING_PLACED,
 };
 pub use inputs::{added_hosts, Inputs};
 pub use observe::{Offline, Remote};

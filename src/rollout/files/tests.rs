@@ -146,3 +146,42 @@ async fn a_received_content_lost_before_its_placement_reports_nothing_placed() {
     assert!(why.contains("is gone"), "{why}");
     assert!(!Path::new(&files[0].to).exists());
 }
+
+#[tokio::test]
+async fn a_delivery_that_places_nothing_says_whether_a_replaced_list_is_left() {
+    let (dir, state, _, files) = setup();
+    std::fs::create_dir_all(dir.path().join("srv")).expect("srv");
+    std::fs::write(&files[0].to, b"the old content\n").expect("old");
+    let link = Host::new(dir.path(), None, false).await;
+    let sent = deliver(&link, &state, "app", &files)
+        .await
+        .expect("delivered");
+    assert_eq!(
+        (sent.placed, sent.listed),
+        (1, false),
+        "placed: its own list"
+    );
+    // The step stopped there, never let go: a redo finds the file in place and places nothing,
+    // but the list of what was replaced is still there.
+    let redo = deliver(&link, &state, "app", &files)
+        .await
+        .expect("delivered");
+    assert_eq!((redo.placed, redo.listed), (0, true));
+    let out = link
+        .run(&crate::state::let_go_script(&state, "app"))
+        .await
+        .expect("let go");
+    assert!(out.success(), "{out:?}");
+    let after = deliver(&link, &state, "app", &files)
+        .await
+        .expect("delivered");
+    assert_eq!(
+        (after.placed, after.listed),
+        (0, false),
+        "nothing left to let go of"
+    );
+    assert_eq!(
+        std::fs::read(&files[0].to).expect("placed"),
+        b"the content digested\n"
+    );
+}
