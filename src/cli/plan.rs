@@ -58,8 +58,11 @@ pub fn observe(
     if offline {
         return Ok(runtime.block_on(Offline.observe(site, hosts)));
     }
-    let transport =
-        std::sync::Arc::new(AnyTransport::for_platform(&site.platform, max_connections));
+    let transport = std::sync::Arc::new(AnyTransport::for_platform(
+        &site.platform,
+        hosts.hosts.len(),
+        max_connections,
+    ));
     let read = Default::default();
     Ok(runtime.block_on(observe_on(transport, site, hosts, max_connections, read)))
 }

@@ -18,6 +18,7 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     let plan = plan::plan(&site, &hosts, &observed, &desired, &Selection::default())?;
     let transport = Arc::new(AnyTransport::for_platform(
         &site.platform,
+        hosts.hosts.len(),
         args.max_connections,
     ));
     let checks = super::runtime()?.block_on(rollout::verify(

@@ -110,8 +110,8 @@ pub async fn deliver<L: Link>(
     let script = place_script(state_dir, service, &placing, &left);
     let out = link.run(&script).await.map_err(|e| (true, e.to_string()))?;
     if !out.success() {
-        // Before any target changed, the previous list of what was replaced still stands:
-        // nothing to put back (putting it back would restore the placement before last).
+        // Before any target changed: nothing to put back (what an earlier placement's list
+        // named was let go of first; putting it back would restore the placement before last).
         let placed = out.code != Some(NOTHING_PLACED);
         if !placed {
             let _ = link.run(&discard_script(&received)).await;

@@ -109,7 +109,11 @@ impl Session {
             .transport
             .get_or_init(|| {
                 Arc::new(Kept::new(
-                    AnyTransport::for_platform(&site.platform, self.max_connections),
+                    AnyTransport::for_platform(
+                        &site.platform,
+                        hosts.hosts.len(),
+                        self.max_connections,
+                    ),
                     hosts.hosts.len(),
                     self.max_connections,
                 ))

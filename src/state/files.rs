@@ -9,7 +9,8 @@
 //!
 //! - What drover writes beside a target `<dir>/<name>` is in `<dir>/.drover/`, a directory of
 //!   the user drover logs in as alone (0700; one that is a link, or another user's, is refused):
-//!   `<name>.new` while a content arrives, `<name>.tmp` for a copy, `<name>.prev` for what the
+//!   `<name>.new.<pid>` while a content arrives, `<name>.new` once it arrived whole (until it is
+//!   placed), `<name>.tmp` for a copy, `<name>.prev` for what the
 //!   last placement replaced (a hard link to it) until its step passes, `<name>.gone.<pid>`
 //!   while that is removed ([`let_go_script`]). No one else can plant a link or a FIFO there,
 //!   swap a file drover is about to `chmod` or rename, or read a replaced secret by its path.
@@ -32,8 +33,8 @@ pub struct Placed {
     pub digest: String,
 }
 
-/// The exit code of a placement that failed before it changed any target: the previous list
-/// of what was replaced still stands, so there is nothing to put back.
+/// The exit code of a placement that failed before it changed any target: there is nothing to
+/// put back (a list an earlier placement left was let go of first, never to be put back).
 pub const NOTHING_PLACED: i32 = 3;
 
 /// The `stat` format of a target's stamp.
@@ -180,8 +181,9 @@ pub fn discard_script(tos: &[&str]) -> String {
 }
 
 /// Puts `files` in place for `service`: the first file of each digest has received its content
-/// ([`receive_script`]), the others are copies of it. First the previous list of what was
-/// replaced goes (it is the last step's, never this one's), then the list of what each target
+/// ([`receive_script`]), the others are copies of it. First a list of what an earlier
+/// placement replaced, if one is left, is let go of ([`let_go_script`]: it is an earlier
+/// step's, never this one's), then the list of what each target
 /// holds now, for [`restore_script`]: a hard link to it in its directory's [`private_dir`] (a
 /// copy where the file system has no links), or "absent"; then each copy is made (given its
 /// mode, synced) and each file renamed over its target: a reader sees the old file or the new
@@ -196,8 +198,12 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[St
     let prev_tmp = quote(&format!("{prev_list}.tmp"));
     let placed = list_file(state_dir, "placed", service);
     let placed_tmp = quote(&format!("{placed}.tmp"));
+    // A list an earlier placement left (its step cut off, or the let-go after it lost) is
+    // let go of first: nothing will put it back, and its targets not placed now would
+    // otherwise keep their previous files with no list naming them.
     let mut s = format!(
-        "umask 077 && rm -f {prev} && mkdir -p {prev_dir} {placed_dir} && : >{prev_tmp} || exit {NOTHING_PLACED}\n",
+        "{let_go}\numask 077 && rm -f {prev} && mkdir -p {prev_dir} {placed_dir} && : >{prev_tmp} || exit {NOTHING_PLACED}\n",
+        let_go = let_go_script(state_dir, service),
         prev_dir = quote(&format!("{store}/prev")),
         placed_dir = quote(&format!("{store}/placed")),
     );

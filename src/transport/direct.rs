@@ -69,38 +69,33 @@ pub fn arguments(options: &SshOptions, address: &str, script: &str) -> Vec<OsStr
     args
 }
 
-/// The ssh connections a transport has open (its links' masters and the connections of their
-/// own in flight), against the run's `--max-connections`: a connection of its own is made only
-/// while that leaves the count within the cap.
+/// Room for connections of their own within the run's `--max-connections`: each of the run's
+/// hosts may hold a master at any time (the link pool keeps those within the cap), so these
+/// get what the cap leaves beyond one per host, and none when the fleet reaches the cap.
 #[derive(Debug)]
 pub struct Open {
     now: AtomicUsize,
-    cap: usize,
+    room: usize,
 }
 
-/// One connection counted in [`Open`], until dropped.
+/// One connection of its own counted in [`Open`], until dropped.
 #[derive(Debug)]
 pub struct Counted(Arc<Open>);
 
 impl Open {
-    pub fn new(cap: usize) -> Arc<Open> {
+    /// For a run on `hosts` hosts under a cap of `max_connections`.
+    pub fn new(hosts: usize, max_connections: usize) -> Arc<Open> {
         Arc::new(Open {
             now: AtomicUsize::new(0),
-            cap: cap.max(1),
+            room: max_connections.saturating_sub(hosts),
         })
     }
 
-    /// Counts a connection made (a master: the link pool keeps those within the cap).
-    pub fn count(self: &Arc<Self>) -> Counted {
-        self.now.fetch_add(1, Ordering::Relaxed);
-        Counted(self.clone())
-    }
-
-    /// Counts one more connection if that stays within the cap; `None` if it would not.
+    /// Counts one more connection of its own if there is room; `None` if there is not.
     pub fn take(self: &Arc<Self>) -> Option<Counted> {
         self.now
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < self.cap).then_some(n + 1)
+                (n < self.room).then_some(n + 1)
             })
             .ok()
             .map(|_| Counted(self.clone()))
@@ -231,19 +226,19 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_of_its_own_is_made_only_within_the_cap() {
-        let open = Open::new(3);
-        let masters = [open.count(), open.count()];
-        let direct = open.take().expect("the third of 3");
-        assert!(open.take().is_none(), "a fourth would pass the cap");
-        drop(direct);
-        let again = open.take().expect("room again once it ended");
-        drop(masters);
-        let more = [open.take(), open.take()];
-        assert!(more.iter().all(Option::is_some));
+    fn connections_of_their_own_get_what_the_cap_leaves_beyond_a_master_per_host() {
+        let open = Open::new(3, 5);
+        let first = open.take().expect("1 of the 2 left");
+        let second = open.take().expect("2 of the 2 left");
+        assert!(open.take().is_none(), "a third would pass the cap");
+        drop(first);
+        let again = open.take().expect("room again once one ended");
         assert!(open.take().is_none());
-        drop(again);
+        drop((second, again));
         assert!(open.take().is_some());
+        // A fleet at or over the cap leaves none.
+        assert!(Open::new(5, 5).take().is_none());
+        assert!(Open::new(9, 5).take().is_none());
     }
 
     #[test]

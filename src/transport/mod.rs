@@ -263,11 +263,12 @@ pub enum AnyLink {
 }
 
 impl AnyTransport {
-    /// The platform's transport, for a run holding at most `max_connections` connections.
-    pub fn for_platform(platform: &Platform, max_connections: usize) -> AnyTransport {
+    /// The platform's transport, for a run on `hosts` hosts holding at most `max_connections`
+    /// connections.
+    pub fn for_platform(platform: &Platform, hosts: usize, max_connections: usize) -> AnyTransport {
         match &platform.transport {
             TransportSpec::Ssh(options) => {
-                AnyTransport::Ssh(Ssh::new(options.clone(), max_connections))
+                AnyTransport::Ssh(Ssh::new(options.clone(), hosts, max_connections))
             }
             TransportSpec::Local { root } => AnyTransport::Local(Local::new(root.clone())),
         }

@@ -1,6 +1,6 @@
 //! The `ssh` transport: one OpenSSH master per host, every command multiplexed over it.
 
-use super::direct::{Counted, Open};
+use super::direct::Open;
 use super::persist::Masters;
 use super::shell::{self, Shell, ShellError};
 use super::{quote, Chain, Command, Link, Output, Target, Transport, TransportError};
@@ -15,20 +15,20 @@ pub struct Ssh {
     options: SshOptions,
     /// Where masters outlive the command (`persist`): `None` when it is off.
     masters: Option<Masters>,
-    /// The connections open, against the run's cap (`direct-above`).
+    /// Room for connections of their own within the run's cap (`direct-above`).
     open: Arc<Open>,
 }
 
 impl Ssh {
-    /// The transport of a run holding at most `max_connections` ssh connections at once: the
-    /// link pool keeps the masters within it, and a connection of its own for a large file is
-    /// made only while the count leaves room.
-    pub fn new(options: SshOptions, max_connections: usize) -> Self {
+    /// The transport of a run on `hosts` hosts holding at most `max_connections` ssh
+    /// connections at once: the link pool keeps the masters within it, one per host at most,
+    /// and connections of their own for large files get what the cap leaves beyond that.
+    pub fn new(options: SshOptions, hosts: usize, max_connections: usize) -> Self {
         let masters = (!options.persist.is_zero()).then(Masters::new).flatten();
         Ssh {
             options,
             masters,
-            open: Open::new(max_connections),
+            open: Open::new(hosts, max_connections),
         }
     }
 
@@ -142,10 +142,8 @@ pub struct SshLink {
     /// A connection of its own failed on this link: the rest go over the master (a host that
     /// refuses a second login would otherwise make every large file wait for it again).
     direct_failed: std::sync::atomic::AtomicBool,
-    /// The transport's count of open connections: this link's master is one of them (dropped
-    /// with the link), and a connection of its own takes another while it lasts.
+    /// The transport's room for connections of their own: one takes it while it lasts.
     open: Arc<Open>,
-    _counted: Counted,
 }
 
 /// A chain's commands sent to the kept shell, not all collected yet: the shell is held (other
@@ -207,7 +205,6 @@ impl Transport for Ssh {
                 .map(|_| Arc::new((self.options.clone(), target.address.clone()))),
             direct_failed: false.into(),
             open: self.open.clone(),
-            _counted: self.open.count(),
         })
     }
 }

@@ -549,3 +549,38 @@ fn a_passed_step_lets_go_of_what_its_placement_replaced() {
     assert_eq!(std::fs::read(&to).expect("to"), b"new\n");
     assert_eq!(std::fs::read(&fresh).expect("fresh"), b"added\n");
 }
+
+#[test]
+fn a_placement_lets_go_of_what_an_earlier_one_left_listed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state").display().to_string();
+    let a = dir.path().join("srv/a.conf");
+    let b = dir.path().join("srv/b.conf");
+    std::fs::create_dir_all(dir.path().join("srv")).expect("srv");
+    std::fs::write(&a, b"a0\n").expect("a");
+    std::fs::write(&b, b"b0\n").expect("b");
+    let first = [
+        receive(dir.path(), &a, b"a1\n", 0o644),
+        receive(dir.path(), &b, b"b1\n", 0o644),
+    ];
+    ok(&place_script(&state, "app", &first, &[]), dir.path());
+    let private = dir.path().join("srv/.drover");
+    assert_eq!(names_in(&private), ["a.conf.prev", "b.conf.prev"]);
+    // That step was cut off (never let go). The next places `a` alone: `b`'s previous file,
+    // which no list would name any more, is let go of with the old list.
+    let second = [receive(dir.path(), &a, b"a2\n", 0o644)];
+    ok(&place_script(&state, "app", &second, &[]), dir.path());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while names_in(&private) != ["a.conf.prev"] && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(names_in(&private), ["a.conf.prev"]);
+    assert_eq!(
+        std::fs::read(private.join("a.conf.prev")).expect("prev"),
+        b"a1\n"
+    );
+    // A failure now puts back this placement's previous file only.
+    ok(&restore_script(&state, "app"), dir.path());
+    assert_eq!(std::fs::read(&a).expect("a"), b"a1\n");
+    assert_eq!(std::fs::read(&b).expect("b"), b"b1\n");
+}
