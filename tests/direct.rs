@@ -12,9 +12,9 @@ use std::path::Path;
 use std::process::Output;
 use support::fleet::{Fleet, FleetHost};
 
-/// Logins each host's sshd accepted so far.
-fn logins(fleet: &Fleet) -> Vec<usize> {
-    fleet
+/// Logins each host's sshd accepted since `seen`, which becomes the count so far.
+fn logins_since(fleet: &Fleet, seen: &mut Vec<usize>) -> Vec<usize> {
+    let now: Vec<usize> = fleet
         .names()
         .into_iter()
         .map(|h| {
@@ -23,7 +23,10 @@ fn logins(fleet: &Fleet) -> Vec<usize> {
                 .matches("Accepted publickey")
                 .count()
         })
-        .collect()
+        .collect();
+    let added = now.iter().zip(seen.iter()).map(|(a, b)| a - b).collect();
+    *seen = now;
+    added
 }
 
 /// Writes the platform with `direct` as the transport's `direct-above=`, and the big file's
@@ -101,9 +104,9 @@ service "art" {
         contents(&fleet, "opt/art/small.txt"),
         vec![b"small\n".to_vec(); 3]
     );
-    let first = logins(&fleet);
+    let mut seen = vec![0; 3];
     assert_eq!(
-        first,
+        logins_since(&fleet, &mut seen),
         vec![2; 3],
         "one login for the master, one for the big file"
     );
@@ -112,23 +115,22 @@ service "art" {
     let big = prepare(&fleet, "#false", "second");
     apply(&fleet, None, &[]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
-    let second = logins(&fleet);
-    let added: Vec<usize> = second.iter().zip(&first).map(|(a, b)| a - b).collect();
-    assert_eq!(added, vec![1; 3], "`direct-above=#false`: the master only");
+    assert_eq!(
+        logins_since(&fleet, &mut seen),
+        vec![1; 3],
+        "`direct-above=#false`: the master only"
+    );
 
     // On, but every connection the cap allows is a host's master (3 hosts, 3 connections):
     // the content goes through the masters, one login per host.
     let big = prepare(&fleet, "\"4KiB\"", "capped");
     apply(&fleet, None, &["--max-connections", "3"]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
-    let capped = logins(&fleet);
-    let added: Vec<usize> = capped.iter().zip(&second).map(|(a, b)| a - b).collect();
     assert_eq!(
-        added,
+        logins_since(&fleet, &mut seen),
         vec![1; 3],
         "`--max-connections 3`: no room for a second connection"
     );
-    let second = capped;
 
     // On, but the connection of its own cannot be made (an `ssh` that refuses it, as a host
     // refusing a second login would): the content still arrives, over the master.
@@ -140,9 +142,11 @@ service "art" {
     let big = prepare(&fleet, "\"4KiB\"", "third");
     apply(&fleet, Some(&refusing), &[]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
-    let third = logins(&fleet);
-    let added: Vec<usize> = third.iter().zip(&second).map(|(a, b)| a - b).collect();
-    assert_eq!(added, vec![1; 3], "refused: the master carried the content");
+    assert_eq!(
+        logins_since(&fleet, &mut seen),
+        vec![1; 3],
+        "refused: the master carried the content"
+    );
 
     // Lost half-way (the first 4 KiB went, then the connection died): sent again, whole, over
     // the master; the host keeps nothing of the cut-off attempt.
@@ -154,9 +158,11 @@ service "art" {
     let big = prepare(&fleet, "\"4KiB\"", "fourth");
     apply(&fleet, Some(&cut), &[]);
     assert_eq!(contents(&fleet, "opt/art/big.bin"), vec![big; 3]);
-    let fourth = logins(&fleet);
-    let added: Vec<usize> = fourth.iter().zip(&third).map(|(a, b)| a - b).collect();
-    assert_eq!(added, vec![2; 3], "the cut-off connection, then the master");
+    assert_eq!(
+        logins_since(&fleet, &mut seen),
+        vec![2; 3],
+        "the cut-off connection, then the master"
+    );
     for h in fleet.names() {
         let left: Vec<String> = std::fs::read_dir(fleet.host_root(h).join("opt/art/.drover"))
             .expect(".drover")

@@ -155,7 +155,7 @@ async fn receive<L: Link>(link: &L, f: &Delivery) -> Result<u64, String> {
 /// `what failed: <the last line of stderr>`.
 fn failed(what: &str, stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);
-    match text.lines().rfind(|l| !l.trim().is_empty()) {
+    match crate::transport::last_line(&text) {
         Some(line) => format!("{what} failed: {}", line.trim()),
         None => format!("{what} failed"),
     }

@@ -699,9 +699,7 @@ impl<L: Link> Running<'_, L> {
 }
 
 fn exit_reason(hook: &str, out: &Output) -> String {
-    let tail: String = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
+    let tail: String = crate::transport::last_line(&String::from_utf8_lossy(&out.stderr))
         .unwrap_or("")
         .chars()
         .take(200)

@@ -149,16 +149,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     value.checked_mul(unit).ok_or_else(bad)
 }
 
-/// Formats a size the way the site language writes it: the largest binary unit that divides it.
-pub fn format_size(bytes: u64) -> String {
-    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes > 0 && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    format!("{bytes}B")
-}
-
 /// Formats a duration the way the site language writes it.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -183,6 +173,16 @@ pub fn format_duration(d: Duration) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A size as the site language may write it: the largest binary unit that divides it.
+    fn format_size(bytes: u64) -> String {
+        for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+            if bytes > 0 && bytes.is_multiple_of(1 << shift) {
+                return format!("{}{unit}", bytes >> shift);
+            }
+        }
+        format!("{bytes}B")
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {

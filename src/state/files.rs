@@ -169,8 +169,18 @@ pub fn kept(files: &[Placed], survey: &str) -> Vec<Option<String>> {
 pub fn receive_script(to: &str, size: u64, mode: u32) -> String {
     let tmp = quote(&received_at(to));
     format!(
-        "umask 077 && {private} && new={tmp} && {{ for g in \"$new\".*; do case \"${{g#\"$new\".}}\" in ''|*[!0-9]*) ;; *) rm -f -- \"$g\";; esac; done; true; }} && part=\"$new.$$\" && cat >\"$part\" && {{ [ \"$(wc -c <\"$part\")\" -eq {size} ] || {{ echo \"drover: received $(wc -c <\"$part\") of {size} bytes\" >&2; rm -f \"$part\"; exit 1; }}; }} && chmod {mode:o} \"$part\" && {{ sync \"$part\" 2>/dev/null || true; }} && mv -f \"$part\" \"$new\"",
+        "umask 077 && {private} && new={tmp} && {{ {leftovers}; true; }} && part=\"$new.$$\" && cat >\"$part\" && {{ [ \"$(wc -c <\"$part\")\" -eq {size} ] || {{ echo \"drover: received $(wc -c <\"$part\") of {size} bytes\" >&2; rm -f \"$part\"; exit 1; }}; }} && chmod {mode:o} \"$part\" && {{ sync \"$part\" 2>/dev/null || true; }} && mv -f \"$part\" \"$new\"",
         private = make_private(to),
+        leftovers = remove_numbered("\"$new\""),
+    )
+}
+
+/// Shell that removes every `<stem>.<digits>` (`stem` a shell word): what attempts cut off left
+/// behind, parts being received ([`receive_script`]) or previous files being let go of
+/// ([`let_go_script`]). Only digits: a name with another ending beside it is another target's.
+fn remove_numbered(stem: &str) -> String {
+    format!(
+        "for g in {stem}.*; do case \"${{g#{stem}.}}\" in ''|*[!0-9]*) ;; *) rm -f -- \"$g\";; esac; done"
     )
 }
 
@@ -329,13 +339,14 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
 /// file left behind only costs its space until the next placement of its target replaces it.
 pub fn let_go_script(state_dir: &str, service: &str) -> String {
     let prev = quote(&list_file(state_dir, "prev", service));
+    let gone = remove_numbered("\"$d/.drover/$n.gone\"");
     format!(
         "if [ -f {prev} ]; then\n\
          \x20 while IFS= read -r line; do\n\
          \x20   case \"$line\" in \"+ \"*)\n\
          \x20     p=\"${{line#+ }}\"; {PARTS}\n\
          \x20     if {{ [ -e \"$d/.drover/$n.prev\" ] || [ -L \"$d/.drover/$n.prev\" ]; }} && mv -f -- \"$d/.drover/$n.prev\" \"$d/.drover/$n.gone.$$\" 2>/dev/null; then\n\
-         \x20       {{ for g in \"$d/.drover/$n\".gone.*; do case \"${{g#\"$d/.drover/$n.gone.\"}}\" in \'\'|*[!0-9]*) ;; *) rm -f -- \"$g\";; esac; done </dev/null >/dev/null 2>&1 & }}\n\
+         \x20       {{ {gone}; }} </dev/null >/dev/null 2>&1 &\n\
          \x20     fi;;\n\
          \x20   esac\n\
          \x20 done <{prev}\n\

@@ -38,9 +38,9 @@ pub fn arguments(options: &SshOptions, address: &str, script: &str) -> Vec<OsStr
     // Forwardings the user's ssh_config asks for are the master's: here they would only clash
     // with it (a port already taken fails the connection under ExitOnForwardFailure).
     opt("ClearAllForwardings=yes".into());
-    let secs = options.connect_timeout.as_secs().max(1);
-    opt(format!("ConnectTimeout={secs}"));
-    opt(format!("ServerAliveInterval={}", (secs / 3).max(1)));
+    let (connect, alive) = super::ssh::timeouts(options);
+    opt(format!("ConnectTimeout={}", connect.as_secs()));
+    opt(format!("ServerAliveInterval={}", alive.as_secs()));
     if let Some(known) = &options.known_hosts {
         let mut o = OsString::from("UserKnownHostsFile=");
         o.push(known);
@@ -153,7 +153,7 @@ pub async fn send(
         .map_err(|e| error(format!("cannot start ssh: {e}")))?;
     if out.status.code() == Some(SSH_FAILED) {
         let text = String::from_utf8_lossy(&out.stderr);
-        let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+        let last = super::last_line(&text).unwrap_or("");
         return Err(error(format!(
             "a connection of its own for {} failed: {}",
             path.display(),

@@ -235,6 +235,12 @@ impl Chain {
     }
 }
 
+/// The last line of `text` that is not blank: what a failed command's standard error ends
+/// with, its reason as a rule.
+pub fn last_line(text: &str) -> Option<&str> {
+    text.lines().rfind(|l| !l.trim().is_empty())
+}
+
 /// `script` run with `input` as its standard input, through a here-document.
 pub fn here_document(script: &str, input: &[u8]) -> String {
     let text = String::from_utf8_lossy(input);

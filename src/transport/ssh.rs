@@ -8,6 +8,7 @@ use crate::site::SshOptions;
 use openssh::{KnownHosts, Session, SessionBuilder, Stdio};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// Reaches hosts with the user's OpenSSH: ssh_config, agent, known_hosts and ProxyJump apply.
@@ -15,7 +16,10 @@ pub struct Ssh {
     options: SshOptions,
     /// Where masters outlive the command (`persist`): `None` when it is off.
     masters: Option<Masters>,
-    /// Room for connections of their own within the run's cap (`direct-above`).
+    /// The options again, shared by the links, when large files go over connections of their
+    /// own (`direct-above`); `None` when that is off.
+    direct: Option<Arc<SshOptions>>,
+    /// Room for connections of their own within the run's cap.
     open: Arc<Open>,
 }
 
@@ -26,6 +30,7 @@ impl Ssh {
     pub fn new(options: SshOptions, hosts: usize, max_connections: usize) -> Self {
         let masters = (!options.persist.is_zero()).then(Masters::new).flatten();
         Ssh {
+            direct: options.direct_above.map(|_| Arc::new(options.clone())),
             options,
             masters,
             open: Open::new(hosts, max_connections),
@@ -42,13 +47,10 @@ impl Ssh {
         } else {
             KnownHosts::Strict
         };
+        let (connect, alive) = timeouts(o);
         b.known_hosts_check(check)
-            // OpenSSH counts whole seconds; less than one would mean no timeout at all.
-            .connect_timeout(o.connect_timeout.max(std::time::Duration::from_secs(1)))
-            // A host that stops answering mid-run (no reset, just silence) is given up after
-            // three unanswered keep-alives, about one connect-timeout: its commands fail then
-            // instead of hanging.
-            .server_alive_interval((o.connect_timeout / 3).max(std::time::Duration::from_secs(1)));
+            .connect_timeout(connect)
+            .server_alive_interval(alive);
         if let Some(user) = &o.user {
             b.user(user.clone());
         }
@@ -126,6 +128,19 @@ impl Ssh {
     }
 }
 
+/// `ConnectTimeout` and `ServerAliveInterval` for `options`, the master's and a connection of
+/// its own's alike. OpenSSH counts whole seconds; less than one would mean no timeout at all.
+/// A host that stops answering mid-run (no reset, just silence) is given up after three
+/// unanswered keep-alives, about one connect-timeout: its commands fail then instead of
+/// hanging.
+pub(super) fn timeouts(options: &SshOptions) -> (Duration, Duration) {
+    let one = Duration::from_secs(1);
+    (
+        options.connect_timeout.max(one),
+        (options.connect_timeout / 3).max(one),
+    )
+}
+
 /// A multiplexed session to one host. Its first command runs in a session of its own; from
 /// the second on (from the first, once [`Link::prepare`]d), commands go to a shell kept open
 /// on the host ([`super::shell`]), unless one is already running there (a hook being killed)
@@ -136,9 +151,9 @@ pub struct SshLink {
     shell: Arc<Mutex<Slot>>,
     /// Where to leave the master when the link closes, and under which key (`persist`).
     keep: Option<Box<(Masters, String)>>,
-    /// The host's address and the transport's options, for contents sent over a connection
+    /// The transport's options and the host's address, for contents sent over a connection
     /// of their own (`direct-above`); `None` when that is off.
-    direct: Option<Arc<(SshOptions, String)>>,
+    direct: Option<(Arc<SshOptions>, String)>,
     /// A connection of its own failed on this link: the rest go over the master (a host that
     /// refuses a second login would otherwise make every large file wait for it again).
     direct_failed: std::sync::atomic::AtomicBool,
@@ -200,9 +215,9 @@ impl Transport for Ssh {
             })),
             keep,
             direct: self
-                .options
-                .direct_above
-                .map(|_| Arc::new((self.options.clone(), target.address.clone()))),
+                .direct
+                .as_ref()
+                .map(|options| (options.clone(), target.address.clone())),
             direct_failed: false.into(),
             open: self.open.clone(),
         })
@@ -345,12 +360,10 @@ impl Link for SshLink {
         // made (or is lost), over the master as any other, from its first byte, and so do the
         // link's later ones.
         use std::sync::atomic::Ordering::Relaxed;
-        if let (Some(direct), super::Payload::File(path)) = (&self.direct, payload) {
-            let (options, address) = &**direct;
-            let room = || (!self.direct_failed.load(Relaxed)).then(|| self.open.take());
-            if super::direct::goes_direct(options, path) {
-                // Under the cap only: with every slot taken, over the master.
-                if let Some(Some(_counted)) = room() {
+        if let (Some((options, address)), super::Payload::File(path)) = (&self.direct, payload) {
+            if !self.direct_failed.load(Relaxed) && super::direct::goes_direct(options, path) {
+                // Under the cap only: with no room left, over the master.
+                if let Some(_counted) = self.open.take() {
                     match super::direct::send(options, &self.host, address, script, path).await {
                         Ok(out) => return Ok(out),
                         Err(_) => self.direct_failed.store(true, Relaxed),
