@@ -1238,7 +1238,7 @@ fn wait_sampled(
 /// Samples /proc every 50 ms until `done`: `deploy` (pid) and every `ssh -M` master whose
 /// command line names `marker` (the fleet's ssh_config) and a `.ssh-connection` directory;
 /// the `ssh` processes that send large files over connections of their own
-/// (`ControlPath=none`, `direct-above`) count in the total, not as masters.
+/// (`ControlPath=none`, `direct-above`) count in the total only, not in the masters' figures.
 fn sample(pid: u32, marker: &str, done: &AtomicBool) -> Memory {
     let mut m = Memory::default();
     while !done.load(Ordering::Relaxed) {
@@ -1250,7 +1250,7 @@ fn sample(pid: u32, marker: &str, done: &AtomicBool) -> Memory {
         let pid = pid.to_string();
         let deploy_rss = status(&pid, "VmRSS:").unwrap_or(0);
         m.deploy_hwm = m.deploy_hwm.max(status(&pid, "VmHWM:").unwrap_or(0));
-        let (mut count, mut rss, mut pss) = (0, 0, 0);
+        let (mut count, mut rss, mut pss, mut direct_rss) = (0, 0, 0, 0);
         for entry in fs::read_dir("/proc").unwrap().flatten() {
             let p = entry.file_name().to_string_lossy().into_owned();
             if !p.bytes().all(|b| b.is_ascii_digit()) {
@@ -1268,8 +1268,11 @@ fn sample(pid: u32, marker: &str, done: &AtomicBool) -> Memory {
             let direct = args.first().is_some_and(|a| a.ends_with("ssh"))
                 && args.contains(&"ControlPath=none")
                 && args.contains(&marker);
-            if master || direct {
-                count += usize::from(master);
+            if direct {
+                direct_rss += status(&p, "VmRSS:").unwrap_or(0);
+            }
+            if master {
+                count += 1;
                 rss += status(&p, "VmRSS:").unwrap_or(0);
                 pss += fs::read_to_string(entry.path().join("smaps_rollup"))
                     .ok()
@@ -1282,7 +1285,7 @@ fn sample(pid: u32, marker: &str, done: &AtomicBool) -> Memory {
             }
         }
         m.samples += 1;
-        m.total_rss = m.total_rss.max(deploy_rss + rss);
+        m.total_rss = m.total_rss.max(deploy_rss + rss + direct_rss);
         m.masters_pss = m.masters_pss.max(pss);
         if count >= m.masters {
             m.masters = count;
