@@ -67,6 +67,26 @@ fn apply(fleet: &Fleet, path: Option<&Path>, extra: &[&str]) -> Output {
     out
 }
 
+/// The step logs' lines (every run's, every host's) saying a content went over the master
+/// instead of a connection of its own.
+fn fell_back(fleet: &Fleet) -> Vec<String> {
+    let mut lines = Vec::new();
+    let runs = std::fs::read_dir(fleet.dir.join(".drover/runs")).expect("runs");
+    for run in runs.flatten() {
+        for h in fleet.names() {
+            let log = std::fs::read_to_string(run.path().join(h).join("art.log"));
+            lines.extend(
+                log.unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("over the master"))
+                    .map(|l| format!("{h}: {l}")),
+            );
+        }
+    }
+    lines.sort();
+    lines
+}
+
 /// What each host has at `path` (under its root).
 fn contents(fleet: &Fleet, path: &str) -> Vec<Vec<u8>> {
     fleet
@@ -131,6 +151,8 @@ service "art" {
         vec![1; 3],
         "`--max-connections 3`: no room for a second connection"
     );
+    // As the book says it goes: nothing for the step logs.
+    assert_eq!(fell_back(&fleet), Vec::<String>::new());
 
     // On, but the connection of its own cannot be made (an `ssh` that refuses it, as a host
     // refusing a second login would): the content still arrives, over the master.
@@ -147,6 +169,16 @@ service "art" {
         vec![1; 3],
         "refused: the master carried the content"
     );
+    // Each host's step log says why, with ssh's last words.
+    let said = fell_back(&fleet);
+    assert_eq!(said.len(), 3, "{said:?}");
+    for (line, h) in said.iter().zip(fleet.names()) {
+        assert!(line.starts_with(&format!("{h}: ")), "{line}");
+        assert!(
+            line.contains("big.bin failed: refused by the test; sent over the master instead"),
+            "{line}"
+        );
+    }
 
     // Lost half-way (the first 4 KiB went, then the connection died): sent again, whole, over
     // the master; the host keeps nothing of the cut-off attempt.

@@ -360,15 +360,28 @@ impl Link for SshLink {
         // made (or is lost), over the master as any other, from its first byte, and so do the
         // link's later ones.
         use std::sync::atomic::Ordering::Relaxed;
+        let mut fell_back = None;
         if let (Some((options, address)), super::Payload::File(path)) = (&self.direct, payload) {
             if !self.direct_failed.load(Relaxed) && super::direct::goes_direct(options, path) {
                 // Under the cap only: with no room left, over the master.
                 if let Some(_counted) = self.open.take() {
                     match super::direct::send(options, &self.host, address, script, path).await {
                         Ok(out) => return Ok(out),
-                        Err(_) => self.direct_failed.store(true, Relaxed),
+                        Err(e) => {
+                            self.direct_failed.store(true, Relaxed);
+                            let why = match e {
+                                TransportError::Command { reason, .. } => reason,
+                                other => other.to_string(),
+                            };
+                            fell_back = Some(format!("{why}; sent over the master instead"));
+                        }
                     }
                 }
+            } else if super::direct::goes_direct(options, path) {
+                fell_back = Some(format!(
+                    "{} sent over the master: a connection of its own failed earlier on this link",
+                    path.display()
+                ));
             }
         }
         // A file is handed to the master itself as the session's standard input (the mux
@@ -405,10 +418,15 @@ impl Link for SshLink {
             .await
             .map_err(|e| error(e.to_string()))?;
         let status = child.wait().await.map_err(|e| error(flatten(&e)))?;
+        // Why the content did not go as `direct-above` says: first on stderr, for the step log.
+        let stderr = match fell_back {
+            Some(note) => [format!("{note}\n").into_bytes(), err].concat(),
+            None => err,
+        };
         Ok(Output {
             code: status.code(),
             stdout: out,
-            stderr: err,
+            stderr,
         })
     }
 
