@@ -2,6 +2,12 @@
 //! start → check) or a reconfigure (files → reload → check), with the previous files put back
 //! and rollback run on failure, and the host's record written after each stage.
 
+mod log;
+mod placing;
+
+use log::exit_reason;
+pub use log::log_line;
+
 use super::event::{Event, EventKind, Sink};
 use super::hook_run::{self, Ran};
 use crate::desired::Delivery;
@@ -10,7 +16,6 @@ use crate::secrets::Secrets;
 use crate::site::{Hook, Hooks, OnFailure};
 use crate::state::{write_script, HostRecord, Inputs, Mark, Outcome, ServiceRecord};
 use crate::transport::{Chain, Link, Output, TransportError};
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -497,35 +502,6 @@ impl<L: Link> Running<'_, L> {
         }
     }
 
-    /// Once the controller has seen the step pass (its record written on the host), lets go
-    /// of what its placement replaced, which nothing may put back any more, and gives the
-    /// host's lock back if this is its last step, in one command. Not in the command that
-    /// wrote the record: had that command's answer been lost, the step would fail here with
-    /// nothing left to put back. Best effort: a previous file left behind costs only its space
-    /// until the next placement, and a lock not given back here is given back after the rollout.
-    async fn let_go(&mut self) {
-        let svc = &self.job.service;
-        let mut script = crate::state::let_go_script(&svc.state_dir, &svc.name);
-        if let Some(release) = &self.job.release {
-            script = format!("{script} && {{ {release}; }}");
-        }
-        let failed = match self.link.run(&script).await {
-            Ok(out) if out.success() => None,
-            Ok(out) => Some(exit_reason("state", &out)),
-            Err(e) => Some(e.to_string()),
-        };
-        // The record's command did not give the lock back (see `then_release`), whatever
-        // `released` says since: only this command's success does, else the release after the
-        // rollout must.
-        self.released = failed.is_none() && self.job.release.is_some();
-        if let Some(why) = failed {
-            log_line(
-                &self.job.log,
-                &format!("== let go of the previous files: {why}"),
-            );
-        }
-    }
-
     /// Makes `record` the host's, and writes it on the host (then, with `last`, gives the
     /// host's lock back if this is its last step).
     async fn write(&mut self, record: HostRecord, last: bool) -> Result<(), Failure> {
@@ -595,138 +571,4 @@ impl<L: Link> Running<'_, L> {
             released: false,
         }
     }
-
-    /// Delivers the step's files: sends the contents the host's store lacks (streamed, over
-    /// the host's connection), then puts every file in place atomically. Logged and reported
-    /// as a stage named `files`.
-    async fn deliver(&mut self) -> Result<(), Failure> {
-        let files = match &self.job.files {
-            Ok(files) if files.is_empty() => return Ok(()),
-            Ok(files) => files.clone(),
-            Err(reason) => {
-                log_line(&self.job.log, &format!("== files: {reason}"));
-                return Err(("files", reason.clone()));
-            }
-        };
-        let svc = self.job.service.clone();
-        if let Some(aborted) = super::interrupt::interrupted(&svc, "files", false) {
-            return Err(aborted);
-        }
-        self.sink.emit(Event::now(EventKind::HookStarted {
-            service: svc.name.clone(),
-            host: self.job.host.clone(),
-            hook: "files".into(),
-        }));
-        let started = Instant::now();
-        let result = super::files::deliver(self.link, &svc.state_dir, &svc.name, &files).await;
-        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        // Even a failed placement may have put some files in place; one that found every file
-        // in place already wrote no list of what it replaced (the last one is not this step's).
-        self.placed = match &result {
-            Ok(sent) => sent.placed > 0,
-            Err((placed, _)) => *placed,
-        };
-        // A list left by an earlier placement whose let-go never came (its step cut off, or
-        // that command lost) is let go of once this step passes, but never put back if it
-        // fails: the survey cannot tell which of the two left it.
-        self.lets_go = self.placed || matches!(&result, Ok(sent) if sent.listed);
-        if let Ok(sent) = &result {
-            for note in &sent.notes {
-                log_line(
-                    &self.job.log,
-                    &format!("== files: {}", svc.secrets.redact_str(note)),
-                );
-            }
-        }
-        let (ok, text) = match &result {
-            Ok(sent) => (true, sent.describe(files.len())),
-            Err((_, reason)) => (false, reason.clone()),
-        };
-        log_line(
-            &self.job.log,
-            &format!("== files: {} after {ms} ms", svc.secrets.redact_str(&text)),
-        );
-        self.sink.emit(Event::now(EventKind::HookFinished {
-            service: svc.name.clone(),
-            host: self.job.host.clone(),
-            hook: "files".into(),
-            ok,
-            code: Some(if ok { 0 } else { 1 }),
-            ms,
-        }));
-        if ok {
-            Ok(())
-        } else {
-            Err(("files", svc.secrets.redact_str(&text)))
-        }
-    }
-
-    /// Puts back the files this step replaced; whether that worked.
-    async fn restore(&mut self) -> bool {
-        let svc = self.job.service.clone();
-        let script = crate::state::restore_script(&svc.state_dir, &svc.name);
-        let ok = match self.link.run(&script).await {
-            Ok(out) if out.success() => true,
-            Ok(out) => {
-                log_line(
-                    &self.job.log,
-                    &format!("== restore files: {}", exit_reason("restore", &out)),
-                );
-                false
-            }
-            Err(e) => {
-                log_line(&self.job.log, &format!("== restore files: {e}"));
-                false
-            }
-        };
-        if ok {
-            log_line(
-                &self.job.log,
-                "== restore files: the previous files are back",
-            );
-        }
-        ok
-    }
-
-    fn log(&self, hook: &str, result: &Result<Output, TransportError>, ms: u64) {
-        let write = || -> std::io::Result<()> {
-            let mut f = crate::state::append_private(&self.job.log)?;
-            match result {
-                Ok(out) => {
-                    let code = out.code.map_or("signal".to_string(), |c| c.to_string());
-                    writeln!(f, "== {hook}: exit {code} after {ms} ms")?;
-                    f.write_all(&out.stdout)?;
-                    f.write_all(&out.stderr)?;
-                }
-                Err(e) => writeln!(f, "== {hook}: {e}")?,
-            }
-            Ok(())
-        };
-        let _ = write();
-    }
-}
-
-fn exit_reason(hook: &str, out: &Output) -> String {
-    let tail: String = crate::transport::last_line(&String::from_utf8_lossy(&out.stderr))
-        .unwrap_or("")
-        .chars()
-        .take(200)
-        .collect();
-    let code = out
-        .code
-        .map_or("was killed".to_string(), |c| format!("exited {c}"));
-    if tail.is_empty() {
-        format!("{hook} {code}")
-    } else {
-        format!("{hook} {code}: {tail}")
-    }
-}
-
-/// Appends one line to a step's log, creating it and its directory.
-pub fn log_line(log: &std::path::Path, text: &str) {
-    let write = || -> std::io::Result<()> {
-        let mut f = crate::state::append_private(log)?;
-        writeln!(f, "{text}")
-    };
-    let _ = write();
 }
