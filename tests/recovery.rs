@@ -1031,3 +1031,54 @@ fn a_host_that_goes_silent_mid_wave_is_given_up_after_about_a_connect_timeout() 
     shop.fleet.kill_host("app3");
     after_halt(&shop, &site, "app3");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A controller killed outright
+
+/// The `-S` control paths of the ssh masters of the `deploy` with `pid` (in `run-<pid>`).
+fn masters_of(pid: u32) -> Vec<String> {
+    let out = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let mark = format!("/run-{pid}/");
+    text(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("ssh ") && l.contains(" -M ") && l.contains(&mark))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let s = words.iter().position(|w| *w == "-S")?;
+            words.get(s + 1).map(|p| p.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_controller_killed_outright_leaves_no_ssh_master_running() {
+    let (shop, site) = apis_first_wave_paused();
+    for h in ["app1", "app2"] {
+        pause(&shop, h, "api", "install", "20");
+    }
+    let run = Running::start(&shop, &["apply", &site, "--yes"]);
+    wait_for_apis_first_wave(&shop);
+    // One master per host, in a directory of the run's own.
+    let masters = masters_of(run.pid());
+    assert_eq!(masters.len(), 12, "{masters:?}");
+    let dir = PathBuf::from(&masters[0][..masters[0].find("/.ssh-connection").unwrap()]);
+    assert!(dir.is_dir(), "{}", dir.display());
+    let pid = run.pid();
+    run.signal("KILL");
+    // Its watcher stops them (OpenSSH's ControlPersist would keep them forever) and removes
+    // the directory; the hosts stay up all along.
+    wait_until(
+        "no master of the killed run is left",
+        Duration::from_secs(20),
+        || masters_of(pid).is_empty(),
+    );
+    wait_until("its directory is removed", Duration::from_secs(20), || {
+        !dir.exists()
+    });
+    // The next apply carries on from the hosts' records, as after any interruption.
+    for h in ["app1", "app2"] {
+        unpause(&shop, h, "api", "install");
+    }
+    let out = shop.deploy(&["apply", &site, "--yes", "--break-lock"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

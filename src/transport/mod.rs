@@ -9,6 +9,7 @@ mod kept;
 mod local;
 mod persist;
 mod quote;
+mod reaper;
 mod shell;
 mod ssh;
 

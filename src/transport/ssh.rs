@@ -72,6 +72,9 @@ impl Ssh {
                 b.control_directory(masters.dir())
                     .control_persist(openssh::ControlPersist::IdleFor(secs));
             }
+        } else if let Some(dir) = super::reaper::dir() {
+            // Masters that must not outlive this process: stopped by its watcher if it dies.
+            b.control_directory(dir);
         }
         b
     }
