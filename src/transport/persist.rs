@@ -36,6 +36,7 @@ impl Masters {
             .ok()?;
         // Made earlier by someone else, or with a laxer mode: only this user may enter.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).ok()?;
+        sweep(&dir, std::time::SystemTime::now() - LEFT_FOR);
         Some(Masters { dir })
     }
 
@@ -97,9 +98,82 @@ impl Masters {
     }
 }
 
+/// How long a master's directory without a socket, or a record naming no socket, is left
+/// alone: a master may still be logging in (its socket comes once it has), far less than this.
+const LEFT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes what masters that are gone left in `dir`, untouched since `before`: the directory
+/// OpenSSH's master lived in (`.ssh-connection…`, with its log, once the master exited after
+/// its idle time), and the record that named its socket. Kept masters would otherwise leave
+/// one of each behind per host and `persist` period, for ever.
+fn sweep(dir: &Path, before: std::time::SystemTime) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let old = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t < before)
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let gone = if name.starts_with(".ssh-connection") {
+            !path.join("master").exists() && old(&path)
+        } else if name.ends_with(".master") {
+            let socket = std::fs::read_to_string(&path).unwrap_or_default();
+            !Path::new(socket.trim()).exists() && old(&path)
+        } else {
+            false
+        };
+        if gone && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(&path);
+        } else if gone {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_gone_masters_left_is_removed_and_nothing_of_a_live_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let d = dir.path();
+        // A master that exited: its directory with only its log, its record.
+        std::fs::create_dir(d.join(".ssh-connectionGone01")).unwrap();
+        std::fs::write(d.join(".ssh-connectionGone01/log"), "").unwrap();
+        let gone = d.join(".ssh-connectionGone01/master");
+        std::fs::write(d.join("aa.master"), gone.display().to_string()).unwrap();
+        // A live one: its socket, its record.
+        std::fs::create_dir(d.join(".ssh-connectionLive01")).unwrap();
+        let live = d.join(".ssh-connectionLive01/master");
+        let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        std::fs::write(d.join("bb.master"), live.display().to_string()).unwrap();
+        // Not a master's: left alone.
+        std::fs::create_dir(d.join("run-1")).unwrap();
+        let names = || {
+            let mut n: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        // Too recent: a master may still be logging in.
+        sweep(d, std::time::SystemTime::now() - LEFT_FOR);
+        assert_eq!(names().len(), 5);
+        sweep(d, std::time::SystemTime::now() + LEFT_FOR);
+        assert_eq!(
+            names(),
+            [".ssh-connectionLive01", "bb.master", "run-1"],
+            "only what the gone master left is removed"
+        );
+    }
 
     #[test]
     fn the_key_changes_with_anything_that_makes_the_connection() {

@@ -42,6 +42,9 @@ pub fn dir() -> Option<&'static Path> {
 fn watch() -> Option<PathBuf> {
     let base = super::persist::Masters::new()?;
     let dir = base.dir().join(format!("run-{}", std::process::id()));
+    if !fits(&dir) {
+        return None;
+    }
     // A directory of a process that had this pid before: its watcher has run, or never will.
     let _ = std::fs::remove_dir_all(&dir);
     use std::os::unix::fs::DirBuilderExt;
@@ -64,4 +67,25 @@ fn watch() -> Option<PathBuf> {
     // whatever the end); it is made close-on-exec, so no other child holds it.
     std::mem::forget(watcher.stdin.take());
     Some(dir)
+}
+
+/// Whether a master's socket in `dir` fits a socket's path on every Unix (104 bytes on macOS,
+/// 108 on Linux, the NUL included): `<dir>/.ssh-connection<6>/master`, and the 17 bytes
+/// OpenSSH adds to it while it binds (`.<16 random>`).
+fn fits(dir: &Path) -> bool {
+    let socket = dir.as_os_str().len() + "/.ssh-connection".len() + 6 + "/master".len();
+    socket + 17 < 104
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_path_too_long_for_openssh_is_not_used() {
+        assert!(fits(Path::new("/run/user/1000/drover/ssh/run-4194304")));
+        assert!(fits(Path::new("/home/alice/.cache/drover/ssh/run-4194304")));
+        let long = format!("/home/{}/.cache/drover/ssh/run-4194304", "x".repeat(40));
+        assert!(!fits(Path::new(&long)));
+    }
 }
