@@ -1035,10 +1035,10 @@ fn a_host_that_goes_silent_mid_wave_is_given_up_after_about_a_connect_timeout() 
 // ---------------------------------------------------------------------------------------------
 // A controller killed outright
 
-/// The `-S` control paths of the ssh masters of the `deploy` with `pid` (in `run-<pid>`).
+/// The `-S` control paths of the ssh masters of the `deploy` with `pid` (in `run-<pid>-…`).
 fn masters_of(pid: u32) -> Vec<String> {
     let out = Command::new("ps").args(["-eo", "args"]).output().unwrap();
-    let mark = format!("/run-{pid}/");
+    let mark = format!("/run-{pid}-");
     text(&out.stdout)
         .lines()
         .filter(|l| l.starts_with("ssh ") && l.contains(" -M ") && l.contains(&mark))

@@ -20,9 +20,6 @@ pub struct Sent {
     /// Nothing was placed, and a list of what an earlier placement replaced is still on the
     /// host ([`replaced_listed`]): left for this step to let go of if it passes.
     pub listed: bool,
-    /// What the transport or the host said while a content arrived (a connection of its own
-    /// that failed, the content sent over the master instead), for the step log.
-    pub notes: Vec<String>,
 }
 
 impl Sent {
@@ -83,7 +80,6 @@ pub async fn deliver<L: Link>(
         bytes: 0,
         placed: 0,
         listed: replaced_listed(&wanted, &survey),
-        notes: Vec::new(),
     };
     let to_place: Vec<usize> = (0..files.len()).filter(|i| kept[*i].is_none()).collect();
     if to_place.is_empty() {
@@ -99,10 +95,9 @@ pub async fn deliver<L: Link>(
         let f = &files[i];
         received.push(&f.to);
         match receive(link, f).await {
-            Ok((size, said)) => {
+            Ok(size) => {
                 sent.contents += 1;
                 sent.bytes += size;
-                sent.notes.extend(said);
             }
             Err(e) => {
                 // Best effort: the host keeps nothing that will never be placed.
@@ -128,12 +123,11 @@ pub async fn deliver<L: Link>(
     Ok(sent)
 }
 
-/// Sends `f`'s content to the host, beside its target; its size, and the lines of stderr
-/// that came with it (none, unless it did not go the way asked for). A plain file is sent
+/// Sends `f`'s content to the host, beside its target; its size. A plain file is sent
 /// only while its source is what was digested, and what arrived counts only if the source did
 /// not change while it was sent (a changed size also fails the host's size check: the stamp
 /// says why).
-async fn receive<L: Link>(link: &L, f: &Delivery) -> Result<(u64, Vec<String>), String> {
+async fn receive<L: Link>(link: &L, f: &Delivery) -> Result<u64, String> {
     let changed = || match &f.content {
         Content::Path { path, stamp } => stamp.check(path).err(),
         Content::Rendered { .. } => None,
@@ -154,15 +148,7 @@ async fn receive<L: Link>(link: &L, f: &Delivery) -> Result<(u64, Vec<String>), 
     }
     match changed() {
         Some(why) => Err(why),
-        None => Ok((
-            size,
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect(),
-        )),
+        None => Ok(size),
     }
 }
 

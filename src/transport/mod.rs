@@ -161,6 +161,11 @@ pub trait Link: Send + Sync + 'static {
     fn prepare(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+    /// Takes what the link noted, since last asked, about contents it did not carry the way
+    /// it was set to (a connection of its own that failed: sent over the master instead).
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
     fn close(self) -> impl Future<Output = ()> + Send;
 }
 
@@ -326,6 +331,12 @@ impl Link for AnyLink {
     async fn prepare(&self) {
         if let AnyLink::Ssh(l) = self {
             l.prepare().await
+        }
+    }
+    fn notes(&self) -> Vec<String> {
+        match self {
+            AnyLink::Ssh(l) => l.notes(),
+            AnyLink::Local(l) => l.notes(),
         }
     }
     async fn close(self) {

@@ -105,7 +105,8 @@ const LEFT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 /// Removes what masters that are gone left in `dir`, untouched since `before`: the directory
 /// OpenSSH's master lived in (`.ssh-connection…`, with its log, once the master exited after
 /// its idle time), and the record that named its socket. Kept masters would otherwise leave
-/// one of each behind per host and `persist` period, for ever.
+/// one of each behind per host and `persist` period, for ever. Also a run's masters'
+/// directory whose watcher never ran ([`super::reaper::abandoned`]).
 fn sweep(dir: &Path, before: std::time::SystemTime) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -119,11 +120,18 @@ fn sweep(dir: &Path, before: std::time::SystemTime) {
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let gone = if name.starts_with(".ssh-connection") {
+        let gone = if name.starts_with("run-") {
+            super::reaper::abandoned(&path, before)
+        } else if name.starts_with(".ssh-connection") {
             !path.join("master").exists() && old(&path)
         } else if name.ends_with(".master") {
+            // Removed only if still the record read: a master kept meanwhile renames a new
+            // one over it.
+            use std::os::unix::fs::MetadataExt;
+            let inode = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.ino()).ok();
+            let read = inode(&path);
             let socket = std::fs::read_to_string(&path).unwrap_or_default();
-            !Path::new(socket.trim()).exists() && old(&path)
+            !Path::new(socket.trim()).exists() && old(&path) && read == inode(&path)
         } else {
             false
         };
@@ -153,8 +161,13 @@ mod tests {
         let live = d.join(".ssh-connectionLive01/master");
         let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
         std::fs::write(d.join("bb.master"), live.display().to_string()).unwrap();
-        // Not a master's: left alone.
+        // A running deploy's masters' directory (its lock held), and one whose watcher never
+        // ran (a reboot): only the second goes.
         std::fs::create_dir(d.join("run-1")).unwrap();
+        let held = std::fs::File::create(d.join("run-1/lock")).unwrap();
+        held.lock().unwrap();
+        std::fs::create_dir(d.join("run-2")).unwrap();
+        std::fs::write(d.join("run-2/lock"), "").unwrap();
         let names = || {
             let mut n: Vec<String> = std::fs::read_dir(d)
                 .unwrap()
@@ -166,12 +179,12 @@ mod tests {
         };
         // Too recent: a master may still be logging in.
         sweep(d, std::time::SystemTime::now() - LEFT_FOR);
-        assert_eq!(names().len(), 5);
+        assert_eq!(names().len(), 6);
         sweep(d, std::time::SystemTime::now() + LEFT_FOR);
         assert_eq!(
             names(),
             [".ssh-connectionLive01", "bb.master", "run-1"],
-            "only what the gone master left is removed"
+            "only what gone masters and a gone run left is removed"
         );
     }
 

@@ -1,9 +1,11 @@
 //! No ssh master of a run outlives its `deploy`. Without `persist`, OpenSSH's masters
 //! (ControlPersist: they run on until told to exit) live in a directory of this process's own,
-//! `run-<pid>` beside the kept masters ([`super::persist::Masters`]), watched by a small shell:
-//! once this process is gone, however it ended (SIGKILL, the OOM killer, a crash), the shell
-//! tells every master still there to exit and removes the directory. A `deploy` that ends as
-//! usual has closed its masters already: the shell only removes the empty directory.
+//! `run-<pid>-<random>` beside the kept masters ([`super::persist::Masters`]), watched by a
+//! small shell: once this process is gone, however it ended (SIGKILL, the OOM killer, a
+//! crash), the shell tells every master still there to exit and removes the directory. A
+//! `deploy` that ends as usual has closed its masters already: the shell only removes the
+//! empty directory. The process holds a lock on `<dir>/lock` while it lives, by which a later
+//! `deploy` knows a directory whose watcher never ran (a reboot) from one in use.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -14,7 +16,9 @@ static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
 /// until it ends; then stops each master left in `$1` (`-F /dev/null`: the user's ssh_config
 /// has no say in `-O exit` on a socket given by `-S`) and removes its directory. A master
 /// still logging in when the process died has no socket yet: looked for again every second,
-/// for a minute at most. After a usual end there is nothing left, and it ends at once.
+/// for a minute at most; then what has no socket is removed (such a master cannot bind its
+/// socket and exits), and a directory whose master would not exit is left as it is. After a
+/// usual end there is nothing left, and it ends at once.
 const WATCHER: &str = r#"read _
 n=0
 while [ "$n" -lt 60 ]; do
@@ -31,28 +35,30 @@ while [ "$n" -lt 60 ]; do
     sleep 1
     n=$((n + 1))
 done
-rm -rf -- "$1""#;
+for d in "$1"/.ssh-connection*; do
+    [ -d "$d" ] && [ ! -S "$d/master" ] && rm -rf -- "$d"
+done
+rm -f -- "$1/lock"
+rmdir -- "$1" 2>/dev/null"#;
 
 /// The directory for this process's masters, watched from the first call on; `None` when it
-/// cannot be made or watched (OpenSSH's default place is used then, as before).
+/// cannot be made or watched (the openssh crate's default place is used then, unwatched).
 pub fn dir() -> Option<&'static Path> {
     DIR.get_or_init(watch).as_deref()
 }
 
 fn watch() -> Option<PathBuf> {
     let base = super::persist::Masters::new()?;
-    let dir = base.dir().join(format!("run-{}", std::process::id()));
-    if !fits(&dir) {
+    let dir = create(base.dir())?;
+    let Some(()) = hold(base.dir(), &dir) else {
+        let _ = std::fs::remove_dir_all(&dir);
         return None;
-    }
-    // A directory of a process that had this pid before: its watcher has run, or never will.
-    let _ = std::fs::remove_dir_all(&dir);
-    use std::os::unix::fs::DirBuilderExt;
+    };
     use std::os::unix::process::CommandExt;
-    std::fs::DirBuilder::new().mode(0o700).create(&dir).ok()?;
     let spawned = std::process::Command::new("/bin/sh")
         .args(["-c", WATCHER, "sh"])
         .arg(&dir)
+        .current_dir("/")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -60,13 +66,76 @@ fn watch() -> Option<PathBuf> {
         .process_group(0)
         .spawn();
     let Ok(mut watcher) = spawned else {
-        let _ = std::fs::remove_dir(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
         return None;
     };
     // The pipe's writing end stays open until this process ends (the kernel closes it then,
     // whatever the end); it is made close-on-exec, so no other child holds it.
     std::mem::forget(watcher.stdin.take());
     Some(dir)
+}
+
+/// Makes a new directory `run-<pid>-<n>` in `base`, only this user's: never one that exists.
+fn create(base: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    for n in 0..16u32 {
+        let suffix = (seed ^ n.wrapping_mul(0x9e37_79b9)) & 0xff_ffff;
+        let dir = base.join(format!("run-{}-{suffix:06x}", std::process::id()));
+        if !fits(&dir) {
+            return None;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Some(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Takes the lock on `<dir>/lock` for the rest of this process's life, once `base` is known
+/// to be a directory of this user's (not a link, not another's: the watcher removes what it
+/// finds under it).
+fn hold(base: &Path, dir: &Path) -> Option<()> {
+    use std::os::unix::fs::MetadataExt;
+    let lock = std::fs::File::create(dir.join("lock")).ok()?;
+    let mine = lock.metadata().ok()?.uid();
+    let meta = std::fs::symlink_metadata(base).ok()?;
+    if !meta.is_dir() || meta.uid() != mine {
+        return None;
+    }
+    lock.lock().ok()?;
+    std::mem::forget(lock);
+    Some(())
+}
+
+/// Whether the watcher of `dir` (a `run-…` directory) is done with it: no process holds its
+/// lock, nothing in it changed for a while (`before`), and no master's socket is left in it.
+pub(super) fn abandoned(dir: &Path, before: std::time::SystemTime) -> bool {
+    let old = std::fs::symlink_metadata(dir)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t < before);
+    if !old {
+        return false;
+    }
+    let free = match std::fs::File::open(dir.join("lock")) {
+        Ok(lock) => lock.try_lock().is_ok(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    };
+    let sockets = std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter(|e| {
+                use std::os::unix::fs::FileTypeExt;
+                std::fs::symlink_metadata(e.path().join("master"))
+                    .is_ok_and(|m| m.file_type().is_socket())
+            })
+            .count()
+    });
+    free && sockets == 0
 }
 
 /// Whether a master's socket in `dir` fits a socket's path on every Unix (104 bytes on macOS,
@@ -83,9 +152,45 @@ mod tests {
 
     #[test]
     fn a_socket_path_too_long_for_openssh_is_not_used() {
-        assert!(fits(Path::new("/run/user/1000/drover/ssh/run-4194304")));
-        assert!(fits(Path::new("/home/alice/.cache/drover/ssh/run-4194304")));
-        let long = format!("/home/{}/.cache/drover/ssh/run-4194304", "x".repeat(40));
+        assert!(fits(Path::new(
+            "/run/user/1000/drover/ssh/run-4194304-a1b2c3"
+        )));
+        assert!(fits(Path::new(
+            "/home/alice/.cache/drover/ssh/run-4194304-a1b2c3"
+        )));
+        let long = format!(
+            "/home/{}/.cache/drover/ssh/run-4194304-a1b2c3",
+            "x".repeat(36)
+        );
         assert!(!fits(Path::new(&long)));
+    }
+
+    #[test]
+    fn each_directory_is_new_and_a_held_one_is_not_abandoned() {
+        let base = tempfile::tempdir().expect("base");
+        let a = create(base.path()).expect("a");
+        let b = create(base.path()).expect("b");
+        assert_ne!(a, b, "never a directory that exists");
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+        // Held by a live process: in use, however old.
+        let lock = std::fs::File::create(a.join("lock")).unwrap();
+        lock.lock().unwrap();
+        assert!(!abandoned(&a, later));
+        drop(lock);
+        // A child another test forks holds a copy of the lock until it execs: a moment.
+        let given_back = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            abandoned(&a, later)
+        });
+        assert!(given_back);
+        // Recent: its watcher may still be at work.
+        assert!(!abandoned(
+            &a,
+            std::time::SystemTime::now() - std::time::Duration::from_secs(3600)
+        ));
+        // A master's socket left in it: left alone.
+        std::fs::create_dir(b.join(".ssh-connectionX")).unwrap();
+        let _s = std::os::unix::net::UnixListener::bind(b.join(".ssh-connectionX/master")).unwrap();
+        assert!(!abandoned(&b, later));
     }
 }

@@ -29,6 +29,10 @@ impl Ssh {
     /// and connections of their own for large files get what the cap leaves beyond that.
     pub fn new(options: SshOptions, hosts: usize, max_connections: usize) -> Self {
         let masters = (!options.persist.is_zero()).then(Masters::new).flatten();
+        if masters.is_none() {
+            // Watched from now on, before this run starts any other process.
+            let _ = super::reaper::dir();
+        }
         Ssh {
             direct: options.direct_above.map(|_| Arc::new(options.clone())),
             options,
@@ -162,6 +166,8 @@ pub struct SshLink {
     direct_failed: std::sync::atomic::AtomicBool,
     /// The transport's room for connections of their own: one takes it while it lasts.
     open: Arc<Open>,
+    /// What [`Link::notes`] hands out next.
+    notes: std::sync::Mutex<Vec<String>>,
 }
 
 /// A chain's commands sent to the kept shell, not all collected yet: the shell is held (other
@@ -223,11 +229,19 @@ impl Transport for Ssh {
                 .map(|options| (options.clone(), target.address.clone())),
             direct_failed: false.into(),
             open: self.open.clone(),
+            notes: Default::default(),
         })
     }
 }
 
 impl SshLink {
+    fn note(&self, text: String) {
+        self.notes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(text);
+    }
+
     /// Runs `script` in the kept shell when it is free, else in a session of its own.
     async fn command(&self, script: &str, input: Option<&[u8]>) -> Result<Output, TransportError> {
         let Ok(mut slot) = self.shell.try_lock() else {
@@ -346,6 +360,10 @@ impl Link for SshLink {
         self.command(script, None).await
     }
 
+    fn notes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     async fn run_input(&self, script: &str, input: &[u8]) -> Result<Output, TransportError> {
         self.command(script, Some(input)).await
     }
@@ -363,7 +381,6 @@ impl Link for SshLink {
         // made (or is lost), over the master as any other, from its first byte, and so do the
         // link's later ones.
         use std::sync::atomic::Ordering::Relaxed;
-        let mut fell_back = None;
         if let (Some((options, address)), super::Payload::File(path)) = (&self.direct, payload) {
             if !self.direct_failed.load(Relaxed) && super::direct::goes_direct(options, path) {
                 // Under the cap only: with no room left, over the master.
@@ -376,12 +393,12 @@ impl Link for SshLink {
                                 TransportError::Command { reason, .. } => reason,
                                 other => other.to_string(),
                             };
-                            fell_back = Some(format!("{why}; sent over the master instead"));
+                            self.note(format!("{why}; sent over the master instead"));
                         }
                     }
                 }
             } else if super::direct::goes_direct(options, path) {
-                fell_back = Some(format!(
+                self.note(format!(
                     "{} sent over the master: a connection of its own failed earlier on this link",
                     path.display()
                 ));
@@ -421,15 +438,10 @@ impl Link for SshLink {
             .await
             .map_err(|e| error(e.to_string()))?;
         let status = child.wait().await.map_err(|e| error(flatten(&e)))?;
-        // Why the content did not go as `direct-above` says: first on stderr, for the step log.
-        let stderr = match fell_back {
-            Some(note) => [format!("{note}\n").into_bytes(), err].concat(),
-            None => err,
-        };
         Ok(Output {
             code: status.code(),
             stdout: out,
-            stderr,
+            stderr: err,
         })
     }
 

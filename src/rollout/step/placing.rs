@@ -71,13 +71,12 @@ impl<L: Link> Running<'_, L> {
         // that command lost) is let go of once this step passes, but never put back if it
         // fails: the survey cannot tell which of the two left it.
         self.lets_go = self.placed || matches!(&result, Ok(sent) if sent.listed);
-        if let Ok(sent) = &result {
-            for note in &sent.notes {
-                log_line(
-                    &self.job.log,
-                    &format!("== files: {}", svc.secrets.redact_str(note)),
-                );
-            }
+        // How the transport carried the contents, when not as it was set to (passed or not).
+        for note in self.link.notes() {
+            log_line(
+                &self.job.log,
+                &format!("== files: {}", svc.secrets.redact_str(&note)),
+            );
         }
         let (ok, text) = match &result {
             Ok(sent) => (true, sent.describe(files.len())),
