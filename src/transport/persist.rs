@@ -28,12 +28,19 @@ impl Masters {
         let dir = env("DROVER_SSH_DIR")
             .or_else(|| env("XDG_RUNTIME_DIR").map(|d| d.join("drover/ssh")))
             .or_else(|| env("HOME").map(|h| h.join(".cache/drover/ssh")))?;
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
             .ok()?;
+        // Only a directory of this user's own, not a link to one elsewhere: the sockets found
+        // in it are trusted, and what masters left in it is removed.
+        let meta = std::fs::symlink_metadata(&dir).ok()?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
+            return None;
+        }
         // Made earlier by someone else, or with a laxer mode: only this user may enter.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).ok()?;
         sweep(&dir, std::time::SystemTime::now() - LEFT_FOR);
@@ -98,6 +105,12 @@ impl Masters {
     }
 }
 
+/// Whether a master listens on `socket`: a socket file whose master is gone (killed with the
+/// machine's power, a container's end) refuses the connection.
+pub(super) fn answers(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
 /// How long a master's directory without a socket, or a record naming no socket, is left
 /// alone: a master may still be logging in (its socket comes once it has), far less than this.
 const LEFT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
@@ -123,7 +136,7 @@ fn sweep(dir: &Path, before: std::time::SystemTime) {
         let gone = if name.starts_with("run-") {
             super::reaper::abandoned(&path, before)
         } else if name.starts_with(".ssh-connection") {
-            !path.join("master").exists() && old(&path)
+            old(&path) && !answers(&path.join("master"))
         } else if name.ends_with(".master") {
             // Removed only if still the record read: a master kept meanwhile renames a new
             // one over it.
@@ -131,7 +144,7 @@ fn sweep(dir: &Path, before: std::time::SystemTime) {
             let inode = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.ino()).ok();
             let read = inode(&path);
             let socket = std::fs::read_to_string(&path).unwrap_or_default();
-            !Path::new(socket.trim()).exists() && old(&path) && read == inode(&path)
+            old(&path) && !answers(Path::new(socket.trim())) && read == inode(&path)
         } else {
             false
         };
@@ -156,6 +169,12 @@ mod tests {
         std::fs::write(d.join(".ssh-connectionGone01/log"), "").unwrap();
         let gone = d.join(".ssh-connectionGone01/master");
         std::fs::write(d.join("aa.master"), gone.display().to_string()).unwrap();
+        // One killed with its machine: its socket file left, nothing listening on it.
+        std::fs::create_dir(d.join(".ssh-connectionDead01")).unwrap();
+        let dead = d.join(".ssh-connectionDead01/master");
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        assert!(dead.exists());
+        std::fs::write(d.join("cc.master"), dead.display().to_string()).unwrap();
         // A live one: its socket, its record.
         std::fs::create_dir(d.join(".ssh-connectionLive01")).unwrap();
         let live = d.join(".ssh-connectionLive01/master");
@@ -179,7 +198,7 @@ mod tests {
         };
         // Too recent: a master may still be logging in.
         sweep(d, std::time::SystemTime::now() - LEFT_FOR);
-        assert_eq!(names().len(), 6);
+        assert_eq!(names().len(), 8);
         sweep(d, std::time::SystemTime::now() + LEFT_FOR);
         assert_eq!(
             names(),

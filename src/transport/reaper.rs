@@ -4,8 +4,9 @@
 //! small shell: once this process is gone, however it ended (SIGKILL, the OOM killer, a
 //! crash), the shell tells every master still there to exit and removes the directory. A
 //! `deploy` that ends as usual has closed its masters already: the shell only removes the
-//! empty directory. The process holds a lock on `<dir>/lock` while it lives, by which a later
-//! `deploy` knows a directory whose watcher never ran (a reboot) from one in use.
+//! empty directory. The process holds a lock on `<dir>/lock` while it lives, and `<dir>/host`
+//! names its machine, by which a later `deploy` on that machine knows a directory whose
+//! watcher never ran (a reboot) from one in use ([`abandoned`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -38,7 +39,7 @@ done
 for d in "$1"/.ssh-connection*; do
     [ -d "$d" ] && [ ! -S "$d/master" ] && rm -rf -- "$d"
 done
-rm -f -- "$1/lock"
+rm -f -- "$1/lock" "$1/host"
 rmdir -- "$1" 2>/dev/null"#;
 
 /// The directory for this process's masters, watched from the first call on; `None` when it
@@ -50,7 +51,7 @@ pub fn dir() -> Option<&'static Path> {
 fn watch() -> Option<PathBuf> {
     let base = super::persist::Masters::new()?;
     let dir = create(base.dir())?;
-    let Some(()) = hold(base.dir(), &dir) else {
+    let Some(()) = hold(&dir) else {
         let _ = std::fs::remove_dir_all(&dir);
         return None;
     };
@@ -96,24 +97,37 @@ fn create(base: &Path) -> Option<PathBuf> {
     None
 }
 
-/// Takes the lock on `<dir>/lock` for the rest of this process's life, once `base` is known
-/// to be a directory of this user's (not a link, not another's: the watcher removes what it
-/// finds under it).
-fn hold(base: &Path, dir: &Path) -> Option<()> {
-    use std::os::unix::fs::MetadataExt;
+/// Marks `dir` as this machine's (`<dir>/host`: a home shared between machines holds theirs
+/// too) and takes the lock on `<dir>/lock` for the rest of this process's life. Where the
+/// file system has no locks, the directory goes unlocked: a later `deploy` cannot lock it
+/// either, and leaves it alone.
+fn hold(dir: &Path) -> Option<()> {
+    std::fs::write(dir.join("host"), hostname()).ok()?;
     let lock = std::fs::File::create(dir.join("lock")).ok()?;
-    let mine = lock.metadata().ok()?.uid();
-    let meta = std::fs::symlink_metadata(base).ok()?;
-    if !meta.is_dir() || meta.uid() != mine {
-        return None;
+    match lock.try_lock() {
+        Ok(()) => std::mem::forget(lock),
+        Err(std::fs::TryLockError::WouldBlock) => return None,
+        Err(std::fs::TryLockError::Error(_)) => {}
     }
-    lock.lock().ok()?;
-    std::mem::forget(lock);
     Some(())
 }
 
-/// Whether the watcher of `dir` (a `run-…` directory) is done with it: no process holds its
-/// lock, nothing in it changed for a while (`before`), and no master's socket is left in it.
+/// This machine's name, as the kernel has it.
+fn hostname() -> Vec<u8> {
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length, which is what is passed.
+    let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    if ok {
+        name[..end].to_vec()
+    } else {
+        Vec::new()
+    }
+}
+
+/// Whether `dir` (a `run-…` directory) was left by a `deploy` of this machine that is gone
+/// and whose watcher is done with it (or never ran: a reboot mid-run): its lock free, nothing
+/// in it changed since `before`, and no master answering on a socket in it.
 pub(super) fn abandoned(dir: &Path, before: std::time::SystemTime) -> bool {
     let old = std::fs::symlink_metadata(dir)
         .and_then(|m| m.modified())
@@ -121,21 +135,22 @@ pub(super) fn abandoned(dir: &Path, before: std::time::SystemTime) -> bool {
     if !old {
         return false;
     }
-    let free = match std::fs::File::open(dir.join("lock")) {
+    let here = std::fs::read(dir.join("host")).map_or(true, |h| h == hostname());
+    // Read and write: NFS locks a file only so.
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join("lock"));
+    let free = match lock {
         Ok(lock) => lock.try_lock().is_ok(),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     };
-    let sockets = std::fs::read_dir(dir).map_or(0, |entries| {
+    let answering = std::fs::read_dir(dir).map_or(true, |entries| {
         entries
             .flatten()
-            .filter(|e| {
-                use std::os::unix::fs::FileTypeExt;
-                std::fs::symlink_metadata(e.path().join("master"))
-                    .is_ok_and(|m| m.file_type().is_socket())
-            })
-            .count()
+            .any(|e| super::persist::answers(&e.path().join("master")))
     });
-    free && sockets == 0
+    here && free && !answering
 }
 
 /// Whether a master's socket in `dir` fits a socket's path on every Unix (104 bytes on macOS,
@@ -188,9 +203,17 @@ mod tests {
             &a,
             std::time::SystemTime::now() - std::time::Duration::from_secs(3600)
         ));
-        // A master's socket left in it: left alone.
+        // A master answering on a socket in it: left alone; its socket once nothing listens
+        // (the machine went down with the master): gone.
         std::fs::create_dir(b.join(".ssh-connectionX")).unwrap();
-        let _s = std::os::unix::net::UnixListener::bind(b.join(".ssh-connectionX/master")).unwrap();
+        let socket = b.join(".ssh-connectionX/master");
+        let listening = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        assert!(!abandoned(&b, later));
+        drop(listening);
+        assert!(socket.exists());
+        assert!(abandoned(&b, later));
+        // Another machine's (a home shared between machines): never this one's to remove.
+        std::fs::write(b.join("host"), "elsewhere").unwrap();
         assert!(!abandoned(&b, later));
     }
 }
