@@ -4,7 +4,7 @@
 //! through the master, and so does one that would take the run past `--max-connections`;
 //! and when the connection of its own cannot be made, or is cut off
 //! half-way, the content still arrives whole, over the master, and the host keeps nothing of
-//! the attempt.
+//! the attempt; a `deploy` killed outright leaves no such connection running.
 
 mod support;
 
@@ -87,6 +87,24 @@ fn fell_back(fleet: &Fleet) -> Vec<String> {
     lines
 }
 
+/// A fleet of `n` hosts `h1`… of class `box`, and a site whose service `art` delivers each of
+/// `files` (beside the site) to `/opt/art/`.
+fn fleet_with_site(n: usize, files: &[&str]) -> Fleet {
+    let hosts: Vec<FleetHost> = (1..=n)
+        .map(|i| FleetHost::new(&format!("h{i}"), "box"))
+        .collect();
+    let fleet = Fleet::start(&hosts);
+    let mut site = String::from(
+        "site \"direct\" { version \"1.0\"; platform \"platform.kdl\" }\nclass \"box\" { service \"art\" }\nservice \"art\" {\n",
+    );
+    for f in files {
+        site.push_str(&format!("    file \"{f}\" to=\"/opt/art/{f}\"\n"));
+    }
+    site.push_str("    reload \"true\"\n}\n");
+    std::fs::write(fleet.dir.join("site.kdl"), site).expect("site");
+    fleet
+}
+
 /// What each host has at `path` (under its root).
 fn contents(fleet: &Fleet, path: &str) -> Vec<Vec<u8>> {
     fleet
@@ -98,23 +116,8 @@ fn contents(fleet: &Fleet, path: &str) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_large_file_has_a_connection_of_its_own_and_falls_back_to_the_master() {
-    let hosts: Vec<FleetHost> = (1..=3)
-        .map(|i| FleetHost::new(&format!("h{i}"), "box"))
-        .collect();
-    let fleet = Fleet::start(&hosts);
+    let fleet = fleet_with_site(3, &["small.txt", "big.bin"]);
     std::fs::write(fleet.dir.join("small.txt"), "small\n").expect("small");
-    std::fs::write(
-        fleet.dir.join("site.kdl"),
-        r#"site "direct" { version "1.0"; platform "platform.kdl" }
-class "box" { service "art" }
-service "art" {
-    file "small.txt" to="/opt/art/small.txt"
-    file "big.bin" to="/opt/art/big.bin"
-    reload "true"
-}
-"#,
-    )
-    .expect("site");
 
     // The big file (8 KiB) over a connection of its own, the small one through the master.
     let big = prepare(&fleet, "\"4KiB\"", "first");
@@ -232,4 +235,57 @@ fn wrapper(fleet: &Fleet, name: &str, body: &str) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     bin
+}
+
+#[test]
+fn a_connection_of_its_own_ends_with_a_deploy_killed_outright() {
+    let fleet = fleet_with_site(2, &["big.bin"]);
+    prepare(&fleet, "\"4KiB\"", "killed");
+    // A transfer that takes its time: the connection of its own says who it is and waits
+    // (exec: the same process, as a real transfer's ssh).
+    let pids = fleet.dir.join("direct.pids");
+    let slow = wrapper(
+        &fleet,
+        "slow",
+        &format!("echo $$ >>{}; exec sleep 60", pids.display()),
+    );
+    let old = std::env::var("PATH").unwrap_or_default();
+    let mut deploy = std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+        .args(["apply", "site.kdl", "--yes"])
+        .current_dir(&fleet.dir)
+        .env("PATH", format!("{}:{old}", slow.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run deploy");
+    let started: Vec<String> = wait_for(|| {
+        let text = std::fs::read_to_string(&pids).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(String::from).collect();
+        // One host switches at a time (the default batch): its transfer.
+        (!lines.is_empty()).then_some(lines)
+    });
+    let alive = |pid: &str| {
+        std::process::Command::new("kill")
+            .args(["-0", pid])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    assert!(started.iter().all(|p| alive(p)), "{started:?}");
+    deploy.kill().expect("SIGKILL");
+    let _ = deploy.wait();
+    // The transfer ends with it (it would run on for its minute otherwise).
+    wait_for(|| started.iter().all(|p| !alive(p)).then_some(()));
+}
+
+/// Polls `found` every 20 ms for at most 20 s.
+fn wait_for<T>(mut found: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Some(t) = found() {
+            return t;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

@@ -139,7 +139,8 @@ pub async fn send(
     };
     let file = std::fs::File::open(path)
         .map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
-    let out = tokio::process::Command::new("ssh")
+    let mut command = tokio::process::Command::new("ssh");
+    command
         .args(arguments(options, address, script))
         .stdin(Stdio::from(file))
         .stdout(Stdio::piped())
@@ -147,7 +148,9 @@ pub async fn send(
         // Not in the terminal's process group: a first Ctrl-C lets running steps finish, and
         // their transfers with them; a step given up drops (and so kills) this process.
         .process_group(0)
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    ends_with_this_process(&mut command);
+    let out = command
         .output()
         .await
         .map_err(|e| error(format!("cannot start ssh: {e}")))?;
@@ -165,6 +168,35 @@ pub async fn send(
         stdout: out.stdout,
         stderr: out.stderr,
     })
+}
+
+/// On Linux, `command` gets SIGTERM when this process ends, however it ends (a SIGKILL, the
+/// OOM killer): a transfer never runs on for a `deploy` that is gone (the host then keeps
+/// nothing of it: the part it received is short, and removed). The signal comes when the
+/// thread that started it ends: the runtime's threads last as long as the process. Elsewhere
+/// the transfer runs to its end.
+fn ends_with_this_process(command: &mut tokio::process::Command) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: between fork and exec the closure calls only prctl and getppid, both
+        // async-signal-safe, and allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent died before the signal was asked for: end now.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
 }
 
 #[cfg(test)]
