@@ -11,6 +11,7 @@ mod support;
 use std::path::Path;
 use std::process::Output;
 use support::fleet::{Fleet, FleetHost};
+use support::process::dead;
 
 /// Logins each host's sshd accepted since `seen`, which becomes the count so far.
 fn logins_since(fleet: &Fleet, seen: &mut Vec<usize>) -> Vec<usize> {
@@ -258,24 +259,17 @@ fn a_connection_of_its_own_ends_with_a_deploy_killed_outright() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("run deploy");
-    let started: Vec<String> = wait_for(|| {
+    let started: Vec<u32> = wait_for(|| {
         let text = std::fs::read_to_string(&pids).unwrap_or_default();
-        let lines: Vec<String> = text.lines().map(String::from).collect();
+        let lines: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
         // One host switches at a time (the default batch): its transfer.
         (!lines.is_empty()).then_some(lines)
     });
-    let alive = |pid: &str| {
-        std::process::Command::new("kill")
-            .args(["-0", pid])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    assert!(started.iter().all(|p| alive(p)), "{started:?}");
+    assert!(started.iter().all(|p| !dead(*p)), "{started:?}");
     deploy.kill().expect("SIGKILL");
     let _ = deploy.wait();
     // The transfer ends with it (it would run on for its minute otherwise).
-    wait_for(|| started.iter().all(|p| !alive(p)).then_some(()));
+    wait_for(|| started.iter().all(|p| dead(*p)).then_some(()));
 }
 
 /// Polls `found` every 20 ms for at most 20 s.

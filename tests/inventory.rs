@@ -8,6 +8,7 @@ use drover::plan::Plan;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use support::cli::{deploy, Run};
+use support::process::dead;
 
 const FIXTURES: &str = "tests/fixtures/inventory";
 const INVALID: i32 = 3;
@@ -227,17 +228,6 @@ fn a_class_without_hosts_is_an_error_or_a_warning() {
     let p: Plan = serde_json::from_str(&run.stdout).expect("a plan");
     assert!(waves(&p, "haproxy").is_empty());
     assert_eq!(all_hosts(&waves(&p, "api")), ["app1", "app2"].into());
-}
-
-/// Whether the process is gone: no such process, or a zombie nobody reaped yet (it runs no
-/// more; orphans are reaped by init, which in a container may never do it).
-fn dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
-    }
 }
 
 #[test]

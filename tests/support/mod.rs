@@ -6,4 +6,5 @@ pub mod etcd;
 pub mod fleet;
 pub mod hooks;
 pub mod moto;
+pub mod process;
 pub mod shop;
