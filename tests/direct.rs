@@ -47,17 +47,22 @@ fn prepare(fleet: &Fleet, direct: &str, mark: &str) -> Vec<u8> {
     big
 }
 
-fn apply(fleet: &Fleet, path: Option<&Path>, extra: &[&str]) -> Output {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_deploy"));
-    command
-        .args(["apply", "site.kdl", "--yes"])
-        .args(extra)
-        .current_dir(&fleet.dir);
+/// `deploy apply site.kdl --yes EXTRA…` in the fleet's directory, with `path` (a wrapper's
+/// directory) first on its PATH.
+fn apply_command(fleet: &Fleet, path: Option<&Path>, extra: &[&str]) -> std::process::Command {
+    let mut command = support::cli::deploy_in(&fleet.dir);
+    command.args(["apply", "site.kdl", "--yes"]).args(extra);
     if let Some(dir) = path {
         let old = std::env::var("PATH").unwrap_or_default();
         command.env("PATH", format!("{}:{old}", dir.display()));
     }
-    let out = command.output().expect("run deploy");
+    command
+}
+
+fn apply(fleet: &Fleet, path: Option<&Path>, extra: &[&str]) -> Output {
+    let out = apply_command(fleet, path, extra)
+        .output()
+        .expect("run deploy");
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -250,11 +255,7 @@ fn a_connection_of_its_own_ends_with_a_deploy_killed_outright() {
         "slow",
         &format!("echo $$ >>{}; exec sleep 60", pids.display()),
     );
-    let old = std::env::var("PATH").unwrap_or_default();
-    let mut deploy = std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
-        .args(["apply", "site.kdl", "--yes"])
-        .current_dir(&fleet.dir)
-        .env("PATH", format!("{}:{old}", slow.display()))
+    let mut deploy = apply_command(&fleet, Some(&slow), &[])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -6,7 +6,7 @@
 //! host's sshd far more per byte than a connection of its own. The price is a second
 //! authentication per host for each such file.
 
-use super::{Output, TransportError};
+use super::Output;
 use crate::site::SshOptions;
 use std::ffi::OsString;
 use std::path::Path;
@@ -123,22 +123,17 @@ pub fn goes_direct(options: &SshOptions, path: &Path) -> bool {
 /// ([`crate::state::receive_script`]).
 pub const SSH_FAILED: i32 = 255;
 
-/// Runs `script` on `host` over a connection of its own with `path` as its standard input
-/// (handed to `ssh` as a descriptor: no byte passes through this process). `Err` when ssh
-/// itself failed, with its last words.
+/// Runs `script` on `address` over a connection of its own with `path` as its standard input
+/// (handed to `ssh` as a descriptor: no byte passes through this process). `Err` when that
+/// connection could not carry it: why, with ssh's last words.
 pub async fn send(
     options: &SshOptions,
-    host: &str,
     address: &str,
     script: &str,
     path: &Path,
-) -> Result<Output, TransportError> {
-    let error = |reason: String| TransportError::Command {
-        host: host.to_string(),
-        reason,
-    };
-    let file = std::fs::File::open(path)
-        .map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
+) -> Result<Output, String> {
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut command = tokio::process::Command::new("ssh");
     command
         .args(arguments(options, address, script))
@@ -153,15 +148,15 @@ pub async fn send(
     let out = command
         .output()
         .await
-        .map_err(|e| error(format!("cannot start ssh: {e}")))?;
+        .map_err(|e| format!("cannot start ssh: {e}"))?;
     if out.status.code() == Some(SSH_FAILED) {
         let text = String::from_utf8_lossy(&out.stderr);
         let last = super::last_line(&text).unwrap_or("");
-        return Err(error(format!(
+        return Err(format!(
             "a connection of its own for {} failed: {}",
             path.display(),
             last.trim()
-        )));
+        ));
     }
     Ok(Output {
         code: out.status.code(),

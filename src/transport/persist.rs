@@ -133,21 +133,22 @@ fn sweep(dir: &Path, before: std::time::SystemTime) {
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let gone = if name.starts_with("run-") {
-            super::reaper::abandoned(&path, before)
-        } else if name.starts_with(".ssh-connection") {
-            old(&path) && !answers(&path.join("master"))
-        } else if name.ends_with(".master") {
-            // Removed only if still the record read: a master kept meanwhile renames a new
-            // one over it.
-            use std::os::unix::fs::MetadataExt;
-            let inode = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.ino()).ok();
-            let read = inode(&path);
-            let socket = std::fs::read_to_string(&path).unwrap_or_default();
-            old(&path) && !answers(Path::new(socket.trim())) && read == inode(&path)
-        } else {
-            false
-        };
+        let gone = old(&path)
+            && if name.starts_with("run-") {
+                super::reaper::abandoned(&path)
+            } else if name.starts_with(".ssh-connection") {
+                !answers(&path.join("master"))
+            } else if name.ends_with(".master") {
+                // Removed only if still the record read: a master kept meanwhile renames a
+                // new one over it.
+                use std::os::unix::fs::MetadataExt;
+                let inode = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.ino()).ok();
+                let read = inode(&path);
+                let socket = std::fs::read_to_string(&path).unwrap_or_default();
+                !answers(Path::new(socket.trim())) && read == inode(&path)
+            } else {
+                false
+            };
         if gone && entry.file_type().is_ok_and(|t| t.is_dir()) {
             let _ = std::fs::remove_dir_all(&path);
         } else if gone {

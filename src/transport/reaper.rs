@@ -125,16 +125,10 @@ fn hostname() -> Vec<u8> {
     }
 }
 
-/// Whether `dir` (a `run-…` directory) was left by a `deploy` of this machine that is gone
-/// and whose watcher is done with it (or never ran: a reboot mid-run): its lock free, nothing
-/// in it changed since `before`, and no master answering on a socket in it.
-pub(super) fn abandoned(dir: &Path, before: std::time::SystemTime) -> bool {
-    let old = std::fs::symlink_metadata(dir)
-        .and_then(|m| m.modified())
-        .is_ok_and(|t| t < before);
-    if !old {
-        return false;
-    }
+/// Whether `dir` (a `run-…` directory, long untouched: the caller's to tell) was left by a
+/// `deploy` of this machine that is gone and whose watcher is done with it (or never ran: a
+/// reboot mid-run): its lock free, and no master answering on a socket in it.
+pub(super) fn abandoned(dir: &Path) -> bool {
     let here = std::fs::read(dir.join("host")).map_or(true, |h| h == hostname());
     // Read and write: NFS locks a file only so.
     let lock = std::fs::OpenOptions::new()
@@ -186,34 +180,28 @@ mod tests {
         let a = create(base.path()).expect("a");
         let b = create(base.path()).expect("b");
         assert_ne!(a, b, "never a directory that exists");
-        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
-        // Held by a live process: in use, however old.
+        // Held by a live process: in use.
         let lock = std::fs::File::create(a.join("lock")).unwrap();
         lock.lock().unwrap();
-        assert!(!abandoned(&a, later));
+        assert!(!abandoned(&a));
         drop(lock);
         // A child another test forks holds a copy of the lock until it execs: a moment.
         let given_back = (0..200).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            abandoned(&a, later)
+            abandoned(&a)
         });
         assert!(given_back);
-        // Recent: its watcher may still be at work.
-        assert!(!abandoned(
-            &a,
-            std::time::SystemTime::now() - std::time::Duration::from_secs(3600)
-        ));
         // A master answering on a socket in it: left alone; its socket once nothing listens
         // (the machine went down with the master): gone.
         std::fs::create_dir(b.join(".ssh-connectionX")).unwrap();
         let socket = b.join(".ssh-connectionX/master");
         let listening = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-        assert!(!abandoned(&b, later));
+        assert!(!abandoned(&b));
         drop(listening);
         assert!(socket.exists());
-        assert!(abandoned(&b, later));
+        assert!(abandoned(&b));
         // Another machine's (a home shared between machines): never this one's to remove.
         std::fs::write(b.join("host"), "elsewhere").unwrap();
-        assert!(!abandoned(&b, later));
+        assert!(!abandoned(&b));
     }
 }

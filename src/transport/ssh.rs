@@ -382,26 +382,22 @@ impl Link for SshLink {
         // link's later ones.
         use std::sync::atomic::Ordering::Relaxed;
         if let (Some((options, address)), super::Payload::File(path)) = (&self.direct, payload) {
-            if !self.direct_failed.load(Relaxed) && super::direct::goes_direct(options, path) {
-                // Under the cap only: with no room left, over the master.
-                if let Some(_counted) = self.open.take() {
-                    match super::direct::send(options, &self.host, address, script, path).await {
+            if super::direct::goes_direct(options, path) {
+                if self.direct_failed.load(Relaxed) {
+                    self.note(format!(
+                        "{} sent over the master: a connection of its own failed earlier on this link",
+                        path.display()
+                    ));
+                } else if let Some(_counted) = self.open.take() {
+                    // Under the cap only: with no room left, over the master.
+                    match super::direct::send(options, address, script, path).await {
                         Ok(out) => return Ok(out),
-                        Err(e) => {
+                        Err(why) => {
                             self.direct_failed.store(true, Relaxed);
-                            let why = match e {
-                                TransportError::Command { reason, .. } => reason,
-                                other => other.to_string(),
-                            };
                             self.note(format!("{why}; sent over the master instead"));
                         }
                     }
                 }
-            } else if super::direct::goes_direct(options, path) {
-                self.note(format!(
-                    "{} sent over the master: a connection of its own failed earlier on this link",
-                    path.display()
-                ));
             }
         }
         // A file is handed to the master itself as the session's standard input (the mux
