@@ -3,7 +3,8 @@
 //! state read goes with the lock's command, and every command (the lock, each hook, the
 //! lock's release) goes to one shell kept open on the host: one session per host, however
 //! many hooks (counted in the sshd log), one per command with `keep-shell=#false`; and a
-//! fleet larger than `--max-connections` still converges, reconnecting between stages.
+//! fleet larger than `--max-connections` still converges, reconnecting between stages but
+//! for the hosts stepped first, whose lock's connection is kept for their steps.
 
 mod support;
 
@@ -187,11 +188,21 @@ fn a_fleet_over_the_connection_cap_still_converges() {
     let before = accepted(&shop);
     apply(&shop, &site, &["--max-connections", "4"]);
     let counts = since(&shop, &before);
-    // Links are not kept between stages over the cap: each stage connects on its own.
+    // Over the cap, the links the lock opened are kept for the hosts stepped first (the db
+    // tier, then the first api hosts): those are connected once; every other host twice
+    // (for its lock with the state's read, then for its steps). A kept link may still be
+    // closed to make room for a host stepped earlier than expected (and the rollout may
+    // connect a host ahead of its step, then close that link for another's).
+    let once: Vec<&str> = counts
+        .iter()
+        .filter(|(_, n)| *n == 1)
+        .map(|(h, _)| h.as_str())
+        .collect();
     assert!(
-        counts.iter().all(|(_, n)| *n >= 2),
-        "the lock (with the state's read) and the rollout each connect: {counts:?}"
+        ["db1", "db2", "db3"].iter().all(|h| once.contains(h)) && once.len() <= 4,
+        "the db hosts, stepped first, are connected once, at most 4 hosts so: {counts:?}"
     );
+    assert!(counts.iter().all(|(_, n)| *n >= 1), "{counts:?}");
     for host in shop.fleet.names() {
         let state = shop.state(host);
         let services = state["services"].as_object().expect("services");

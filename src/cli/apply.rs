@@ -113,11 +113,13 @@ struct Ready {
 fn fresh(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
     let mut site = site::load(&args.target)?;
     super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
-    let selection = super::plan::selection(&site, &args.only)?;
+    let only = super::plan::selection(&site, &args.only)?;
     let on = super::plan::selector(&args.on)?;
-    let l = locked(site, session)?;
-    let mut selection = selection;
-    selection.hosts = super::plan::on_hosts(on.as_ref(), &l.site, &l.hosts)?;
+    let (l, selection) = locked(site, session, |site, hosts| {
+        let mut selection = only;
+        selection.hosts = super::plan::on_hosts(on.as_ref(), site, hosts)?;
+        Ok(selection)
+    })?;
     let plan = plan::plan(&l.site, &l.hosts, &l.observed, &l.desired, &selection)?;
     Ok(l.ready(plan))
 }
@@ -145,21 +147,43 @@ impl Locked {
 }
 
 /// Reads the secrets (a missing one stops the run before anything runs), resolves the hosts
-/// and what each must run, takes the locks and reads what each host runs.
-fn locked(site: Site, session: &Session) -> Result<Locked, Error> {
+/// and what each must run, chooses what may change (`choose`: the session keeps the
+/// connections of the hosts stepped first), takes the locks and reads what each host runs.
+fn locked(
+    site: Site,
+    session: &Session,
+    choose: impl FnOnce(&Site, &crate::inventory::Hosts) -> Result<plan::Selection, Error>,
+) -> Result<(Locked, plan::Selection), Error> {
     let secrets = Secrets::load(&site)?;
     let hosts = super::resolve(&site)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
-    let transport = session.lock(&site, &hosts, &desired)?;
+    let selection = choose(&site, &hosts)?;
+    let transport = session.lock(&site, &hosts, &selection, &desired)?;
     let observed = session.observe(&transport, &site, &hosts, &desired);
-    Ok(Locked {
+    let locked = Locked {
         site,
         hosts,
         observed,
         transport,
         desired,
         secrets,
-    })
+    };
+    Ok((locked, selection))
+}
+
+/// The hosts a saved plan has steps on.
+fn stepped(plan: &Plan, hosts: &crate::inventory::Hosts) -> plan::Selection {
+    let ids = plan
+        .services
+        .iter()
+        .flat_map(|s| &s.waves)
+        .flat_map(|w| &w.steps)
+        .filter_map(|step| hosts.find(&step.host))
+        .collect();
+    plan::Selection {
+        services: None,
+        hosts: Some(ids),
+    }
 }
 
 /// A saved plan is carried out as saved, once the site, inventory and host state are shown
@@ -203,7 +227,7 @@ fn saved(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
             plan.site_file
         ));
     }
-    let l = locked(site, session)?;
+    let (l, _) = locked(site, session, |_, hosts| Ok(stepped(&plan, hosts)))?;
     let (hosts, observed) = (&l.hosts, &l.observed);
     let class_names: Vec<String> = l.site.classes.iter().map(|c| c.name.clone()).collect();
     drift.extend(plan::drift(&plan.hosts, hosts, observed, &class_names));

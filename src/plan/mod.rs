@@ -4,12 +4,14 @@
 //! operator selected. The rollout only carries it out.
 
 mod drift;
+mod expected;
 mod host_order;
 #[cfg(test)]
 mod proptests;
 mod waves;
 
 pub use drift::drift;
+pub use expected::first_hosts;
 
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};

@@ -54,7 +54,7 @@ impl<T: Transport> Links<T> {
         };
         // The evicted link is closed (not handed back to be kept) before its slot is used:
         // never more than `max` open.
-        if let Some(link) = evicted.and_then(only_holder) {
+        if let Some(link) = evicted {
             link.close().await;
         }
         let result = cell
@@ -122,16 +122,22 @@ impl<T: Transport> Links<T> {
         }
     }
 
-    /// The cell for `host`: existing, or new if under the cap (evicting an idle link if `evict`;
-    /// the evicted link comes back with it, for the caller to close).
+    /// The cell for `host`: existing, or new if under the cap (evicting an idle link if `evict`:
+    /// one of the pool's, or one the transport keeps parked; the evicted link comes back with
+    /// it, for the caller to close). Links the transport keeps parked for other hosts count
+    /// against the cap: they are open connections too.
     #[allow(clippy::type_complexity)]
-    fn slot(&self, host: &str, evict: bool) -> Option<(Cell<T::Link>, Option<Cell<T::Link>>)> {
+    fn slot(&self, host: &str, evict: bool) -> Option<(Cell<T::Link>, Option<T::Link>)> {
         let mut open = self.lock();
         if let Some(cell) = open.get(host) {
             return Some((cell.clone(), None));
         }
         let mut evicted = None;
-        if open.len() + self.handing_back.load(Ordering::SeqCst) >= self.max {
+        // A host with a cell already (being connected) may still have its parked link in the
+        // transport: not counted twice, nor given up.
+        let skip = |h: &str| h == host || open.contains_key(h);
+        let parked = self.transport.idle(&skip);
+        if open.len() + self.handing_back.load(Ordering::SeqCst) + parked >= self.max {
             if !evict {
                 return None;
             }
@@ -143,7 +149,10 @@ impl<T: Transport> Links<T> {
                         && matches!(c.get(), Some(Ok(l)) if Arc::strong_count(l) == 1)
                 })
                 .map(|(k, _)| k.clone());
-            evicted = Some(open.remove(&idle?)?);
+            evicted = match idle {
+                Some(idle) => open.remove(&idle).and_then(only_holder),
+                None => Some(self.transport.take_idle(&skip)?),
+            };
         }
         let cell: Cell<T::Link> = Arc::new(OnceCell::new());
         open.insert(host.to_string(), cell.clone());

@@ -6,7 +6,7 @@ use super::{run, Event, EventKind, Gate, Rollout, ServiceOutcome, Sink, Summary}
 use crate::plan::{self, Plan, Selection};
 use crate::site::{self, Site};
 use crate::state::{Observed, ServiceRecord};
-use crate::transport::{quote, Link, Output, Target, Transport, TransportError};
+use crate::transport::{quote, Kept, Link, Output, Target, Transport, TransportError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -459,6 +459,21 @@ impl Fixture {
         confirm: bool,
         cancel: super::Cancel,
     ) -> Ran {
+        self.run_with(rules, max_connections, confirm, cancel, &[])
+            .await
+    }
+
+    /// [`Fixture::run_cancel`] through the link pool of a fleet over the cap
+    /// ([`crate::transport::Kept`]), with links to `kept` connected and parked before the
+    /// rollout, as the lock leaves them (`Kept::keep_for_steps`).
+    async fn run_with(
+        &self,
+        rules: Rules,
+        max_connections: usize,
+        confirm: bool,
+        cancel: super::Cancel,
+        kept: &[&str],
+    ) -> Ran {
         let clock = Arc::new(Clock::default());
         let inner = Arc::new(Inner {
             clock: clock.clone(),
@@ -473,10 +488,20 @@ impl Fixture {
             yes: confirm,
             asked: Mutex::default(),
         });
+        let transport = Arc::new(Kept::new(Fake(inner.clone()), usize::MAX, max_connections));
+        transport.keep_for_steps(kept.iter().map(|h| h.to_string()));
+        for host in kept {
+            let target = Target {
+                name: host.to_string(),
+                address: "127.0.0.1".into(),
+            };
+            let link = transport.connect(&target).await.expect("connects");
+            transport.park(host, link).await;
+        }
         let rollout = Rollout {
             plan: self.plan.clone(),
             site: self.site.clone(),
-            transport: Arc::new(Fake(inner.clone())),
+            transport: transport.clone(),
             sink: sink.clone(),
             gate: gate.clone(),
             run_id: "test-run".into(),
@@ -496,6 +521,8 @@ impl Fixture {
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
+        // What the session closes at its end: links kept for steps that never came.
+        transport.close_all().await;
         {
             let c = inner.lock();
             assert_eq!(
@@ -1323,6 +1350,16 @@ fn pool_fixture() -> Fixture {
     fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[])
 }
 
+/// Three hosts of one service, one at a time.
+fn one_at_a_time() -> Fixture {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"one.kdl\"")
+    );
+    let hs = hosts("app", "app", 3);
+    fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[])
+}
+
 #[tokio::test]
 async fn one_connection_is_enough_and_never_exceeded() {
     let fx = pool_fixture();
@@ -1340,15 +1377,57 @@ async fn one_connection_is_enough_and_never_exceeded() {
 #[tokio::test]
 async fn one_connection_with_waves_of_one_host() {
     // The next wave's host is connected ahead of need: that must not starve the current one.
-    let body = format!(
-        "class \"app\" {{ service \"api\" }}\n{}",
-        svc("api", "policy \"one.kdl\"")
-    );
-    let hs = hosts("app", "app", 3);
-    let fx = fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[]);
+    let fx = one_at_a_time();
     let ran = fx.run(Rules::default(), 1, true).await;
     assert!(ran.summary.converged(), "{:?}", ran.summary);
     assert_eq!(ran.fake.lock().max_open, 1);
+}
+
+#[tokio::test]
+async fn links_the_lock_kept_serve_their_steps_and_count_against_the_cap() {
+    // Three hosts, one at a time, under a cap of two, the lock having kept the links of the
+    // first two: each host is connected once in all, never more than two links open.
+    let fx = one_at_a_time();
+    let ran = fx
+        .run_with(
+            Rules::default(),
+            2,
+            true,
+            super::Cancel::new(),
+            &["app1", "app2"],
+        )
+        .await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    {
+        let c = ran.fake.lock();
+        assert!(c.max_open <= 2, "{} links open at once", c.max_open);
+        let once: BTreeMap<String, usize> = ["app1", "app2", "app3"]
+            .into_iter()
+            .map(|h| (h.to_string(), 1))
+            .collect();
+        assert_eq!(c.connects, once);
+    }
+
+    // Five hosts of four services under a cap of two, with the links kept for hosts whose
+    // steps come last: a step that needs the room closes one of them; the cap holds.
+    for kept in [["app3", "app2"], ["db2", "app3"]] {
+        let ran = pool_fixture()
+            .run_with(
+                Rules::default().sleep(None, "/bin/sh -c 'hook", 1),
+                2,
+                true,
+                super::Cancel::new(),
+                &kept,
+            )
+            .await;
+        assert!(ran.summary.converged(), "{:?}", ran.summary);
+        let c = ran.fake.lock();
+        assert!(
+            c.max_open <= 2,
+            "{kept:?}: {} links open at once",
+            c.max_open
+        );
+    }
 }
 
 #[tokio::test]
@@ -1356,12 +1435,7 @@ async fn a_slow_close_does_not_hold_up_the_next_host() {
     // Closing a finished host's link takes 300 ms (an ssh master's exit on a loaded
     // controller); the scheduler hands links back in the background, so the next host of the
     // batch-1 rollout starts at once, before that close has ended.
-    let body = format!(
-        "class \"app\" {{ service \"api\" }}\n{}",
-        svc("api", "policy \"one.kdl\"")
-    );
-    let hs = hosts("app", "app", 3);
-    let fx = fixture(&body, &host_refs(&hs), &[("one.kdl", "batch 1")], &[]);
+    let fx = one_at_a_time();
     let ran = fx
         .run(Rules::default().sleep(None, "<close>", 300), 8, true)
         .await;

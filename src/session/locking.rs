@@ -11,6 +11,7 @@ use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, Lo
 use crate::state::store::Fingerprints;
 use crate::state::Observed;
 use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,12 +20,13 @@ impl Session {
     /// and stops what it left running. Refuses (exit 4) when someone else holds a lock.
     ///
     /// Returns the transport the rest of the run uses: the links the lock opened stay open
-    /// for it (when the fleet fits under `--max-connections`), and are closed when the
-    /// session ends.
+    /// for it (when the fleet fits under `--max-connections`; over it, those of the hosts
+    /// stepped first, the cap's worth), and are closed when the session ends.
     pub fn lock(
         &self,
         site: &Site,
         hosts: &Hosts,
+        selection: &crate::plan::Selection,
         desired: &dyn Fingerprints,
     ) -> Result<RunTransport, SessionError> {
         *self.site.lock().unwrap_or_else(|p| p.into_inner()) = site.name.clone();
@@ -85,6 +87,7 @@ impl Session {
             Err(Ok(e)) => return Err(e),
             Err(Err(e)) => return Err(refused(e)),
         };
+        let unfinished = journal::unfinished(&self.root, &site.name);
         let mut known = vec![None; hosts.hosts.len()];
         let mut fence = None;
         if let Some((shared, taken)) = shared {
@@ -97,7 +100,7 @@ impl Session {
                 .runtime
                 .block_on(shared.converged(site, hosts, desired, read_all))?;
             // The hosts an unfinished run was busy on are read whatever the store says.
-            if let Ok(Some(rec)) = journal::unfinished(&self.root, &site.name) {
+            if let Ok(Some(rec)) = &unfinished {
                 for step in &rec.in_flight {
                     if let Some(h) = hosts.find(&step.host) {
                         known[h] = None;
@@ -131,6 +134,23 @@ impl Session {
             .collect();
         // Every connection at once, before the lock takes its first host alone.
         self.runtime.block_on(transport.warm(&targets));
+        // Over the cap, the links of the hosts stepped first are kept from their lock to their
+        // steps (not when carrying on a run: every host is read again then).
+        let keep = if hosts.hosts.len() > self.max_connections
+            && self.max_connections > 1
+            && matches!(unfinished, Ok(None))
+        {
+            let reading: HashSet<&str> = targets.iter().map(|t| t.name.as_str()).collect();
+            crate::plan::first_hosts(site, hosts, selection, hosts.hosts.len())
+                .into_iter()
+                .map(|h| hosts.hosts[h].name.to_string())
+                .filter(|name| reading.contains(name.as_str()))
+                .take(self.max_connections)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        transport.keep_for_steps(keep.clone());
         let state_dir = site.platform.host_state_dir();
         // Each host's state file is read in the same command that locks it.
         let fleet = FleetLock::new(
@@ -140,11 +160,14 @@ impl Session {
             self.max_connections,
         )
         .reading(crate::state::read_script(&state_dir))
-        .fenced(fence);
+        .fenced(fence)
+        .keeping(keep);
         let taken = self
             .runtime
             .block_on(fleet.acquire(&me, self.break_lock))
             .map_err(refused)?;
+        // Links kept from here on are those the lock parked: no stage after it parks more.
+        transport.stop_keeping();
         self.report_broken(&taken.broken);
         if !taken.unreachable.is_empty() {
             let names: Vec<&str> = taken.unreachable.iter().map(|(h, _)| h.as_str()).collect();

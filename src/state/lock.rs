@@ -23,7 +23,7 @@
 
 use crate::transport::{quote, Link, Output, Target, Transport};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -297,6 +297,9 @@ pub struct FleetLock<T> {
     /// The run's fencing token (the etcd lock's create revision), recorded on each host as
     /// its lock is taken; a host that has seen a higher one refuses.
     fence: Option<i64>,
+    /// Hosts whose links the transport keeps once their lock is taken (over the cap, the
+    /// hosts stepped first, [`crate::transport::Kept::keep_for_steps`]).
+    keep: HashSet<String>,
 }
 
 /// The exit code of the scripts for a lock held by someone else (its holder on stdout).
@@ -329,7 +332,19 @@ impl<T: Transport> FleetLock<T> {
             read: None,
             reads: Mutex::new(HashMap::new()),
             fence: None,
+            keep: HashSet::new(),
         }
+    }
+
+    /// Names the hosts whose links the transport keeps once locked (at most
+    /// `max_connections` of them): they are locked after the others, each holding its share
+    /// of the cap from then on, so that the links kept and those being used never exceed it.
+    /// Under a cap of one, none is (the link kept would leave no room for the others).
+    pub fn keeping(mut self, hosts: impl IntoIterator<Item = String>) -> Self {
+        if self.max_connections > 1 {
+            self.keep = hosts.into_iter().take(self.max_connections).collect();
+        }
+        self
     }
 
     /// Records `token` (the etcd lock's create revision) on each host as its lock is taken,
@@ -508,12 +523,25 @@ impl<T: Transport> Lock for FleetLock<T> {
                 }
             }
         }
-        let gate = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
-        let results = futures_all(rest.map(|target| {
+        // The hosts whose links are kept come last, each keeping its permit: the gate is
+        // fair, so every other host has asked for one before them and none waits for ever.
+        // Links parked by the hosts tried alone (whatever their lock's outcome) hold theirs.
+        let (mut rest, keep): (Vec<&Target>, Vec<&Target>) =
+            rest.partition(|t| !self.keep.contains(&t.name));
+        rest.extend(keep);
+        let room = crate::transport::room(&*self.transport, self.max_connections).await;
+        let gate = Arc::new(tokio::sync::Semaphore::new(room));
+        let results = futures_all(rest.into_iter().map(|target| {
             let gate = gate.clone();
             async move {
-                let _permit = gate.acquire_owned().await;
-                (target, self.take_host(target, me, force).await)
+                let permit = gate.acquire_owned().await;
+                let result = self.take_host(target, me, force).await;
+                if self.keep.contains(&target.name) {
+                    if let Ok(permit) = permit {
+                        permit.forget();
+                    }
+                }
+                (target, result)
             }
         }))
         .await;
@@ -547,7 +575,11 @@ impl<T: Transport> Lock for FleetLock<T> {
 
     async fn release(&self, me: &Holder) -> Result<(), LockError> {
         let hosts: Vec<Target> = std::mem::take(&mut *self.lock_taken());
-        let gate = Arc::new(tokio::sync::Semaphore::new(self.max_connections));
+        if hosts.is_empty() {
+            return Ok(());
+        }
+        let room = crate::transport::room(&*self.transport, self.max_connections).await;
+        let gate = Arc::new(tokio::sync::Semaphore::new(room));
         let results = futures_all(hosts.iter().map(|target| {
             let gate = gate.clone();
             async move {

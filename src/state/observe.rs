@@ -30,7 +30,18 @@ pub struct Remote<T> {
 
 impl<T: Transport> Observe for Remote<T> {
     async fn observe(&self, _site: &Site, hosts: &Hosts) -> Vec<Observed> {
-        let gate = Arc::new(Semaphore::new(self.max_connections.max(1)));
+        // Links kept for later stages count against the cap (only asked when there is
+        // something to read: it may close one of them).
+        let unread = hosts
+            .hosts
+            .iter()
+            .any(|h| !self.read.contains_key(&*h.name));
+        let room = if unread {
+            crate::transport::room(&*self.transport, self.max_connections.max(1)).await
+        } else {
+            1
+        };
+        let gate = Arc::new(Semaphore::new(room));
         let mut tasks = tokio::task::JoinSet::new();
         let mut out = vec![Observed::Fresh; hosts.hosts.len()];
         for (i, h) in hosts.hosts.iter().enumerate() {

@@ -1,5 +1,7 @@
 //! Links kept open between the stages of one `deploy apply`: the lock, the observation, the
 //! rollout and the lock's release reuse one connection per host instead of opening four.
+//! Over the cap, the links of the hosts expected to be stepped first are kept from the lock to
+//! the rollout ([`Kept::keep_for_steps`]); every other host is connected by each stage anew.
 
 use super::{Link, Target, Transport, TransportError};
 use std::collections::HashMap;
@@ -9,15 +11,30 @@ use std::sync::{Arc, Mutex};
 ///
 /// Links are parked only while there is room: `room` is the connection cap when the whole
 /// fleet fits under it, and 0 otherwise (then every stage connects and closes as it goes, and
-/// the cap holds across stages).
+/// the cap holds across stages), but for the hosts named by [`Kept::keep_for_steps`]: each of
+/// those is parked once, up to the cap. Parked links count against the cap of the stage that
+/// comes next ([`Transport::idle`]), which may close one to make room
+/// ([`Transport::take_idle`]).
 pub struct Kept<T: Transport> {
     inner: T,
     room: usize,
+    cap: usize,
     /// Parked links, and the failures of warming (each handed to the next stage once).
     parked: Mutex<HashMap<String, Result<T::Link, TransportError>>>,
+    /// Over the cap: hosts whose next link is parked, with the rank of their first step and
+    /// whether it was parked already (once only).
+    keep: Mutex<HashMap<String, (usize, bool)>>,
 }
 
 impl<T: Transport> Kept<T> {
+    /// The lock is over: no more links are kept (a host whose link was not parked, having
+    /// failed to connect, is connected as any other from now on). Those kept stay parked.
+    pub fn stop_keeping(&self) {
+        for (_, once) in self.keep().values_mut() {
+            *once = true;
+        }
+    }
+
     /// Parks links for a fleet of `hosts` hosts under a cap of `max_connections`.
     pub fn new(inner: T, hosts: usize, max_connections: usize) -> Self {
         Kept {
@@ -27,7 +44,27 @@ impl<T: Transport> Kept<T> {
             } else {
                 0
             },
+            cap: max_connections,
             parked: Mutex::new(HashMap::new()),
+            keep: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Over the cap: park the next link handed back for each of `hosts` (at most the cap's
+    /// worth, in the order their steps are expected), so that the rollout finds them connected
+    /// by the lock. A host's link is parked once: after its steps it is closed as any other.
+    pub fn keep_for_steps(&self, hosts: impl IntoIterator<Item = String>) {
+        let mut keep = self.keep();
+        keep.clear();
+        // Under a cap of one, the link kept would leave no room to lock the others.
+        if self.room == 0 && self.cap > 1 {
+            keep.extend(
+                hosts
+                    .into_iter()
+                    .take(self.cap)
+                    .enumerate()
+                    .map(|(i, h)| (h, (i, false))),
+            );
         }
     }
 
@@ -76,6 +113,10 @@ impl<T: Transport> Kept<T> {
         while tasks.join_next().await.is_some() {}
     }
 
+    fn keep(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, bool)>> {
+        self.keep.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     #[allow(clippy::type_complexity)]
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Result<T::Link, TransportError>>> {
         self.parked.lock().unwrap_or_else(|p| p.into_inner())
@@ -96,7 +137,15 @@ impl<T: Transport> Transport for Kept<T> {
     async fn park(&self, host: &str, link: T::Link) {
         let refused = {
             let mut parked = self.lock();
-            let full = parked.values().filter(|l| l.is_ok()).count() >= self.room;
+            let count = parked.values().filter(|l| l.is_ok()).count();
+            let kept = self.room == 0
+                && count < self.cap
+                && !matches!(parked.get(host), Some(Ok(_)))
+                && self
+                    .keep()
+                    .get_mut(host)
+                    .is_some_and(|(_, once)| !std::mem::replace(once, true));
+            let full = count >= self.room && !kept;
             if !full && !matches!(parked.get(host), Some(Ok(_))) {
                 parked.insert(host.to_string(), Ok(link));
                 None
@@ -107,6 +156,33 @@ impl<T: Transport> Transport for Kept<T> {
         if let Some(link) = refused {
             link.close().await;
         }
+    }
+
+    /// Over the cap only: when the fleet fits, each host has at most one link, parked or in
+    /// use, and they all fit.
+    fn idle(&self, skip: &dyn Fn(&str) -> bool) -> usize {
+        if self.room > 0 {
+            return 0;
+        }
+        self.lock()
+            .iter()
+            .filter(|(h, l)| l.is_ok() && !skip(h))
+            .count()
+    }
+
+    fn take_idle(&self, skip: &dyn Fn(&str) -> bool) -> Option<T::Link> {
+        if self.room > 0 {
+            return None;
+        }
+        let mut parked = self.lock();
+        // The one whose step is expected last (warmed links have no rank: any of them).
+        let keep = self.keep();
+        let host = parked
+            .iter()
+            .filter(|(h, l)| l.is_ok() && !skip(h))
+            .max_by_key(|(h, _)| keep.get(h.as_str()).map_or(usize::MAX, |(rank, _)| *rank))
+            .map(|(h, _)| h.clone())?;
+        parked.remove(&host)?.ok()
     }
 }
 
@@ -244,5 +320,68 @@ mod tests {
             (kept.parked(), kept.inner.closes.load(Ordering::SeqCst)),
             (2, 2)
         );
+    }
+
+    #[tokio::test]
+    async fn over_the_cap_the_hosts_stepped_first_are_parked_once_and_counted() {
+        let kept = Kept::new(Counting::default(), 5, 2);
+        kept.keep_for_steps(["a", "b", "c"].map(String::from));
+        for name in ["c", "b", "a", "d"] {
+            let link = kept.connect(&target(name)).await.expect("connects");
+            kept.park(name, link).await;
+        }
+        // The cap's worth of the hosts named (the first two), never `d`: `c` and `d` closed.
+        assert_eq!(
+            (kept.parked(), kept.inner.closes.load(Ordering::SeqCst)),
+            (2, 2)
+        );
+        assert_eq!((kept.idle(&|h| h == "x"), kept.idle(&|h| h == "a")), (2, 1));
+        // Once used, a kept host's link is closed when handed back.
+        let a = kept.connect(&target("a")).await.expect("parked");
+        assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 4);
+        kept.park("a", a).await;
+        assert_eq!(kept.parked(), 1);
+        // Room is made by giving up the one stepped last, never the caller's own.
+        let link = kept.connect(&target("a")).await.expect("connects");
+        kept.park("a", link).await;
+        assert!(kept.take_idle(&|h| h == "b").is_none());
+        assert!(kept.take_idle(&|h| h == "a").is_some());
+        assert_eq!(kept.idle(&|h| h == "x"), 0);
+        // When the fleet fits, parked links are every host's only one: none counts.
+        let fits = Kept::new(Counting::default(), 2, 2);
+        let link = fits.connect(&target("a")).await.expect("connects");
+        fits.park("a", link).await;
+        assert_eq!((fits.parked(), fits.idle(&|h| h == "x")), (1, 0));
+        assert!(fits.take_idle(&|h| h == "x").is_none());
+        // Once the lock is over, nothing more is parked (`b` could not be connected then).
+        let late = Kept::new(Counting::default(), 5, 2);
+        late.keep_for_steps(["a", "b"].map(String::from));
+        late.stop_keeping();
+        let b = late.connect(&target("b")).await.expect("connects");
+        late.park("b", b).await;
+        assert_eq!(late.parked(), 0);
+        // Under a cap of one nothing is kept: the link would leave no room for the others.
+        let one = Kept::new(Counting::default(), 5, 1);
+        one.keep_for_steps(["a"].map(String::from));
+        let a = one.connect(&target("a")).await.expect("connects");
+        one.park("a", a).await;
+        assert_eq!(one.parked(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_one_stepped_last_is_given_up_first() {
+        let kept = Kept::new(Counting::default(), 9, 3);
+        kept.keep_for_steps(["a", "b", "c"].map(String::from));
+        for name in ["b", "c", "a"] {
+            let link = kept.connect(&target(name)).await.expect("connects");
+            kept.park(name, link).await;
+        }
+        assert_eq!(kept.parked(), 3);
+        assert!(kept.take_idle(&|h| h == "x").is_some());
+        // `c` went: `a` and `b` are still handed out without connecting.
+        for name in ["a", "b"] {
+            kept.connect(&target(name)).await.expect("parked");
+        }
+        assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 3);
     }
 }

@@ -100,6 +100,32 @@ pub trait Transport: Send + Sync + 'static {
         let _ = host;
         link.close()
     }
+    /// How many links this transport holds parked for later (but those of hosts `skip`
+    /// names): they are open connections, and count against the cap of the stage that
+    /// connects next.
+    fn idle(&self, skip: &dyn Fn(&str) -> bool) -> usize {
+        let _ = skip;
+        0
+    }
+    /// One of those parked links (not of a host `skip` names), given up for the caller to
+    /// close when it needs the room under its cap.
+    fn take_idle(&self, skip: &dyn Fn(&str) -> bool) -> Option<Self::Link> {
+        let _ = skip;
+        None
+    }
+}
+
+/// How many connections a stage may open at once under a cap of `max`, the links `transport`
+/// keeps parked counted in; when they fill the cap, one of them is closed to leave room for one.
+pub async fn room<T: Transport>(transport: &T, max: usize) -> usize {
+    let parked = transport.idle(&|_| false);
+    if parked < max {
+        return max - parked;
+    }
+    if let Some(link) = transport.take_idle(&|_| false) {
+        link.close().await;
+    }
+    1
 }
 
 /// An open connection to one host; every command on that host goes through it.

@@ -303,3 +303,98 @@ fn a_host_refuses_a_lower_fencing_token_and_keeps_the_highest() {
     block_on(lock(41).acquire(&a, false)).unwrap();
     assert_eq!(std::fs::read_to_string(&fence).unwrap(), "41\n");
 }
+
+/// Links of a [`Local`] transport, counted while open; commands on hosts not `fast` take
+/// 50 ms more.
+struct Open {
+    inner: Local,
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+    fast: Vec<String>,
+}
+
+struct OpenLink {
+    inner: <Local as Transport>::Link,
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    slow: bool,
+}
+
+impl Transport for Open {
+    type Link = OpenLink;
+    async fn connect(&self, target: &Target) -> Result<OpenLink, crate::transport::TransportError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let inner = self.inner.connect(target).await?;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(now, SeqCst);
+        // Connecting takes a moment: the others run meanwhile.
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        Ok(OpenLink {
+            inner,
+            now: self.now.clone(),
+            slow: !self.fast.contains(&target.name),
+        })
+    }
+}
+
+impl Link for OpenLink {
+    async fn run(&self, script: &str) -> Result<Output, crate::transport::TransportError> {
+        if self.slow {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        self.inner.run(script).await
+    }
+    async fn close(self) {
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn links_kept_for_the_steps_and_those_in_use_never_exceed_the_cap() {
+    use crate::transport::Kept;
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (now, peak) = (Arc::default(), Arc::default());
+    // Three hosts kept under a cap of three, the first in name order (taken alone) among
+    // them; their locks are quick to take, the others' slow: a kept host is done while
+    // others still hold connections.
+    let keep = ["h01", "h07", "h12"].map(String::from);
+    let open = Open {
+        inner: Local::new(dir.path().to_path_buf()),
+        now: Arc::clone(&now),
+        peak: Arc::clone(&peak),
+        fast: keep.to_vec(),
+    };
+    let names: Vec<String> = (1..=12).map(|i| format!("h{i:02}")).collect();
+    let hosts: Vec<Target> = names
+        .iter()
+        .map(|n| Target {
+            name: n.clone(),
+            address: "127.0.0.1".into(),
+        })
+        .collect();
+    let transport = Arc::new(Kept::new(open, hosts.len(), 3));
+    transport.keep_for_steps(keep.clone());
+    let fleet = FleetLock::new(transport.clone(), hosts, "var/lib/drover", 3).keeping(keep);
+    let me = Holder::me("shop", "run-a");
+    block_on(async {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            fleet.acquire(&me, false),
+        )
+        .await
+        .expect("no deadlock")
+    })
+    .expect("locked");
+    assert!(peak.load(SeqCst) <= 3, "{} open at once", peak.load(SeqCst));
+    assert_eq!((transport.parked(), now.load(SeqCst)), (3, 3));
+    // Releasing every host, the kept links included, still stays under the cap.
+    block_on(fleet.release(&me)).expect("released");
+    assert!(peak.load(SeqCst) <= 3, "{} open at once", peak.load(SeqCst));
+    assert_eq!(transport.parked(), 0, "used once, then closed");
+    for n in &names {
+        assert!(
+            !dir.path().join(n).join("var/lib/drover/lock").exists(),
+            "{n}"
+        );
+    }
+}
