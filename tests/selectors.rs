@@ -227,6 +227,10 @@ service "web" {
     .expect("write the site");
     let site = root.join("site.kdl");
     let site = site.to_str().expect("UTF-8 path");
+    // A selector that matches nothing is refused before any host is contacted (locked).
+    let run = deploy(&["apply", site, "--yes", "--on", "host:nope"]);
+    assert_eq!(run.code, USAGE, "stderr:\n{}", run.stderr);
+    assert!(!root.join("hosts").exists(), "a host was contacted");
     let run = deploy(&["apply", site, "--yes", "--on", "tag:zone=a,!host:app1"]);
     assert_eq!(
         run.code, 0,

@@ -9,8 +9,9 @@
 //! - [`FleetLock`], on the hosts: a directory `<state-dir>/lock` on every host of the site,
 //!   made with `mkdir` (atomic) over the transport, with `holder.json` inside. Two operators
 //!   on two laptops meet there. The first host in name order is taken alone, before the
-//!   others (all at once): every contender must pass it, so two runs never each take half of
-//!   the fleet and both refuse.
+//!   others (then at most `max_connections` at once, the hosts whose links are kept last):
+//!   every contender must pass it, so two runs never each take half of the fleet and both
+//!   refuse.
 //!
 //! A shared store (etcd) would be a third implementation: a key with the same JSON, created
 //! only if absent, bound to a lease whose keep-alive is the heartbeat.
@@ -390,7 +391,11 @@ impl<T: Transport> FleetLock<T> {
             Err(e) => return HostLock::Unreachable(e.to_string()),
         };
         let result = self.take_on(&link, target, me, force).await;
-        self.transport.park(&target.name, link).await;
+        match result {
+            // A link whose command failed is not handed on: the next stage connects anew.
+            HostLock::Unreachable(_) => link.close().await,
+            _ => self.transport.park(&target.name, link).await,
+        }
         result
     }
 

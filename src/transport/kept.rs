@@ -27,14 +27,6 @@ pub struct Kept<T: Transport> {
 }
 
 impl<T: Transport> Kept<T> {
-    /// The lock is over: no more links are kept (a host whose link was not parked, having
-    /// failed to connect, is connected as any other from now on). Those kept stay parked.
-    pub fn stop_keeping(&self) {
-        for (_, once) in self.keep().values_mut() {
-            *once = true;
-        }
-    }
-
     /// Parks links for a fleet of `hosts` hosts under a cap of `max_connections`.
     pub fn new(inner: T, hosts: usize, max_connections: usize) -> Self {
         Kept {
@@ -65,6 +57,14 @@ impl<T: Transport> Kept<T> {
                     .enumerate()
                     .map(|(i, h)| (h, (i, false))),
             );
+        }
+    }
+
+    /// The lock is over: no more links are kept (a host whose link was not parked, having
+    /// failed to connect, is connected as any other from now on). Those kept stay parked.
+    pub fn stop_keeping(&self) {
+        for (_, once) in self.keep().values_mut() {
+            *once = true;
         }
     }
 
@@ -175,7 +175,7 @@ impl<T: Transport> Transport for Kept<T> {
             return None;
         }
         let mut parked = self.lock();
-        // The one whose step is expected last (warmed links have no rank: any of them).
+        // The one whose step is expected last.
         let keep = self.keep();
         let host = parked
             .iter()

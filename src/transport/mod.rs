@@ -100,9 +100,9 @@ pub trait Transport: Send + Sync + 'static {
         let _ = host;
         link.close()
     }
-    /// How many links this transport holds parked for later (but those of hosts `skip`
-    /// names): they are open connections, and count against the cap of the stage that
-    /// connects next.
+    /// How many of the links this transport holds parked for later count against the cap of
+    /// the stage that connects next (but those of hosts `skip` names). [`Kept`] counts them
+    /// only over the cap: when the fleet fits, each host's one link fits with the others.
     fn idle(&self, skip: &dyn Fn(&str) -> bool) -> usize {
         let _ = skip;
         0
