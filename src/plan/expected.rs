@@ -6,23 +6,20 @@ use super::{waves, Selection};
 use crate::inventory::{HostId, Hosts};
 use crate::site::Site;
 
-/// At most `n` hosts, each once, in the order their first step is expected to start if every
-/// host selected has one: services in the site's dependency order, a service's hosts in the
+/// The hosts selected, each once, in the order their first step is expected to start if
+/// every one has a step: services in the site's dependency order, a service's hosts in the
 /// order of its waves (canary, `spread` groups). An estimate: which hosts have steps is only
 /// known once they are read, and services that need nothing start together.
-pub fn first_hosts(site: &Site, hosts: &Hosts, selection: &Selection, n: usize) -> Vec<HostId> {
+pub fn first_hosts(site: &Site, hosts: &Hosts, selection: &Selection) -> Vec<HostId> {
     let mut seen = vec![false; hosts.hosts.len()];
-    let mut out = Vec::with_capacity(n.min(hosts.hosts.len()));
+    let mut out = Vec::new();
     for &sid in &site.order {
-        if out.len() >= n {
-            break;
-        }
         let service = &site.services[sid];
         let mut members = hosts.of_classes(&service.classes);
         members.retain(|&h| selection.has(sid, h));
         for group in waves::waves(hosts, &members, &service.policy, usize::MAX) {
             for h in group.hosts {
-                if out.len() < n && !std::mem::replace(&mut seen[h], true) {
+                if !std::mem::replace(&mut seen[h], true) {
                     out.push(h);
                 }
             }
@@ -64,7 +61,7 @@ mod tests {
     }
 
     #[test]
-    fn services_in_dependency_order_each_host_once_at_most_n() {
+    fn services_in_dependency_order_each_host_once_and_only_those_selected() {
         let (_dir, site, hosts) = site();
         let names = |ids: Vec<HostId>| -> Vec<String> {
             ids.into_iter()
@@ -73,19 +70,14 @@ mod tests {
         };
         let all = Selection::default();
         assert_eq!(
-            names(first_hosts(&site, &hosts, &all, 10)),
+            names(first_hosts(&site, &hosts, &all)),
             ["db1", "db2", "w1", "w2"]
         );
-        assert_eq!(
-            names(first_hosts(&site, &hosts, &all, 3)),
-            ["db1", "db2", "w1"]
-        );
-        assert!(first_hosts(&site, &hosts, &all, 0).is_empty());
         // `--only front --on w2`: the one host selected.
         let only = Selection {
             services: site.service("front").map(|s| [s].into()),
             hosts: hosts.find("w2").map(|h| [h].into()),
         };
-        assert_eq!(names(first_hosts(&site, &hosts, &only, 10)), ["w2"]);
+        assert_eq!(names(first_hosts(&site, &hosts, &only)), ["w2"]);
     }
 }

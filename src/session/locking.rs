@@ -135,13 +135,11 @@ impl Session {
         // Every connection at once, before the lock takes its first host alone.
         self.runtime.block_on(transport.warm(&targets));
         // Over the cap, the links of the hosts stepped first are kept from their lock to their
-        // steps (not when carrying on a run: every host is read again then).
-        let keep = if hosts.hosts.len() > self.max_connections
-            && self.max_connections > 1
-            && matches!(unfinished, Ok(None))
-        {
+        // steps (not when carrying on a run: every host is read again then); the transport and
+        // the lock keep none under a cap of one.
+        let keep = if hosts.hosts.len() > self.max_connections && matches!(unfinished, Ok(None)) {
             let reading: HashSet<&str> = targets.iter().map(|t| t.name.as_str()).collect();
-            crate::plan::first_hosts(site, hosts, selection, hosts.hosts.len())
+            crate::plan::first_hosts(site, hosts, selection)
                 .into_iter()
                 .map(|h| hosts.hosts[h].name.to_string())
                 .filter(|name| reading.contains(name.as_str()))
@@ -178,7 +176,7 @@ impl Session {
         }
         self.held().fleet = Some(fleet);
         *self.known.lock().unwrap_or_else(|p| p.into_inner()) = known;
-        self.carry_on(site, &transport, &targets, &state_dir);
+        self.carry_on(site, unfinished, &transport, &targets, &state_dir);
         Ok(transport)
     }
 
@@ -232,11 +230,19 @@ impl Session {
         Some(held.fleet.as_ref()?.release_text(&held.holder))
     }
 
-    /// An unfinished run of this site: say where it stopped, and kill the hooks it may have
-    /// left running on the hosts of its steps in flight (a run that died, rather than stopped
-    /// on a signal, does not get to stop them).
-    fn carry_on(&self, site: &Site, transport: &RunTransport, targets: &[Target], state_dir: &str) {
-        let rec = match journal::unfinished(&self.root, &site.name) {
+    /// An unfinished run of this site (`unfinished`, as read once the controller's lock was
+    /// taken): say where it stopped, and kill the hooks it may have left running on the hosts
+    /// of its steps in flight (a run that died, rather than stopped on a signal, does not get
+    /// to stop them).
+    fn carry_on(
+        &self,
+        site: &Site,
+        unfinished: Result<Option<journal::RunRecord>, String>,
+        transport: &RunTransport,
+        targets: &[Target],
+        state_dir: &str,
+    ) {
+        let rec = match unfinished {
             Ok(Some(rec)) => rec,
             Ok(None) => return,
             Err(e) => {
