@@ -1,10 +1,11 @@
-//! The order hosts can be expected to be stepped in, known before any host is read: services
-//! in dependency order, each one's hosts in the order of its waves. Over the connection cap,
-//! the connections made to lock and read the first of these hosts are kept for their steps.
+//! What is known of the plan before any host is read: the order hosts can be expected to be
+//! stepped in (services in dependency order, each one's hosts in the order of its waves; over
+//! the connection cap, the connections made to lock and read the first of these hosts are kept
+//! for their steps), and which hosts' states each service's part of the plan is made from.
 
 use super::{waves, Selection};
 use crate::inventory::{HostId, Hosts};
-use crate::site::Site;
+use crate::site::{ServiceId, Site};
 
 /// The hosts selected, each once, in the order their first step is expected to start if
 /// every one has a step: services in the site's dependency order, a service's hosts in the
@@ -28,11 +29,35 @@ pub fn first_hosts(site: &Site, hosts: &Hosts, selection: &Selection) -> Vec<Hos
     out
 }
 
+/// The hosts whose state `service`'s part of the plan is made from, in id order: its own hosts
+/// and those of every service it needs, at runtime or for addresses only (a need for addresses
+/// may name a service later in dependency order). Whatever every other host runs, the service's
+/// part of the plan is the same (`plan::proptests`): once these hosts are read, the service can
+/// be planned before the rest of the fleet is read. (Its steps may still have to wait: a step's
+/// `after` and `waits` name other services' steps, which are planned from other hosts.)
+pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostId> {
+    let s = &site.services[service];
+    let mut classes: Vec<_> = s.classes.clone();
+    for need in &s.needs {
+        classes.extend(&site.services[need.service].classes);
+    }
+    classes.sort_unstable();
+    classes.dedup();
+    let mut out: Vec<HostId> = classes
+        .iter()
+        .flat_map(|c| hosts.by_class[*c].iter().copied())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `web` hosts run `front`, which needs `app`, which needs `db` on the `db` hosts; the
+    /// `web` hosts run `front`, which needs `app`, which needs `db` on the `db` hosts; `db`
+    /// is handed the addresses of `front` (a need for addresses, on a later service). The
     /// inventory lists the web hosts first.
     fn site() -> (tempfile::TempDir, Site, Hosts) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -53,7 +78,7 @@ mod tests {
              class \"db\" { service \"db\" }\n\
              service \"front\" { port 80; start \"run\"; needs \"app\" }\n\
              service \"app\" { port 81; start \"run\"; needs \"db\" }\n\
-             service \"db\" { port 82; start \"run\" }\n",
+             service \"db\" { port 82; start \"run\"; needs \"front\" addressable=\"all\" }\n",
         );
         let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
         let hosts = crate::inventory::resolve(&site).expect("hosts");
@@ -79,5 +104,24 @@ mod tests {
             hosts: hosts.find("w2").map(|h| [h].into()),
         };
         assert_eq!(names(first_hosts(&site, &hosts, &only)), ["w2"]);
+    }
+
+    #[test]
+    fn a_service_is_planned_from_its_hosts_and_its_needs_hosts() {
+        let (_dir, site, hosts) = site();
+        // In id order, which is the hosts' name order.
+        let from = |service: &str| -> Vec<String> {
+            let sid = site.service(service).expect("service");
+            planned_from(&site, &hosts, sid)
+                .into_iter()
+                .map(|h| hosts.hosts[h].name.to_string())
+                .collect()
+        };
+        // `db` is handed `front`'s addresses: the web hosts too, though `front` comes later.
+        assert_eq!(from("db"), ["db1", "db2", "w1", "w2"]);
+        // `app` runs on the web hosts and needs `db`.
+        assert_eq!(from("app"), ["db1", "db2", "w1", "w2"]);
+        // `front` needs `app`, on its own hosts: not `db`'s, which only `app` needs.
+        assert_eq!(from("front"), ["w1", "w2"]);
     }
 }

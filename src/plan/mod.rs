@@ -11,7 +11,7 @@ mod proptests;
 mod waves;
 
 pub use drift::drift;
-pub use expected::first_hosts;
+pub use expected::{first_hosts, planned_from};
 
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};

@@ -663,8 +663,102 @@ fn check_deterministic(b: &Built) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A service's part of the plan is made from the hosts [`super::planned_from`] names alone:
+/// whatever every other host runs (`other[h]`: nothing, no answer, another host's state), it
+/// is the same; and those hosts are exactly the service's and its needs' (no more, which would
+/// leave less to plan early). `extra` adds needs for addresses only, which may name a service
+/// of any rank (the generator's needs name lower ranks), so that a need on a later service is
+/// covered too.
+fn check_planned_from(
+    mut b: Built,
+    extra: &[(Pick, Pick, Quota)],
+    other: &[(u8, Pick)],
+) -> Result<(), TestCaseError> {
+    let n = b.site.services.len();
+    for &(from, to, q) in extra {
+        let (s, t) = (from.of(n), to.of(n));
+        if s != t && !b.site.services[s].needs.iter().any(|x| x.service == t) {
+            b.site.services[s].needs.push(Need {
+                service: t,
+                healthy: None,
+                addressable: Some(q),
+            });
+        }
+    }
+    let (hosts, mut observed, selection, _) = plan_with(&b, b.hosts.clone());
+    // Every other host recorded no pool of the services it needs: those steps then wait for
+    // the needed services' steps on the pools' hosts, the one way another service's hosts
+    // shape a service's plan.
+    for o in observed.iter_mut().step_by(2) {
+        if let Observed::Running { services } = o {
+            for record in services.values_mut() {
+                if let Some(inputs) = &mut record.inputs {
+                    inputs.0.retain(|k, _| !k.starts_with("needs:"));
+                }
+            }
+        }
+    }
+    let desired = crate::desired::resolve(&b.site, &hosts, &crate::secrets::Secrets::none())
+        .expect("no files to read");
+    let whole = plan(&b.site, &hosts, &observed, &desired, &selection).expect("as many as hosts");
+    let planned = by_service(&b.site, &whole);
+    for (sid, service) in planned.iter().enumerate() {
+        let from = super::planned_from(&b.site, &hosts, sid);
+        let mut want: BTreeSet<HostId> = hosts_of(&b.site, &hosts, sid).into_iter().collect();
+        for need in &b.site.services[sid].needs {
+            want.extend(hosts_of(&b.site, &hosts, need.service));
+        }
+        prop_assert_eq!(
+            &from,
+            &want.into_iter().collect::<Vec<_>>(),
+            "in id order, once each"
+        );
+        let mut changed = observed.clone();
+        for (h, o) in changed.iter_mut().enumerate() {
+            if from.binary_search(&h).is_ok() {
+                continue;
+            }
+            let (kind, pick) = other[h % other.len()];
+            let was = o.clone();
+            *o = match kind % 3 {
+                0 => Observed::Fresh,
+                1 => Observed::Unreachable {
+                    reason: "not read yet".into(),
+                },
+                _ => observed[pick.of(observed.len())].clone(),
+            };
+            if *o == was {
+                // Something else than it was, whatever was drawn.
+                *o = match was {
+                    Observed::Fresh => Observed::Unreachable {
+                        reason: "not read yet".into(),
+                    },
+                    _ => Observed::Fresh,
+                };
+            }
+        }
+        let p = plan(&b.site, &hosts, &changed, &desired, &selection).expect("as many as hosts");
+        prop_assert_eq!(
+            by_service(&b.site, &p)[sid],
+            *service,
+            "{}'s plan changed with hosts it is not planned from",
+            &service.name
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn a_service_is_planned_from_its_hosts_and_its_needs_hosts_alone(
+        spec in spec(),
+        extra in prop::collection::vec((pick(), pick(), quota()), 0..3),
+        other in prop::collection::vec((any::<u8>(), pick()), 1..61),
+    ) {
+        check_planned_from(build(&spec), &extra, &other)?;
+    }
 
     #[test]
     fn plans_keep_the_rules(spec in spec()) {

@@ -1,13 +1,11 @@
 //! The coordinator: decides which steps may start, launches them, and records what finished.
 
-use super::budget::Flowing;
 use super::event::{Event, EventKind, ServiceOutcome};
 use super::hook::{service_env, step_env};
 use super::links::Links;
 use super::step::{self, ServiceJob, StepJob, StepResult};
 use super::{initial_record, Rollout, Summary};
-use crate::plan::{SkipReason, StepKind};
-use crate::site::Pause;
+use crate::plan::StepKind;
 use crate::state::HostRecord;
 use crate::transport::{Target, Transport};
 use std::collections::{HashMap, HashSet};
@@ -16,6 +14,8 @@ use std::time::Instant;
 use tokio::task::JoinSet;
 use tokio::time::Instant as TokioInstant;
 
+mod ending;
+mod flowing;
 mod stopping;
 
 /// Per service: where its rollout stands.
@@ -556,228 +556,11 @@ impl<T: Transport> Scheduler<T> {
         self.settle(s, w);
     }
 
-    /// Ends wave `w` of `s` if it is open and has nothing left: no step running, and none
-    /// pending if it is the newest.
-    fn settle(&mut self, s: usize, w: usize) {
-        let svc = &self.svcs[s];
-        let newest = svc.next_wave.checked_sub(1) == Some(w);
-        let Some(at) = svc.open.iter().position(|o| o.wave == w) else {
-            return;
-        };
-        if svc.open[at].running == 0 && (!newest || svc.pending.is_empty()) {
-            self.svcs[s].open.remove(at);
-            self.wave_over(s, w);
-        }
-    }
-
-    /// Whether `s` may open its next wave while steps of its open ones still run: a wave's
-    /// free slot goes to the next wave's hosts at once (at most `batch` hosts switching), when
-    /// nothing asks for a whole wave to end first (no pause or confirmation between waves, no
-    /// `spread`, the open wave is not the canary) and the failure budgets would hold even if
-    /// every step still running failed. So opening early changes when hosts start, never
-    /// which: waiting for the whole wave would have opened the next one too.
-    fn flows(&self, s: usize) -> bool {
-        let sp = &self.r.plan.services[s];
-        let svc = &self.svcs[s];
-        let Some(newest) = svc.next_wave.checked_sub(1) else {
-            return false;
-        };
-        let Some(rule) = super::budget::flowing(&sp.policy) else {
-            return false;
-        };
-        // Under `budget`, every step running in the run counts as a failure to come, when the
-        // site has a run budget (and last: it walks every service).
-        let run_holds = |count_running: bool| {
-            self.r.plan.max_failed_hosts.is_none_or(|limit| {
-                let running: usize = if count_running {
-                    self.svcs.iter().map(|v| v.running).sum()
-                } else {
-                    0
-                };
-                self.failed_hosts + running <= limit
-            })
-        };
-        let open = svc.next_wave < sp.waves.len()
-            && svc.running < sp.policy.batch_hosts
-            && !sp.waves[newest].canary;
-        open && match rule {
-            Flowing::Slots { limit } => svc.failed <= limit && run_holds(false),
-            Flowing::Budget { limit } => {
-                svc.failed.saturating_add(svc.running) <= limit && run_holds(true)
-            }
-        }
-    }
-
-    /// Under `flow "slots"`, why no new host of `s` may start now: the service's or the run's
-    /// failure budget is spent. Checked before each new host starts.
-    fn slots_spent(&self, s: usize) -> Option<String> {
-        let sp = &self.r.plan.services[s];
-        let Some(Flowing::Slots { .. }) = super::budget::flowing(&sp.policy) else {
-            return None;
-        };
-        // The same checks, in the same order, as before a new wave opens.
-        super::budget::run_exceeded(&self.r.plan, self.failed_hosts)
-            .or_else(|| super::budget::service_exceeded(&sp.policy, self.svcs[s].failed))
-    }
-
     /// One step of host `h` is over (done, failed or blocked); whether it has none left.
     fn host_step_over(&mut self, h: usize) -> bool {
         let host = &mut self.hosts[h];
         host.steps_left = host.steps_left.saturating_sub(1);
         host.steps_left == 0
-    }
-
-    fn wave_over(&mut self, s: usize, w: usize) {
-        let sp = &self.r.plan.services[s];
-        let failed = self.svcs[s].failed;
-        self.emit(EventKind::WaveFinished {
-            service: sp.name.clone(),
-            wave: w + 1,
-            failed,
-        });
-        let pause = match crate::site::parse_duration(&sp.policy.pause) {
-            Ok(d) => Pause::Wait(d),
-            Err(_) => Pause::Confirm,
-        };
-        // The pause is between waves: none after the last one.
-        let another = w + 1 < sp.waves.len();
-        if let (Pause::Wait(d), true) = (pause, another) {
-            self.svcs[s].not_before = Some(TokioInstant::now() + d);
-        }
-    }
-
-    /// The open wave `w` of `s` exceeded its budget: none of its pending steps starts.
-    fn cut_wave(&mut self, s: usize, w: usize, reason: &str) {
-        let plan = self.r.plan.clone();
-        let sp = &plan.services[s];
-        for i in std::mem::take(&mut self.svcs[s].pending) {
-            let st = &sp.waves[w].steps[i];
-            self.emit(EventKind::StepBlocked {
-                service: sp.name.clone(),
-                host: st.host.to_string(),
-                reason: reason.to_string(),
-            });
-            self.svcs[s].not_started += 1;
-            if let Some(&h) = self.host_index.get(&st.host) {
-                self.hosts[h].broken.insert(s);
-                self.host_step_over(h);
-            }
-        }
-        self.settle(s, w);
-    }
-
-    /// Stops `s`: its unopened waves never start.
-    fn halt(&mut self, s: usize, reason: String) {
-        let sp = &self.r.plan.services[s];
-        let left: Vec<Arc<str>> = sp.waves[self.svcs[s].next_wave..]
-            .iter()
-            .flat_map(|w| &w.steps)
-            .map(|st| st.host.clone())
-            .collect();
-        self.give_up(s, &left);
-        self.end_service(s, ServiceOutcome::Halted, Some(reason));
-    }
-
-    /// `s` can never start: every step is left undone.
-    fn block(&mut self, s: usize, reason: String) {
-        let sp = &self.r.plan.services[s];
-        let left: Vec<Arc<str>> = sp
-            .waves
-            .iter()
-            .flat_map(|w| &w.steps)
-            .map(|st| st.host.clone())
-            .collect();
-        self.give_up(s, &left);
-        self.svcs[s].started = true;
-        self.end_service(s, ServiceOutcome::Blocked, Some(reason));
-    }
-
-    fn give_up(&mut self, s: usize, hosts: &[Arc<str>]) {
-        for name in hosts {
-            if let Some(&h) = self.host_index.get(name) {
-                self.hosts[h].broken.insert(s);
-                self.host_step_over(h);
-            }
-        }
-        self.svcs[s].not_started += hosts.len();
-    }
-
-    fn end_service(&mut self, s: usize, outcome: ServiceOutcome, reason: Option<String>) {
-        let svc = &mut self.svcs[s];
-        svc.finished = Some(outcome);
-        let (succeeded, failed, not_started) = (svc.succeeded, svc.failed, svc.not_started);
-        let has_steps = self.r.plan.services[s]
-            .waves
-            .iter()
-            .any(|w| !w.steps.is_empty());
-        if has_steps {
-            self.emit(EventKind::ServiceFinished {
-                service: self.r.plan.services[s].name.clone(),
-                outcome,
-                reason,
-                succeeded,
-                failed,
-                not_started,
-            });
-        }
-    }
-
-    fn summary(&self) -> Summary {
-        let plan = &self.r.plan;
-        let mut sum = Summary {
-            released: self.released.clone(),
-            ..Summary::default()
-        };
-        for (s, svc) in self.svcs.iter().enumerate() {
-            sum.succeeded += svc.succeeded;
-            sum.failed += svc.failed;
-            sum.not_started += svc.not_started;
-            if svc.finished.is_none() {
-                sum.not_started += plan.services[s]
-                    .waves
-                    .iter()
-                    .map(|w| w.steps.len())
-                    .sum::<usize>()
-                    - svc.succeeded
-                    - svc.failed;
-            }
-        }
-        sum.unreachable = plan
-            .services
-            .iter()
-            .flat_map(|s| &s.skipped)
-            .filter(|k| k.reason == SkipReason::Unreachable)
-            .map(|k| k.host.clone())
-            .collect::<HashSet<_>>()
-            .len();
-        sum.failures = self
-            .hosts
-            .iter()
-            .enumerate()
-            .flat_map(|(h, st)| st.failed.iter().map(move |s| (h, *s)))
-            .map(|(h, s)| {
-                (
-                    plan.hosts[h].name.to_string(),
-                    plan.services[s].name.clone(),
-                    self.r
-                        .log_dir
-                        .join(&*plan.hosts[h].name)
-                        .join(format!("{}.log", plan.services[s].name))
-                        .display()
-                        .to_string(),
-                )
-            })
-            .collect();
-        sum.failures.sort();
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.emit(EventKind::RunFinished {
-            converged: sum.converged(),
-            succeeded: sum.succeeded,
-            failed: sum.failed,
-            not_started: sum.not_started,
-            ms,
-        });
-        sum
     }
 }
 

@@ -1,8 +1,11 @@
 //! The locks on the controller and on the hosts, with real files and the local transport's
 //! /bin/sh.
+use super::fleet::{after_taken, release_script, TAKEN};
 use super::*;
 use crate::transport::Local;
+use crate::transport::{Link, Output, Target, Transport};
 use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
 
 fn block_on<F: Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()

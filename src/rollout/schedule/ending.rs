@@ -1,0 +1,186 @@
+//! How waves, services and the run end: a wave settled, cut short by its budget or paused
+//! after; a service halted, blocked or finished; the run's summary.
+
+use super::super::event::{EventKind, ServiceOutcome};
+use super::super::Summary;
+use super::Scheduler;
+use crate::plan::SkipReason;
+use crate::site::Pause;
+use crate::transport::Transport;
+use std::collections::HashSet;
+use std::sync::Arc;
+use tokio::time::Instant as TokioInstant;
+
+impl<T: Transport> Scheduler<T> {
+    /// Ends wave `w` of `s` if it is open and has nothing left: no step running, and none
+    /// pending if it is the newest.
+    pub(super) fn settle(&mut self, s: usize, w: usize) {
+        let svc = &self.svcs[s];
+        let newest = svc.next_wave.checked_sub(1) == Some(w);
+        let Some(at) = svc.open.iter().position(|o| o.wave == w) else {
+            return;
+        };
+        if svc.open[at].running == 0 && (!newest || svc.pending.is_empty()) {
+            self.svcs[s].open.remove(at);
+            self.wave_over(s, w);
+        }
+    }
+
+    fn wave_over(&mut self, s: usize, w: usize) {
+        let sp = &self.r.plan.services[s];
+        let failed = self.svcs[s].failed;
+        self.emit(EventKind::WaveFinished {
+            service: sp.name.clone(),
+            wave: w + 1,
+            failed,
+        });
+        let pause = match crate::site::parse_duration(&sp.policy.pause) {
+            Ok(d) => Pause::Wait(d),
+            Err(_) => Pause::Confirm,
+        };
+        // The pause is between waves: none after the last one.
+        let another = w + 1 < sp.waves.len();
+        if let (Pause::Wait(d), true) = (pause, another) {
+            self.svcs[s].not_before = Some(TokioInstant::now() + d);
+        }
+    }
+
+    /// The open wave `w` of `s` exceeded its budget: none of its pending steps starts.
+    pub(super) fn cut_wave(&mut self, s: usize, w: usize, reason: &str) {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        for i in std::mem::take(&mut self.svcs[s].pending) {
+            let st = &sp.waves[w].steps[i];
+            self.emit(EventKind::StepBlocked {
+                service: sp.name.clone(),
+                host: st.host.to_string(),
+                reason: reason.to_string(),
+            });
+            self.svcs[s].not_started += 1;
+            if let Some(&h) = self.host_index.get(&st.host) {
+                self.hosts[h].broken.insert(s);
+                self.host_step_over(h);
+            }
+        }
+        self.settle(s, w);
+    }
+
+    /// Stops `s`: its unopened waves never start.
+    pub(super) fn halt(&mut self, s: usize, reason: String) {
+        let sp = &self.r.plan.services[s];
+        let left: Vec<Arc<str>> = sp.waves[self.svcs[s].next_wave..]
+            .iter()
+            .flat_map(|w| &w.steps)
+            .map(|st| st.host.clone())
+            .collect();
+        self.give_up(s, &left);
+        self.end_service(s, ServiceOutcome::Halted, Some(reason));
+    }
+
+    /// `s` can never start: every step is left undone.
+    pub(super) fn block(&mut self, s: usize, reason: String) {
+        let sp = &self.r.plan.services[s];
+        let left: Vec<Arc<str>> = sp
+            .waves
+            .iter()
+            .flat_map(|w| &w.steps)
+            .map(|st| st.host.clone())
+            .collect();
+        self.give_up(s, &left);
+        self.svcs[s].started = true;
+        self.end_service(s, ServiceOutcome::Blocked, Some(reason));
+    }
+
+    pub(super) fn give_up(&mut self, s: usize, hosts: &[Arc<str>]) {
+        for name in hosts {
+            if let Some(&h) = self.host_index.get(name) {
+                self.hosts[h].broken.insert(s);
+                self.host_step_over(h);
+            }
+        }
+        self.svcs[s].not_started += hosts.len();
+    }
+
+    pub(super) fn end_service(
+        &mut self,
+        s: usize,
+        outcome: ServiceOutcome,
+        reason: Option<String>,
+    ) {
+        let svc = &mut self.svcs[s];
+        svc.finished = Some(outcome);
+        let (succeeded, failed, not_started) = (svc.succeeded, svc.failed, svc.not_started);
+        let has_steps = self.r.plan.services[s]
+            .waves
+            .iter()
+            .any(|w| !w.steps.is_empty());
+        if has_steps {
+            self.emit(EventKind::ServiceFinished {
+                service: self.r.plan.services[s].name.clone(),
+                outcome,
+                reason,
+                succeeded,
+                failed,
+                not_started,
+            });
+        }
+    }
+
+    pub(super) fn summary(&self) -> Summary {
+        let plan = &self.r.plan;
+        let mut sum = Summary {
+            released: self.released.clone(),
+            ..Summary::default()
+        };
+        for (s, svc) in self.svcs.iter().enumerate() {
+            sum.succeeded += svc.succeeded;
+            sum.failed += svc.failed;
+            sum.not_started += svc.not_started;
+            if svc.finished.is_none() {
+                sum.not_started += plan.services[s]
+                    .waves
+                    .iter()
+                    .map(|w| w.steps.len())
+                    .sum::<usize>()
+                    - svc.succeeded
+                    - svc.failed;
+            }
+        }
+        sum.unreachable = plan
+            .services
+            .iter()
+            .flat_map(|s| &s.skipped)
+            .filter(|k| k.reason == SkipReason::Unreachable)
+            .map(|k| k.host.clone())
+            .collect::<HashSet<_>>()
+            .len();
+        sum.failures = self
+            .hosts
+            .iter()
+            .enumerate()
+            .flat_map(|(h, st)| st.failed.iter().map(move |s| (h, *s)))
+            .map(|(h, s)| {
+                (
+                    plan.hosts[h].name.to_string(),
+                    plan.services[s].name.clone(),
+                    self.r
+                        .log_dir
+                        .join(&*plan.hosts[h].name)
+                        .join(format!("{}.log", plan.services[s].name))
+                        .display()
+                        .to_string(),
+                )
+            })
+            .collect();
+        sum.failures.sort();
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.emit(EventKind::RunFinished {
+            converged: sum.converged(),
+            succeeded: sum.succeeded,
+            failed: sum.failed,
+            not_started: sum.not_started,
+            ms,
+        });
+        sum
+    }
+}

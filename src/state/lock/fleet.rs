@@ -1,0 +1,443 @@
+//! [`FleetLock`]: the site's lock on every host, `<state-dir>/lock` made with `mkdir` over
+//! the transport, with the scripts that take, break, fence and give it back.
+
+use super::{Broken, Holder, Liveness, Lock, LockError, Taken};
+use crate::transport::{quote, Link, Output, Target, Transport};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+/// `<state-dir>/lock` on every host of the site.
+pub struct FleetLock<T> {
+    pub transport: Arc<T>,
+    /// Every host of the site; taken in name order (see the documentation of [`super`]).
+    pub hosts: Vec<Target>,
+    pub state_dir: String,
+    pub max_connections: usize,
+    /// The hosts locked so far, to release.
+    taken: Mutex<Vec<Target>>,
+    /// A script run on each host in the same command as taking its lock, once taken.
+    read: Option<String>,
+    /// What that script printed on each host locked: host → its output.
+    reads: Mutex<HashMap<String, Output>>,
+    /// The run's fencing token (the etcd lock's create revision), recorded on each host as
+    /// its lock is taken; a host that has seen a higher one refuses.
+    fence: Option<i64>,
+    /// Hosts whose links the transport keeps once their lock is taken (over the cap, the
+    /// hosts stepped first, [`crate::transport::Kept::keep_for_steps`]).
+    keep: HashSet<String>,
+}
+
+/// The exit code of the scripts for a lock held by someone else (its holder on stdout).
+const HELD: i32 = 10;
+/// The exit code of the lock script on a host that has seen a newer fencing token (on stderr).
+const FENCED: i32 = 13;
+
+/// How one host answered.
+enum HostLock {
+    Taken(Option<Broken>),
+    Held(Option<Holder>),
+    Unreachable(String),
+    Failed(String),
+}
+
+impl<T: Transport> FleetLock<T> {
+    pub fn new(
+        transport: Arc<T>,
+        mut hosts: Vec<Target>,
+        state_dir: &str,
+        max_connections: usize,
+    ) -> Self {
+        hosts.sort_by(|a, b| a.name.cmp(&b.name));
+        FleetLock {
+            transport,
+            hosts,
+            state_dir: state_dir.trim_end_matches('/').to_string(),
+            max_connections: max_connections.max(1),
+            taken: Mutex::new(Vec::new()),
+            read: None,
+            reads: Mutex::new(HashMap::new()),
+            fence: None,
+            keep: HashSet::new(),
+        }
+    }
+
+    /// Names the hosts whose links the transport keeps once locked (at most
+    /// `max_connections` of them): they are locked after the others, each holding its share
+    /// of the cap from then on, so that the links kept and those being used never exceed it.
+    /// Under a cap of one, none is (the link kept would leave no room for the others).
+    pub fn keeping(mut self, hosts: impl IntoIterator<Item = String>) -> Self {
+        if self.max_connections > 1 {
+            self.keep = hosts.into_iter().take(self.max_connections).collect();
+        }
+        self
+    }
+
+    /// Records `token` (the etcd lock's create revision) on each host as its lock is taken,
+    /// and refuses a host that has recorded a higher one: a later run holds the site.
+    pub fn fenced(mut self, token: Option<i64>) -> Self {
+        self.fence = token;
+        self
+    }
+
+    /// Also runs `script` on each host, in the same command that takes its lock, once taken
+    /// (the state file's read: one command per host less). See [`FleetLock::take_reads`].
+    pub fn reading(mut self, script: String) -> Self {
+        self.read = Some(script);
+        self
+    }
+
+    /// What the [`FleetLock::reading`] script printed on each host locked, by host name.
+    pub fn take_reads(&self) -> HashMap<String, Output> {
+        std::mem::take(&mut *self.reads.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Shell text that gives `me`'s lock back on a host (and removes the run's hook pid
+    /// files), for a host's last command of the run; it never fails. Hosts released that
+    /// way are then handed to [`FleetLock::released`].
+    pub fn release_text(&self, me: &Holder) -> String {
+        release_body(&self.state_dir, &self.dir(), &me.json(), me.pid)
+    }
+
+    /// These hosts' locks were given back already (with their last command).
+    pub fn released(&self, hosts: &[String]) {
+        self.lock_taken().retain(|t| !hosts.contains(&t.name));
+    }
+
+    fn dir(&self) -> String {
+        format!("{}/lock", self.state_dir)
+    }
+
+    /// Takes the lock on one host: `mkdir`; if held by a holder that is gone (or `force`),
+    /// sets that lock aside (only if it is still the one seen) and takes it.
+    async fn take_host(&self, target: &Target, me: &Holder, force: bool) -> HostLock {
+        let link = match self.transport.connect(target).await {
+            Ok(link) => link,
+            Err(e) => return HostLock::Unreachable(e.to_string()),
+        };
+        let result = self.take_on(&link, target, me, force).await;
+        match result {
+            // A link whose command failed is not handed on: the next stage connects anew.
+            HostLock::Unreachable(_) => link.close().await,
+            _ => self.transport.park(&target.name, link).await,
+        }
+        result
+    }
+
+    async fn take_on(&self, link: &T::Link, target: &Target, me: &Holder, force: bool) -> HostLock {
+        let place = format!("host {}", target.name);
+        let read = self.read.as_deref();
+        let acquire = || {
+            let script = acquire_script(&self.state_dir, &self.dir(), &me.json(), read);
+            match self.fence {
+                Some(token) => format!("{}\n{script}", fence_script(&self.state_dir, token)),
+                None => script,
+            }
+        };
+        let mut script = acquire();
+        let mut broken = None;
+        for _ in 0..3 {
+            let out = match link.run(&script).await {
+                Ok(out) => out,
+                Err(e) => return HostLock::Unreachable(e.to_string()),
+            };
+            if let Some(rest) = read.and_then(|_| after_taken(&out.stdout)) {
+                let read = Output {
+                    code: out.code,
+                    stdout: rest.to_vec(),
+                    stderr: out.stderr.clone(),
+                };
+                self.reads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(target.name.clone(), read);
+                return HostLock::Taken(broken);
+            }
+            if read.is_none() && out.success() {
+                return HostLock::Taken(broken);
+            }
+            if out.code == Some(FENCED) {
+                let seen = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                return HostLock::Failed(format!(
+                    "it has seen fencing token {seen}, newer than this run's {}: a later run \
+                     took the site's lock in etcd",
+                    self.fence.unwrap_or_default()
+                ));
+            }
+            if out.code != Some(HELD) {
+                let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                return HostLock::Failed(format!("exit {:?}: {err}", out.code));
+            }
+            let seen = String::from_utf8_lossy(&out.stdout)
+                .trim_end_matches('\n')
+                .to_string();
+            let holder: Option<Holder> = serde_json::from_str(&seen).ok();
+            if holder.as_ref() == Some(me) {
+                return HostLock::Taken(None);
+            }
+            let stale = holder
+                .as_ref()
+                .is_some_and(|h| h.liveness() == Liveness::Dead);
+            if !stale && !force {
+                return HostLock::Held(holder);
+            }
+            broken = Some(Broken {
+                place: place.clone(),
+                holder,
+                stale,
+            });
+            script = format!("{}\n{}", break_script(&self.dir(), &seen), acquire());
+        }
+        HostLock::Failed("it keeps changing hands".into())
+    }
+
+    async fn release_host(&self, target: &Target, me: &Holder) -> Result<(), String> {
+        let link = self
+            .transport
+            .connect(target)
+            .await
+            .map_err(|e| e.to_string())?;
+        let out = link
+            .run(&release_script(
+                &self.state_dir,
+                &self.dir(),
+                &me.json(),
+                me.pid,
+            ))
+            .await;
+        self.transport.park(&target.name, link).await;
+        match out {
+            Ok(o) if o.success() => Ok(()),
+            Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    pub(super) fn lock_taken(&self) -> std::sync::MutexGuard<'_, Vec<Target>> {
+        self.taken.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Releases what was taken, then turns the first refusal into the error.
+    async fn give_back(&self, me: &Holder, error: LockError) -> LockError {
+        let _ = self.release(me).await;
+        error
+    }
+}
+
+impl<T: Transport> Lock for FleetLock<T> {
+    async fn acquire(&self, me: &Holder, force: bool) -> Result<Taken, LockError> {
+        let mut taken = Taken::default();
+        let mut rest = self.hosts.iter();
+        // The first host that answers, alone: whoever gets it may go on to the others.
+        for target in rest.by_ref() {
+            match self.take_host(target, me, force).await {
+                HostLock::Taken(broken) => {
+                    self.lock_taken().push(target.clone());
+                    taken.broken.extend(broken);
+                    break;
+                }
+                HostLock::Unreachable(reason) => {
+                    taken.unreachable.push((target.name.clone(), reason));
+                }
+                HostLock::Held(holder) => {
+                    return Err(LockError::Held {
+                        place: format!("host {}", target.name),
+                        holder: holder.map(Box::new),
+                    })
+                }
+                HostLock::Failed(reason) => {
+                    return Err(LockError::Failed {
+                        place: format!("host {}", target.name),
+                        reason,
+                    })
+                }
+            }
+        }
+        // The hosts whose links are kept come last, each keeping its permit: the gate is
+        // fair, so every other host has asked for one before them and none waits for ever.
+        // Links parked by the hosts tried alone (whatever their lock's outcome) hold theirs.
+        let (mut rest, keep): (Vec<&Target>, Vec<&Target>) =
+            rest.partition(|t| !self.keep.contains(&t.name));
+        rest.extend(keep);
+        let room = crate::transport::room(&*self.transport, self.max_connections).await;
+        let gate = Arc::new(tokio::sync::Semaphore::new(room));
+        let results = futures_all(rest.into_iter().map(|target| {
+            let gate = gate.clone();
+            async move {
+                let permit = gate.acquire_owned().await;
+                let result = self.take_host(target, me, force).await;
+                if self.keep.contains(&target.name) {
+                    if let Ok(permit) = permit {
+                        permit.forget();
+                    }
+                }
+                (target, result)
+            }
+        }))
+        .await;
+        let mut refusal = None;
+        for (target, result) in results {
+            let place = format!("host {}", target.name);
+            match result {
+                HostLock::Taken(broken) => {
+                    self.lock_taken().push(target.clone());
+                    taken.broken.extend(broken);
+                }
+                HostLock::Unreachable(reason) => {
+                    taken.unreachable.push((target.name.clone(), reason));
+                }
+                HostLock::Held(holder) => {
+                    refusal.get_or_insert(LockError::Held {
+                        place,
+                        holder: holder.map(Box::new),
+                    });
+                }
+                HostLock::Failed(reason) => {
+                    refusal.get_or_insert(LockError::Failed { place, reason });
+                }
+            }
+        }
+        match refusal {
+            Some(error) => Err(self.give_back(me, error).await),
+            None => Ok(taken),
+        }
+    }
+
+    async fn release(&self, me: &Holder) -> Result<(), LockError> {
+        let hosts: Vec<Target> = std::mem::take(&mut *self.lock_taken());
+        if hosts.is_empty() {
+            return Ok(());
+        }
+        let room = crate::transport::room(&*self.transport, self.max_connections).await;
+        let gate = Arc::new(tokio::sync::Semaphore::new(room));
+        let results = futures_all(hosts.iter().map(|target| {
+            let gate = gate.clone();
+            async move {
+                let _permit = gate.acquire_owned().await;
+                (target, self.release_host(target, me).await)
+            }
+        }))
+        .await;
+        let failed: Vec<String> = results
+            .into_iter()
+            .filter_map(|(t, r)| r.err().map(|e| format!("{}: {e}", t.name)))
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(LockError::Failed {
+                place: "on hosts".into(),
+                reason: format!("could not release it on {}", failed.join("; ")),
+            })
+        }
+    }
+}
+
+/// Runs every future at once (on this task) and collects their outputs in order.
+async fn futures_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut set: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in set.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// The first line a lock-taking script with a `then` prints once the lock is taken.
+pub(super) const TAKEN: &str = "drover: lock taken\n";
+
+/// What follows the [`TAKEN`] line in a lock command's output, if the lock was taken. The
+/// line is looked for at the start of any line: a login shell that prints something of its
+/// own first must not make a lock that was taken look refused (it would be left behind).
+pub(super) fn after_taken(stdout: &[u8]) -> Option<&[u8]> {
+    let marker = TAKEN.as_bytes();
+    let at = stdout
+        .windows(marker.len())
+        .enumerate()
+        .find(|(i, w)| *w == marker && (*i == 0 || stdout[i - 1] == b'\n'))
+        .map(|(i, _)| i)?;
+    Some(&stdout[at + marker.len()..])
+}
+
+/// Where a host keeps the run's hook pid files (`rollout::hook_run`): `<state-dir>/hooks`.
+pub fn hooks_dir(state_dir: &str) -> String {
+    format!("{}/hooks", state_dir.trim_end_matches('/'))
+}
+
+/// `mkdir DIR`; on success writes the holder and exits 0 (with `then`: prints [`TAKEN`] and
+/// goes on with `then`, whose exit is the script's); else prints the holder, exits 10.
+/// The state directory is made with its `hooks` directory in the same `mkdir -p`, so that a
+/// host's first hook finds it and starts no `mkdir` of its own.
+fn acquire_script(state_dir: &str, dir: &str, me: &str, then: Option<&str>) -> String {
+    let taken = then.map_or("exit 0".to_string(), |then| {
+        format!("printf {}; {then}; exit $?", quote(TAKEN))
+    });
+    format!(
+        "umask 077; d={d}; {{ [ -d {h} ] || mkdir -p {h}; }} || exit 12; \
+         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {taken}; fi; \
+         cat \"$d/holder.json\" 2>/dev/null; exit {HELD}",
+        d = quote(dir),
+        h = quote(&hooks_dir(state_dir)),
+        me = quote(me)
+    )
+}
+
+/// Refuses (exit [`FENCED`], the host's token on stderr) when the host recorded a fencing token
+/// above `token`; else records `token`. Run before the lock is taken, so that a controller
+/// whose etcd lock was given to a later run cannot lock the host again.
+fn fence_script(state_dir: &str, token: i64) -> String {
+    format!(
+        "umask 077; f={f}; t=0; {{ IFS= read -r t <\"$f\"; }} 2>/dev/null; \
+         case \"$t\" in ''|*[!0-9]*) t=0;; esac; \
+         if [ \"$t\" -gt {token} ]; then printf '%s\\n' \"$t\" >&2; exit {FENCED}; fi; \
+         mkdir -p {d} && printf '%s\\n' {token} >\"$f.tmp\" && mv -f \"$f.tmp\" \"$f\" || exit 12",
+        f = quote(&format!("{state_dir}/fence")),
+        d = quote(state_dir),
+    )
+}
+
+/// Sets the lock aside and removes it, only if its holder is still exactly `seen`.
+fn break_script(dir: &str, seen: &str) -> String {
+    format!(
+        "d={d}; a=\"$d.broken.$$\"; \
+         if mv \"$d\" \"$a\" 2>/dev/null; then \
+         if [ \"$(cat \"$a/holder.json\" 2>/dev/null)\" = {seen} ]; then rm -rf \"$a\"; \
+         else mv \"$a\" \"$d\" 2>/dev/null || rm -rf \"$a\"; fi; fi",
+        d = quote(dir),
+        seen = quote(seen)
+    )
+}
+
+/// Removes the lock if `me` holds it (`holder.json` is one line, read without a process).
+/// Also removes the run's hook pid files (`rollout::hook_run`), emptied as each hook ended,
+/// and the stop files of chains it left before their end.
+pub(super) fn release_script(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
+    format!("{}; exit 0", release_body(state_dir, dir, me, pid))
+}
+
+/// [`release_script`] without its `exit`, to end another command with; it ends in success.
+fn release_body(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
+    let hooks = hooks_dir(state_dir);
+    format!(
+        "d={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
+         if [ \"$h\" = {me} ]; then rm -rf \"$d\" {hooks}/{pid}-*.pid {hooks}/{pid}-*.stop; \
+         else rm -f {hooks}/{pid}-*.pid {hooks}/{pid}-*.stop; fi 2>/dev/null; :",
+        d = quote(dir),
+        me = quote(me),
+        hooks = quote(&hooks),
+    )
+}
