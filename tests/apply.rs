@@ -273,3 +273,41 @@ fn a_saved_plan_runs_as_saved_and_is_refused_once_the_fleet_drifted() {
         "a plan is carried out once: the fleet has moved on since"
     );
 }
+
+#[test]
+fn a_saved_plan_that_does_not_hold_together_is_refused_before_any_host_is_contacted() {
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let out = shop.deploy(&["plan", site.to_str().unwrap(), "--out", "good.plan"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // A db step moved to a host the plan does not list, as a hand edit might.
+    let text = std::fs::read_to_string(shop.fleet.dir.join("good.plan")).expect("read plan");
+    let mut plan: serde_json::Value = serde_json::from_str(&text).expect("plan is JSON");
+    let db = plan["services"]
+        .as_array_mut()
+        .and_then(|s| s.iter_mut().find(|s| s["name"] == "db"))
+        .expect("db is planned");
+    db["waves"][0]["steps"][0]["host"] = "ghost".into();
+    let bad = shop.fleet.dir.join("bad.plan");
+    std::fs::write(&bad, serde_json::to_string(&plan).expect("JSON")).expect("write plan");
+
+    let out = shop.deploy(&["apply", "bad.plan", "--yes"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("bad.plan"), "{err}");
+    assert!(
+        err.contains("the step of db on ghost: no such host in the plan"),
+        "{err}"
+    );
+    assert!(err.contains("deploy plan --out"), "{err}");
+    // Nothing reached the hosts: not even the lock, which makes the state directory.
+    for h in shop.fleet.names() {
+        assert!(
+            !shop.fleet.host_root(h).join("var-lib/drover").exists(),
+            "{h} was contacted"
+        );
+    }
+    // The plan as made is carried out.
+    let out = shop.deploy(&["apply", "good.plan", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

@@ -218,6 +218,17 @@ fn saved(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
             reason: format!("plan schema {} is not {}", plan.schema, plan::SCHEMA),
         });
     }
+    // Before any host is contacted: the rollout trusts the plan's steps to hold together.
+    let wrong = plan.inconsistencies();
+    if !wrong.is_empty() {
+        return Err(Error::BadPlan {
+            path: args.target.clone(),
+            reason: format!(
+                "it does not hold together (edited by hand?):\n  {}",
+                wrong.join("\n  ")
+            ),
+        });
+    }
     let mut site = site::load(Path::new(&plan.site_file))?;
     super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
     let mut drift = Vec::new();

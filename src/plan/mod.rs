@@ -3,6 +3,7 @@
 //! A pure function of the checked site, the resolved hosts, what each host runs and what the
 //! operator selected. The rollout only carries it out.
 
+mod consistent;
 mod drift;
 mod expected;
 mod host_order;

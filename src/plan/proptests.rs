@@ -484,6 +484,11 @@ fn hosts_of(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
 fn check_plan(b: &Built) -> Result<(), TestCaseError> {
     let site = &b.site;
     let (hosts, observed, selection, p) = plan_with(b, b.hosts.clone());
+    prop_assert_eq!(
+        p.inconsistencies(),
+        Vec::<String>::new(),
+        "a plan made holds together"
+    );
     let services = by_service(site, &p);
     let closure = runtime_closure(site);
     let id_of: BTreeMap<&str, HostId> = hosts
