@@ -275,7 +275,7 @@ fn a_saved_plan_runs_as_saved_and_is_refused_once_the_fleet_drifted() {
 }
 
 #[test]
-fn a_saved_plan_that_does_not_hold_together_is_refused_before_any_host_is_contacted() {
+fn a_saved_plan_edited_by_hand_is_refused_before_any_host_is_locked() {
     let shop = Shop::start();
     let site = shop.write(&Spec::default());
     let out = shop.deploy(&["plan", site.to_str().unwrap(), "--out", "good.plan"]);
@@ -294,17 +294,44 @@ fn a_saved_plan_that_does_not_hold_together_is_refused_before_any_host_is_contac
     let out = shop.deploy(&["apply", "bad.plan", "--yes"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("bad.plan"), "{err}");
+    assert!(
+        err.contains("the saved plan bad.plan does not hold together"),
+        "{err}"
+    );
     assert!(
         err.contains("the step of db on ghost: no such host in the plan"),
         "{err}"
     );
     assert!(err.contains("deploy plan --out"), "{err}");
-    // Nothing reached the hosts: not even the lock, which makes the state directory.
+
+    // Another version for db, in the service and each of its steps: the plan holds together,
+    // but it is not the site's.
+    let mut plan: serde_json::Value = serde_json::from_str(&text).expect("plan is JSON");
+    let db = plan["services"]
+        .as_array_mut()
+        .and_then(|s| s.iter_mut().find(|s| s["name"] == "db"))
+        .expect("db is planned");
+    db["version"] = "6.6".into();
+    for wave in db["waves"].as_array_mut().expect("waves") {
+        for step in wave["steps"].as_array_mut().expect("steps") {
+            step["to"] = "6.6".into();
+        }
+    }
+    std::fs::write(&bad, serde_json::to_string(&plan).expect("JSON")).expect("write plan");
+    let out = shop.deploy(&["apply", "bad.plan", "--yes"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("service db goes to version 6.6, the site's is"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Neither reached the hosts: not even the lock, which makes the state directory (an
+    // apply locks every host; a plan only reads).
     for h in shop.fleet.names() {
         assert!(
             !shop.fleet.host_root(h).join("var-lib/drover").exists(),
-            "{h} was contacted"
+            "{h} was locked"
         );
     }
     // The plan as made is carried out.

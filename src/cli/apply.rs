@@ -219,19 +219,24 @@ fn saved(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
         });
     }
     // Before any host is contacted: the rollout trusts the plan's steps to hold together.
+    let inconsistent = |lines: Vec<String>| Error::Inconsistent {
+        plan: args.target.clone(),
+        lines: lines.join("\n  "),
+    };
     let wrong = plan.inconsistencies();
     if !wrong.is_empty() {
-        return Err(Error::BadPlan {
-            path: args.target.clone(),
-            reason: format!(
-                "it does not hold together (edited by hand?):\n  {}",
-                wrong.join("\n  ")
-            ),
-        });
+        return Err(inconsistent(wrong));
     }
     let mut site = site::load(Path::new(&plan.site_file))?;
     super::safety::accept_new_host_keys(&mut site, args.accept_new_host_keys);
     let mut drift = Vec::new();
+    // The same site files: the plan's services must still be the site's (else it was edited).
+    if site.digest == plan.site_digest {
+        let wrong = plan.differences_from(&site);
+        if !wrong.is_empty() {
+            return Err(inconsistent(wrong));
+        }
+    }
     if site.digest != plan.site_digest {
         drift.push(format!(
             "the site files changed since the plan was made ({})",

@@ -260,6 +260,15 @@ pub enum Error {
         help("make a new plan with `deploy plan --out`")
     )]
     BadPlan { path: PathBuf, reason: String },
+    #[error("the saved plan {plan} does not hold together:\n  {lines}")]
+    #[diagnostic(
+        code(drover::cli::inconsistent_plan),
+        help(
+            "a saved plan is carried out as written: make a new one with `deploy plan --out` \
+             rather than editing it"
+        )
+    )]
+    Inconsistent { plan: PathBuf, lines: String },
     #[error("refused: deploy init would overwrite files that are already there:\n  {files}")]
     #[diagnostic(
         code(drover::cli::init_exists),
@@ -284,7 +293,10 @@ impl Error {
     /// The documented exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Site(_) | Error::BadPlan { .. } | Error::Desired(_) => code::INVALID,
+            Error::Site(_)
+            | Error::BadPlan { .. }
+            | Error::Inconsistent { .. }
+            | Error::Desired(_) => code::INVALID,
             Error::UnknownService { .. } | Error::Usage { .. } | Error::Select(_) => code::USAGE,
             Error::Refused { .. }
             | Error::InitExists { .. }

@@ -489,6 +489,11 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
         Vec::<String>::new(),
         "a plan made holds together"
     );
+    prop_assert_eq!(
+        p.differences_from(site),
+        Vec::<String>::new(),
+        "and holds the site's services"
+    );
     let services = by_service(site, &p);
     let closure = runtime_closure(site);
     let id_of: BTreeMap<&str, HostId> = hosts
@@ -706,6 +711,8 @@ fn check_planned_from(
     let desired = crate::desired::resolve(&b.site, &hosts, &crate::secrets::Secrets::none())
         .expect("no files to read");
     let whole = plan(&b.site, &hosts, &observed, &desired, &selection).expect("as many as hosts");
+    // Steps that wait for others: the plan still holds together.
+    prop_assert_eq!(whole.inconsistencies(), Vec::<String>::new());
     let planned = by_service(&b.site, &whole);
     for (sid, service) in planned.iter().enumerate() {
         let from = super::planned_from(&b.site, &hosts, sid);
@@ -743,6 +750,7 @@ fn check_planned_from(
             }
         }
         let p = plan(&b.site, &hosts, &changed, &desired, &selection).expect("as many as hosts");
+        prop_assert_eq!(p.inconsistencies(), Vec::<String>::new());
         prop_assert_eq!(
             by_service(&b.site, &p)[sid],
             *service,
