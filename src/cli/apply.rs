@@ -236,8 +236,7 @@ fn saved(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
         if !wrong.is_empty() {
             return Err(inconsistent(wrong));
         }
-    }
-    if site.digest != plan.site_digest {
+    } else {
         drift.push(format!(
             "the site files changed since the plan was made ({})",
             plan.site_file

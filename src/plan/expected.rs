@@ -37,19 +37,11 @@ pub fn first_hosts(site: &Site, hosts: &Hosts, selection: &Selection) -> Vec<Hos
 /// `after` and `waits` name other services' steps, which are planned from other hosts.)
 pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostId> {
     let s = &site.services[service];
-    let mut classes: Vec<_> = s.classes.clone();
+    let mut classes = s.classes.clone();
     for need in &s.needs {
         classes.extend(&site.services[need.service].classes);
     }
-    classes.sort_unstable();
-    classes.dedup();
-    let mut out: Vec<HostId> = classes
-        .iter()
-        .flat_map(|c| hosts.by_class[*c].iter().copied())
-        .collect();
-    out.sort_unstable();
-    out.dedup();
-    out
+    hosts.of_classes(&classes)
 }
 
 #[cfg(test)]

@@ -138,15 +138,16 @@ impl<T: Transport> Transport for Kept<T> {
         let refused = {
             let mut parked = self.lock();
             let count = parked.values().filter(|l| l.is_ok()).count();
+            let has_one = matches!(parked.get(host), Some(Ok(_)));
             let kept = self.room == 0
                 && count < self.cap
-                && !matches!(parked.get(host), Some(Ok(_)))
+                && !has_one
                 && self
                     .keep()
                     .get_mut(host)
                     .is_some_and(|(_, once)| !std::mem::replace(once, true));
             let full = count >= self.room && !kept;
-            if !full && !matches!(parked.get(host), Some(Ok(_))) {
+            if !full && !has_one {
                 parked.insert(host.to_string(), Ok(link));
                 None
             } else {
