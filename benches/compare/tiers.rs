@@ -15,6 +15,7 @@ use super::stats::{load1, median};
 use super::{http_version, machine_cpu, Args, Machine, Relay, Tools, CONNECT_TIMEOUT_S};
 use drover::plan::Plan;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -239,6 +240,15 @@ fn waits(i: usize) -> (u64, u64, bool) {
     (ms(0) * factor, ms(1) * factor, straggler)
 }
 
+/// Where a Drover run's time went ([`Sample`]).
+#[derive(Default)]
+struct Phases {
+    before: Option<f64>,
+    rollout: Option<f64>,
+    replayed: Option<f64>,
+    beyond: Option<f64>,
+}
+
 /// One timed run.
 struct Sample {
     seconds: f64,
@@ -247,6 +257,11 @@ struct Sample {
     /// Drover: spawn → `run-started` (load, resolve, observe, plan) and the rollout itself.
     before: Option<f64>,
     rollout: Option<f64>,
+    /// Drover: the run's own steps, each as long as it took (`step-started` to
+    /// `step-finished`), through the ideal schedule of its plan, seconds; and the median of
+    /// what a step took beyond its host's two waits, seconds.
+    replayed: Option<f64>,
+    beyond: Option<f64>,
 }
 
 /// One fleet size's results: N, the samples of each mode, the ideals, the fleet's shape.
@@ -263,6 +278,14 @@ struct Ideals {
     /// seconds, once, untimed against the rest.
     plan: f64,
     connect: f64,
+    /// The workload's own time beyond its waits: the four steps of an upgrade to the version a
+    /// host runs, run on the host in one command and timed there (no round trip, no tool),
+    /// median of a few api hosts, seconds.
+    own: f64,
+    /// Drover's two policies again, each step its two waits and one round trip (`--rtt`):
+    /// the least a tool that must tell a host to start a step, and hear that it ended, can do.
+    rolling_rtt: f64,
+    all_rtt: f64,
 }
 
 pub(crate) fn run(args: &Args, tools: &Tools, machine: &Machine) -> String {
@@ -615,7 +638,9 @@ impl<'a> TierBench<'a> {
             let plan: Plan =
                 serde_json::from_slice(&fs::read(&saved).unwrap()).expect("a saved plan");
             let ideal = drover::rollout::ideal_makespan(&plan, |_, host| work_of(host));
-            (ideal.as_secs_f64(), planned)
+            let rtt = Duration::from_millis(self.args.rtt_ms);
+            let with_rtt = drover::rollout::ideal_makespan(&plan, |_, host| work_of(host) + rtt);
+            (ideal.as_secs_f64(), with_rtt.as_secs_f64(), planned)
         };
         let tier_hosts = |tier: usize| -> Vec<&TierHost> {
             self.hosts.iter().filter(|h| h.tier == tier).collect()
@@ -641,8 +666,8 @@ impl<'a> TierBench<'a> {
                     .unwrap_or_default()
             })
             .sum::<Duration>();
-        let (rolling, plan) = ideal_of("rolling.kdl");
-        let (all, _) = ideal_of("all.kdl");
+        let (rolling, rolling_rtt, plan) = ideal_of("rolling.kdl");
+        let (all, all_rtt, _) = ideal_of("all.kdl");
         Ideals {
             rolling,
             all,
@@ -650,7 +675,44 @@ impl<'a> TierBench<'a> {
             pyinfra: pyinfra.as_secs_f64(),
             plan,
             connect: self.connect_all(),
+            own: self.own_overhead(),
+            rolling_rtt,
+            all_rtt,
         }
+    }
+
+    /// What the steps themselves take beyond their two waits, with no tool and no round trip:
+    /// `stop`, `install`, `start` and `check` of the version a host already runs, one after
+    /// the other in one command on the host, timed there; the median of five api hosts, one
+    /// after the other, seconds. (Drover's records are not touched; the hosts stay at their
+    /// version.)
+    fn own_overhead(&self) -> f64 {
+        let script = format!(
+            "t0=$(date +%s%N) && for s in stop install start check; do              sh /srv/tier/step $s {} api || exit 1; done && echo $(( $(date +%s%N) - t0 ))",
+            self.version
+        );
+        let api: Vec<&TierHost> = self.hosts.iter().filter(|h| h.tier == 1).take(5).collect();
+        median(api.iter().map(|h| {
+            let out = self
+                .fleet
+                .ssh_command()
+                .arg("-o")
+                .arg(format!("ConnectTimeout={CONNECT_TIMEOUT_S}"))
+                .args([h.name.as_str(), script.as_str()])
+                .output()
+                .expect("run ssh");
+            assert!(
+                out.status.success(),
+                "the steps on {}: {}",
+                h.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ns: f64 = String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .expect("nanoseconds from the host");
+            ns / 1e9 - h.work().as_secs_f64()
+        }))
     }
 
     /// The handshake floor: one plain `ssh HOST true` to every host at once, seconds.
@@ -702,12 +764,12 @@ impl<'a> TierBench<'a> {
         let stem = format!("n{}-{}-{what}", self.n, mode.slug());
         let load = load1();
         let cpu = machine_cpu();
-        let (seconds, before, rollout) = match mode {
+        let (seconds, phases) = match mode {
             Mode::DroverRolling | Mode::DroverPersist | Mode::DroverAll => {
                 self.drover(mode, &logs, &stem)
             }
-            Mode::AnsibleFree => (self.ansible(&logs, &stem), None, None),
-            Mode::Pyinfra => (self.pyinfra(&logs, &stem), None, None),
+            Mode::AnsibleFree => (self.ansible(&logs, &stem), Phases::default()),
+            Mode::Pyinfra => (self.pyinfra(&logs, &stem), Phases::default()),
         };
         let cpu = machine_cpu() - cpu;
         self.verify(mode, &stem);
@@ -715,14 +777,16 @@ impl<'a> TierBench<'a> {
             seconds,
             load,
             cpu,
-            before,
-            rollout,
+            before: phases.before,
+            rollout: phases.rollout,
+            replayed: phases.replayed,
+            beyond: phases.beyond,
         }
     }
 
-    /// `deploy apply --yes --json`: seconds, and from its events the time before the rollout
-    /// and the rollout's own.
-    fn drover(&self, mode: Mode, logs: &Path, stem: &str) -> (f64, Option<f64>, Option<f64>) {
+    /// `deploy apply --yes --json`: seconds, and from its events the time before the rollout,
+    /// the rollout's own, and its steps replayed through the ideal schedule of its plan.
+    fn drover(&self, mode: Mode, logs: &Path, stem: &str) -> (f64, Phases) {
         let policy = if mode == Mode::DroverAll {
             "all.kdl"
         } else {
@@ -761,19 +825,68 @@ impl<'a> TierBench<'a> {
         let seconds = started.elapsed().as_secs_f64();
         self.require(status.success(), "deploy apply", stem);
         let text = fs::read_to_string(&events).unwrap_or_default();
-        let at = |kind: &str| -> Option<SystemTime> {
-            text.lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .find(|e| e["event"] == kind)
-                .and_then(|e| humantime::parse_rfc3339(e["time"].as_str()?).ok())
-        };
+        let events: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        let time = |e: &Value| humantime::parse_rfc3339(e["time"].as_str()?).ok();
+        let at = |kind: &str| events.iter().find(|e| e["event"] == kind).and_then(time);
         let secs = |a: SystemTime, b: SystemTime| b.duration_since(a).ok().map(|d| d.as_secs_f64());
         let started_at = at("run-started");
         let before = started_at.and_then(|s| secs(spawned, s));
         let rollout = started_at
             .zip(at("run-finished"))
             .and_then(|(a, b)| secs(a, b));
-        (seconds, before, rollout)
+        // Each step as long as it took, from its events.
+        let key = |e: &Value| {
+            (
+                e["service"].as_str().unwrap_or("").to_string(),
+                e["host"].as_str().unwrap_or("").to_string(),
+            )
+        };
+        let mut begun: HashMap<(String, String), SystemTime> = HashMap::new();
+        let mut took: HashMap<(String, String), Duration> = HashMap::new();
+        for e in &events {
+            match (e["event"].as_str(), time(e)) {
+                (Some("step-started"), Some(t)) => {
+                    begun.insert(key(e), t);
+                }
+                (Some("step-finished"), Some(t)) => {
+                    if let Some(d) = begun.get(&key(e)).and_then(|s| t.duration_since(*s).ok()) {
+                        took.insert(key(e), d);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let work_of = |host: &str| {
+            self.hosts
+                .iter()
+                .find(|h| h.name == host)
+                .map(TierHost::work)
+        };
+        let beyond = median(
+            took.iter()
+                .filter_map(|((_, h), d)| Some(d.as_secs_f64() - work_of(h)?.as_secs_f64())),
+        );
+        let plan: Option<Plan> = fs::read(self.work.join(format!("plan-{policy}.json")))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let replayed = plan.filter(|_| !took.is_empty()).map(|plan| {
+            drover::rollout::ideal_makespan(&plan, |s, h| {
+                took.get(&(s.to_string(), h.to_string()))
+                    .copied()
+                    .unwrap_or_default()
+            })
+            .as_secs_f64()
+        });
+        let phases = Phases {
+            before,
+            rollout,
+            replayed,
+            beyond: (!took.is_empty()).then_some(beyond),
+        };
+        (seconds, phases)
     }
 
     fn ansible(&mut self, logs: &Path, stem: &str) -> f64 {
@@ -932,9 +1045,13 @@ fn render(args: &Args, machine: &Machine, results: &[Size]) -> String {
         writeln!(out, "| {} | {} |", mode.label(), cells.join(" | ")).unwrap();
     }
     type Of = fn(&Ideals) -> f64;
-    let ideal_rows: [(&str, Of); 4] = [
+    let ideal_rows: [(&str, Of); 6] = [
         ("ideal of `batch \"30%\"` (Drover's plan)", |i| i.rolling),
+        ("… each step also one round trip (`--rtt`)", |i| {
+            i.rolling_rtt
+        }),
         ("ideal of all at once (Drover's plan)", |i| i.all),
+        ("… each step also one round trip (`--rtt`)", |i| i.all_rtt),
         (
             "ideal of Ansible's order (serial batches, tier after tier)",
             |i| i.ansible,
@@ -960,6 +1077,17 @@ fn render(args: &Args, machine: &Machine, results: &[Size]) -> String {
             .collect();
         writeln!(out, "| {label} | {} |", cells.join(" | ")).unwrap();
     }
+    let own: Vec<String> = results
+        .iter()
+        .map(|r| format!("{:.0} ms", r.2.own * 1000.0))
+        .collect();
+    writeln!(
+        out,
+        "| a step's own time beyond its two waits: its four steps in one command on a host, \
+         no tool, no round trip (median of 5 api hosts) | {} |",
+        own.join(" | ")
+    )
+    .unwrap();
     // The targets: ratios of medians (the ideal is one number).
     enum Side {
         Mode(Mode),
@@ -1041,12 +1169,16 @@ fn render(args: &Args, machine: &Machine, results: &[Size]) -> String {
             }
             let before = median(s.iter().filter_map(|s| s.before));
             let rollout = median(s.iter().filter_map(|s| s.rollout));
+            let replayed = median(s.iter().filter_map(|s| s.replayed));
+            let beyond = median(s.iter().filter_map(|s| s.beyond)) * 1000.0;
             let cpu = median(s.iter().map(|s| s.cpu));
             writeln!(
                 out,
                 "- {} at N = {n}, medians: {before:.2} s before the rollout (load, resolve, \
-                 observe every host, plan), {rollout:.2} s of rollout; the machine's CPU during \
-                 a run {cpu:.1} s",
+                 observe every host, plan), {rollout:.2} s of rollout; its steps, each as long \
+                 as it took, in the ideal schedule: {replayed:.2} s (the rest of the rollout is \
+                 the scheduler's); a step beyond its host's two waits: {beyond:.0} ms; the \
+                 machine's CPU during a run {cpu:.1} s",
                 mode.label()
             )
             .unwrap();
