@@ -271,3 +271,63 @@ fn with_persist_plan_then_applies_log_in_once() {
             .output();
     }
 }
+
+#[test]
+fn a_host_that_does_not_answer_the_lock_is_neither_read_nor_changed() {
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let shop = Shop::start();
+    let site = shop.write(&Spec::default());
+    let gone = shop.hosts_of("app")[1].clone();
+    // The host's sshd is gone; in its place, something that takes each connection and drops it
+    // (an sshd that failed), counting them.
+    shop.fleet.kill_host(&gone);
+    let listener =
+        TcpListener::bind((shop.fleet.address(&gone).as_str(), support::fleet::SSH_PORT))
+            .expect("bind the host's ssh port");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let (taken, done) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let counter = {
+        let (taken, done) = (taken.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        taken.fetch_add(1, Ordering::SeqCst);
+                        let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(50)));
+                        let _ = stream.read(&mut [0u8; 64]);
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                }
+            }
+        })
+    };
+    let out = shop.deploy(&["apply", site.to_str().expect("utf-8 path"), "--yes"]);
+    done.store(true, Ordering::SeqCst);
+    counter.join().expect("the counter");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        stderr.contains(&format!("not locked, since they do not answer: {gone}")),
+        "{stderr}"
+    );
+    // Tried once, for its lock; not again to read it.
+    assert_eq!(taken.load(Ordering::SeqCst), 1, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("not locked"),
+        "the plan says why it is left: {stdout}"
+    );
+    // Every other host converged; the run is not, with a host left out.
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    for host in shop.hosts_of("app").iter().filter(|h| **h != gone) {
+        assert_eq!(shop.version(host, "api"), "1.0", "{host}");
+    }
+}

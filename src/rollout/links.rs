@@ -82,14 +82,21 @@ impl<T: Transport> Links<T> {
 
     /// The host needs no more commands: hand its link back, in the background.
     pub fn release(self: &Arc<Self>, host: &str) {
-        let Some(cell) = self.lock().remove(host) else {
-            return;
+        // Counted as being handed back before it leaves the pool (under the pool's lock), so
+        // that no slot is given out meanwhile as if it were closed.
+        let cell = {
+            let mut open = self.lock();
+            let Some(cell) = open.remove(host) else {
+                return;
+            };
+            self.handing_back.fetch_add(1, Ordering::SeqCst);
+            cell
         };
         let Some(link) = only_holder(cell) else {
+            self.handing_back.fetch_sub(1, Ordering::SeqCst);
             self.freed.notify_waiters();
             return;
         };
-        self.handing_back.fetch_add(1, Ordering::SeqCst);
         let (links, host) = (self.clone(), host.to_string());
         let handle = tokio::spawn(async move {
             links.transport.park(&host, link).await;

@@ -53,7 +53,7 @@ pub struct Rollout<T> {
     /// Set by whoever handles signals: stop starting steps, or abort the running ones.
     pub cancel: Cancel,
     /// Shell text that gives the run's lock back on a host: it ends the last command of a host
-    /// whose every step succeeded (after a step that placed files, the command that lets go of
+    /// whose last step passes (after a step that placed files, the command that lets go of
     /// what they replaced), instead of a command of its own after the rollout. Those hosts are
     /// in [`Summary::released`].
     pub release: Option<String>,

@@ -5,7 +5,6 @@ use super::hook::{service_env, step_env};
 use super::links::Links;
 use super::step::{self, ServiceJob, StepJob, StepResult};
 use super::{initial_record, Rollout, Summary};
-use crate::plan::StepKind;
 use crate::state::HostRecord;
 use crate::transport::{Target, Transport};
 use std::collections::{HashMap, HashSet};
@@ -15,6 +14,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant as TokioInstant;
 
 mod ending;
+mod finishing;
 mod flowing;
 mod stopping;
 
@@ -59,6 +59,9 @@ struct HostState {
     steps_left: usize,
 }
 
+/// A step's task's answer: service, wave, step, and how it went.
+type Ended = (usize, usize, usize, StepResult);
+
 pub struct Scheduler<T: Transport> {
     r: Rollout<T>,
     links: Arc<Links<T>>,
@@ -66,7 +69,9 @@ pub struct Scheduler<T: Transport> {
     hosts: Vec<HostState>,
     host_index: HashMap<Arc<str>, usize>,
     service_index: HashMap<String, usize>,
-    tasks: JoinSet<(usize, usize, usize, StepResult)>,
+    tasks: JoinSet<Ended>,
+    /// Which step each task runs: a task that panics ends without saying.
+    task_steps: HashMap<tokio::task::Id, (usize, usize, usize)>,
     started: Instant,
     /// Hosts with a failed step in this run (the run's budget: the site's `max-failed`).
     failed_hosts: usize,
@@ -145,6 +150,7 @@ impl<T: Transport> Scheduler<T> {
             host_index,
             service_index,
             tasks: JoinSet::new(),
+            task_steps: HashMap::new(),
             started: Instant::now(),
             failed_hosts: 0,
             released: Vec::new(),
@@ -201,12 +207,17 @@ impl<T: Transport> Scheduler<T> {
             };
             let tasks = &mut self.tasks;
             let done = tokio::select! {
-                done = tasks.join_next(), if !tasks.is_empty() => done,
+                done = tasks.join_next_with_id(), if !tasks.is_empty() => done,
                 _ = timer => None,
                 _ = interrupts.changed() => None,
             };
-            if let Some(Ok((s, w, i, result))) = done {
-                self.finish_step(s, w, i, result).await;
+            if let Some(done) = done {
+                self.ended(done).await;
+                // Every step that has ended is counted before anything new starts: a failure
+                // that ended with a success is seen by the budgets.
+                while let Some(done) = self.tasks.try_join_next_with_id() {
+                    self.ended(done).await;
+                }
             }
         }
         self.links.close_all().await;
@@ -472,7 +483,7 @@ impl<T: Transport> Scheduler<T> {
         };
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
         let cancel = self.r.cancel.clone();
-        self.tasks.spawn(async move {
+        let task = self.tasks.spawn(async move {
             // Emitted by the step itself, before its first command: the journal syncs the
             // intents of a wave's steps together instead of one after another.
             sink.emit(Event::now(started));
@@ -496,71 +507,7 @@ impl<T: Transport> Scheduler<T> {
             links.step_done();
             (s, w, i, result)
         });
-    }
-
-    async fn finish_step(&mut self, s: usize, w: usize, i: usize, result: StepResult) {
-        let plan = self.r.plan.clone();
-        let sp = &plan.services[s];
-        let st = &sp.waves[w].steps[i];
-        let Some(&h) = self.host_index.get(&st.host) else {
-            return;
-        };
-        let ok = result.ok();
-        self.emit(EventKind::StepFinished {
-            service: sp.name.clone(),
-            host: st.host.to_string(),
-            ok,
-            failed_hook: result.failed_hook.clone(),
-            rolled_back: result.rolled_back,
-            reason: result.reason.clone(),
-            log: self
-                .r
-                .log_dir
-                .join(&*st.host)
-                .join(format!("{}.log", sp.name))
-                .display()
-                .to_string(),
-            record: result.record.services.get(&sp.name).cloned().map(Box::new),
-        });
-        if result.released {
-            self.released.push(st.host.to_string());
-        }
-        let host = &mut self.hosts[h];
-        host.busy = false;
-        host.record = result.record;
-        let svc = &mut self.svcs[s];
-        svc.running -= 1;
-        let open = svc.open.iter_mut().find(|o| o.wave == w);
-        if let Some(open) = open {
-            open.running -= 1;
-            open.failed += usize::from(!ok);
-        }
-        if ok {
-            svc.succeeded += 1;
-            // A host reconfigured at its version was counted healthy already.
-            if st.kind != StepKind::Reconfigure {
-                svc.healthy += 1;
-            }
-            host.done.insert(s);
-        } else {
-            svc.failed += 1;
-            if host.failed.is_empty() {
-                self.failed_hosts += 1;
-            }
-            host.broken.insert(s);
-            host.failed.insert(s);
-        }
-        if self.host_step_over(h) {
-            self.links.release(&plan.hosts[h].name);
-        }
-        self.settle(s, w);
-    }
-
-    /// One step of host `h` is over (done, failed or blocked); whether it has none left.
-    fn host_step_over(&mut self, h: usize) -> bool {
-        let host = &mut self.hosts[h];
-        host.steps_left = host.steps_left.saturating_sub(1);
-        host.steps_left == 0
+        self.task_steps.insert(task.id(), (s, w, i));
     }
 }
 

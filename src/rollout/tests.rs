@@ -74,6 +74,10 @@ struct Rule {
     contains: String,
     sleep: Duration,
     code: Option<i32>,
+    /// The command panics (a bug in deploy, as the step's task would meet it).
+    panics: bool,
+    /// The command ends only once every command given the same barrier has come to it.
+    together: Option<Arc<tokio::sync::Barrier>>,
 }
 
 #[derive(Default)]
@@ -176,6 +180,7 @@ impl Link for FakeLink {
             .collect();
         let sleep = matching.iter().map(|r| r.sleep).max().unwrap_or_default();
         let code = matching.iter().find_map(|r| r.code).unwrap_or(0);
+        assert!(!matching.iter().any(|r| r.panics), "told to panic");
         let _in_flight = {
             let start = self.inner.clock.tick();
             let mut c = self.inner.lock();
@@ -194,6 +199,9 @@ impl Link for FakeLink {
             }
         };
         tokio::time::sleep(sleep).await;
+        if let Some(barrier) = matching.iter().find_map(|r| r.together.as_ref()) {
+            barrier.wait().await;
+        }
         tokio::task::yield_now().await;
         Ok(Output {
             code: Some(code),
@@ -248,6 +256,8 @@ impl Rules {
             contains: text.into(),
             sleep: Duration::ZERO,
             code: Some(1),
+            panics: false,
+            together: None,
         });
         self
     }
@@ -259,6 +269,37 @@ impl Rules {
             contains: text.into(),
             sleep: Duration::from_millis(ms),
             code: None,
+            panics: false,
+            together: None,
+        });
+        self
+    }
+
+    /// The commands of each `(host, text)` end at the same moment.
+    fn together(mut self, commands: &[(&str, &str)]) -> Self {
+        let barrier = Arc::new(tokio::sync::Barrier::new(commands.len()));
+        for (host, text) in commands {
+            self.0.push(Rule {
+                host: Some(host.to_string()),
+                contains: text.to_string(),
+                sleep: Duration::ZERO,
+                code: None,
+                panics: false,
+                together: Some(barrier.clone()),
+            });
+        }
+        self
+    }
+
+    /// Commands containing `text` on `host` panic.
+    fn panic(mut self, host: &str, text: &str) -> Self {
+        self.0.push(Rule {
+            host: Some(host.into()),
+            contains: text.into(),
+            sleep: Duration::ZERO,
+            code: None,
+            panics: true,
+            together: None,
         });
         self
     }
@@ -748,6 +789,33 @@ async fn a_host_runs_one_command_at_a_time_even_with_two_services() {
             .any(|a| a.start < w.end && w.start < a.end)
     });
     assert!(overlap, "worker and api overlap across hosts");
+}
+
+#[tokio::test]
+async fn a_step_whose_task_panics_fails_and_is_counted_once() {
+    let body = api_and_worker("", "");
+    let hs = hosts("app", "app", 3);
+    let fx = fixture(&body, &host_refs(&hs), &[], &[]);
+    let rules = Rules::default().panic("app2", "hook install api");
+    let ran = fx.run(rules, 64, true).await;
+    // api on app2 failed, as a failed hook would; the rest ran (worker needs nothing of api).
+    assert_eq!(ran.counts(), (5, 1, 0), "{:?}", ran.summary);
+    let finished = ran.events.iter().find_map(|(_, _, e)| match e {
+        EventKind::StepFinished {
+            service,
+            host,
+            failed_hook,
+            ..
+        } if service == "api" && host == "app2" => Some(failed_hook.clone()),
+        _ => None,
+    });
+    assert_eq!(finished, Some(Some("panic".to_string())));
+    let ended = |name: &str| {
+        ran.events.iter().any(
+            |(_, _, e)| matches!(e, EventKind::ServiceFinished { service, .. } if service == name),
+        )
+    };
+    assert!(ended("api") && ended("worker"), "every service ends");
 }
 
 // ---------------------------------------------------------------------------------------------

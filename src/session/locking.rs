@@ -174,6 +174,14 @@ impl Session {
                 names.join(", ")
             ));
         }
+        // A host not locked is neither read nor changed in this run, even if it answers later.
+        for (name, reason) in &taken.unreachable {
+            if let Some(h) = hosts.find(name) {
+                known[h] = Some(Observed::Unreachable {
+                    reason: format!("not locked: {reason}"),
+                });
+            }
+        }
         self.held().fleet = Some(fleet);
         *self.known.lock().unwrap_or_else(|p| p.into_inner()) = known;
         self.carry_on(site, unfinished, &transport, &targets, &state_dir);
@@ -210,16 +218,23 @@ impl Session {
             max_connections: self.max_connections,
             read,
         };
+        // Known without reading: hosts the store shows converged, hosts not locked.
         let known = std::mem::take(&mut *self.known.lock().unwrap_or_else(|p| p.into_inner()));
-        let Some(shared) = self.shared.get() else {
+        if known.iter().all(Option::is_none) && self.shared.get().is_none() {
             return self.block_on(crate::state::Observe::observe(&remote, site, hosts));
-        };
+        }
         let to_read = crate::state::store::to_read(&known);
         let subset = hosts.subset(&to_read, site.classes.len());
         let read = self.block_on(crate::state::Observe::observe(&remote, site, &subset));
-        let was_read: Vec<bool> = known.iter().map(Option::is_none).collect();
+        // Published as seen: the hosts read, and those that did not answer the lock.
+        let was_read: Vec<bool> = known
+            .iter()
+            .map(|k| k.as_ref().is_none_or(|o| !o.known()))
+            .collect();
         let observed = crate::state::store::merge(known, read);
-        shared.started(site, hosts, desired, &observed, &was_read, &self.run_id);
+        if let Some(shared) = self.shared.get() {
+            shared.started(site, hosts, desired, &observed, &was_read, &self.run_id);
+        }
         observed
     }
 

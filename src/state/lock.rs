@@ -41,6 +41,9 @@ pub struct Holder {
     /// The controller's boot id (Linux): a pid is only meaningful within one boot.
     #[serde(default)]
     pub boot: String,
+    /// The controller's machine id (`/etc/machine-id`): two machines may share a host name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine: String,
     pub pid: u32,
     /// When the process started, in clock ticks after boot (Linux): tells a reused pid apart.
     #[serde(default)]
@@ -69,6 +72,7 @@ impl Holder {
             user: user(),
             controller: host_name(),
             boot: boot_id(),
+            machine: machine_id(),
             pid,
             pid_start: pid_start(pid),
             since: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
@@ -77,31 +81,29 @@ impl Holder {
         }
     }
 
+    /// Only a holder known to be of this machine is judged: its boot id is this boot's (boot
+    /// ids are random per boot), or its machine id is this machine's and it was another boot.
+    /// A holder of the same host name is not enough: two machines may share one (`ubuntu`,
+    /// `localhost`), and a pid means nothing on another machine. Where there is no boot id
+    /// (not Linux), nothing is judged: such a lock is broken with `--break-lock`.
     pub fn liveness(&self) -> Liveness {
         if self.controller != host_name() {
             return Liveness::Unknown;
         }
-        let boot = boot_id();
-        if !self.boot.is_empty() && !boot.is_empty() && self.boot != boot {
-            return Liveness::Dead;
-        }
-        if Path::new("/proc/self/stat").exists() {
+        let (boot, machine) = (boot_id(), machine_id());
+        if !boot.is_empty() && self.boot == boot {
             return match pid_start(self.pid) {
                 None => Liveness::Dead,
                 Some(start) if self.pid_start.is_some_and(|s| s != start) => Liveness::Dead,
                 Some(_) => Liveness::Alive,
             };
         }
-        let alive = std::process::Command::new("kill")
-            .args(["-0", &self.pid.to_string()])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if alive {
-            Liveness::Alive
-        } else {
-            Liveness::Dead
+        let this_machine = !machine.is_empty() && self.machine == machine;
+        if this_machine && !boot.is_empty() && !self.boot.is_empty() {
+            // This machine, booted since: every process of that boot is gone.
+            return Liveness::Dead;
         }
+        Liveness::Unknown
     }
 
     /// `root on ctl1 (pid 4242, run 2026-…-4242) since 2026-11-22T03:15:51Z`
@@ -195,19 +197,31 @@ impl FileLock {
             create_dirs(dir).map_err(|e| self.failed(e))?;
         }
         let mut taken = Taken::default();
+        // The holder is written (and synced) beside the lock first, then linked into place: the
+        // lock appears whole or not at all, and a full disk or a crash leaves no empty lock
+        // that nobody could read, and so nobody would ever take over.
+        let new = self
+            .path
+            .with_extension(format!("new.{}", std::process::id()));
+        let written = std::fs::File::create(&new).and_then(|mut f| {
+            f.write_all(me.json().as_bytes())?;
+            f.sync_all()
+        });
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&new);
+            return Err(self.failed(e));
+        }
+        let placed = self.place_new(&new, force, &mut taken);
+        let _ = std::fs::remove_file(&new);
+        placed.map(|()| taken)
+    }
+
+    /// Links `new` (the holder, written) into the lock's place, taking over a stale holder
+    /// (or any, with `force`) that is in the way.
+    fn place_new(&self, new: &Path, force: bool, taken: &mut Taken) -> Result<(), LockError> {
         for _ in 0..5 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&self.path)
-            {
-                Ok(mut f) => {
-                    f.write_all(me.json().as_bytes())
-                        .and_then(|_| f.sync_all())
-                        .and_then(|_| sync_dir(self.path.parent()))
-                        .map_err(|e| self.failed(e))?;
-                    return Ok(taken);
-                }
+            match std::fs::hard_link(new, &self.path) {
+                Ok(()) => return sync_dir(self.path.parent()).map_err(|e| self.failed(e)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(self.failed(e)),
             }
@@ -311,6 +325,15 @@ fn host_name() -> String {
 
 fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The machine id systemd and D-Bus keep (`/etc/machine-id`); empty where there is none.
+fn machine_id() -> String {
+    ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }

@@ -137,13 +137,10 @@ impl<T: Transport> Scheduler<T> {
             sum.failed += svc.failed;
             sum.not_started += svc.not_started;
             if svc.finished.is_none() {
-                sum.not_started += plan.services[s]
-                    .waves
-                    .iter()
-                    .map(|w| w.steps.len())
-                    .sum::<usize>()
-                    - svc.succeeded
-                    - svc.failed;
+                // Its steps not counted yet (each step is counted once, whatever ended it).
+                let steps: usize = plan.services[s].waves.iter().map(|w| w.steps.len()).sum();
+                sum.not_started +=
+                    steps.saturating_sub(svc.succeeded + svc.failed + svc.not_started);
             }
         }
         sum.unreachable = plan

@@ -63,6 +63,38 @@ async fn a_batch_as_a_limit_starts_no_new_host_once_the_budget_is_spent() {
     assert!(ran.max_hosts_in_flight("api") <= 2);
 }
 
+#[tokio::test]
+async fn a_failure_that_ended_with_a_success_is_seen_before_a_host_starts() {
+    // batch 2, max-failed 0: app1 passes and app2 fails at the same moment. Both have ended
+    // when the scheduler looks: app1's freed slot must not go to app3 before app2's failure
+    // is counted.
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"p.kdl\"")
+    );
+    let hs = hosts("app", "app", 4);
+    let fx = fixture(&body, &host_refs(&hs), &[("p.kdl", "batch 2")], &[]);
+    for round in 0..8 {
+        // The last command of each step: app1's check, app2's record of its failed start.
+        let rules = Rules::default()
+            .fail(Some("app2"), "hook start api")
+            .together(&[
+                ("app1", "hook check api"),
+                ("app2", "\"outcome\":\"failure\""),
+            ]);
+        let ran = fx.run(rules, 64, true).await;
+        let started: Vec<&str> = ["app3", "app4"]
+            .into_iter()
+            .filter(|h| ran.first_hook("api", h).is_some())
+            .collect();
+        assert!(
+            started.is_empty(),
+            "round {round}: started past the budget: {started:?}"
+        );
+        assert_eq!(ran.outcome("api").3, 2, "round {round}");
+    }
+}
+
 mod slots_prop {
     use super::*;
     use proptest::prelude::*;

@@ -36,6 +36,38 @@ fn this_process_is_alive_and_a_gone_one_is_dead() {
 }
 
 #[test]
+fn a_holder_of_the_same_name_is_judged_only_when_known_to_be_of_this_machine() {
+    let here = Holder::me("s", "r");
+    // Another boot: of another machine that shares this one's name, or of this one (rebooted).
+    let other_boot = |machine: &str| Holder {
+        boot: "0f5c2d6e-9a41-4d0b-8a53-3c1e7b2f9d10".into(),
+        machine: machine.into(),
+        ..dead_here("old")
+    };
+    assert_eq!(other_boot("").liveness(), Liveness::Unknown);
+    assert_eq!(
+        other_boot("0123456789abcdef0123456789abcdef").liveness(),
+        Liveness::Unknown,
+        "another machine with the same host name: its pid means nothing here"
+    );
+    // With no boot id (not Linux), nothing can be told.
+    let no_boot = Holder {
+        boot: String::new(),
+        ..dead_here("old")
+    };
+    assert_eq!(no_boot.liveness(), Liveness::Unknown);
+    // Linux keeps a boot id: this very process, the same boot, a pid that is gone.
+    if !here.boot.is_empty() {
+        assert_eq!(here.liveness(), Liveness::Alive);
+        assert_eq!(dead_here("old").liveness(), Liveness::Dead);
+    }
+    // This machine, another boot: gone.
+    if !here.machine.is_empty() && !here.boot.is_empty() {
+        assert_eq!(other_boot(&here.machine).liveness(), Liveness::Dead);
+    }
+}
+
+#[test]
 fn file_lock_refuses_then_takes_over_a_dead_holder_and_breaks_on_request() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join(".drover");
@@ -399,5 +431,42 @@ fn links_kept_for_the_steps_and_those_in_use_never_exceed_the_cap() {
             !dir.path().join(n).join("var/lib/drover/lock").exists(),
             "{n}"
         );
+    }
+}
+
+#[test]
+fn a_file_lock_appears_whole_and_leaves_nothing_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join(".drover");
+    let lock = FileLock::new(&root, "shop");
+    let a = Holder::me("shop", "run-a");
+    block_on(lock.acquire(&a, false)).unwrap();
+    assert_eq!(read_file_lock(&lock), Some(a.clone()), "the holder, whole");
+    // Refused: what it wrote for itself is gone.
+    let b = Holder::me("shop", "run-b");
+    assert!(block_on(lock.acquire(&b, false)).is_err());
+    let beside = |want: usize| {
+        let names: Vec<_> = std::fs::read_dir(lock.path.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), want, "{names:?}");
+    };
+    beside(1);
+    block_on(lock.release(&a)).unwrap();
+    beside(0);
+    // A lock dir it cannot write to: refused with the reason, and no lock left behind.
+    let locks = lock.path.parent().unwrap().to_path_buf();
+    std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o500)).unwrap();
+    let writable = std::fs::File::create(locks.join("probe")).is_ok();
+    let refused = block_on(lock.acquire(&a, false));
+    std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o700)).unwrap();
+    if !writable {
+        assert!(
+            matches!(refused, Err(LockError::Failed { .. })),
+            "{refused:?}"
+        );
+        beside(0);
     }
 }

@@ -1,0 +1,115 @@
+//! A step's end: its task's answer (or its panic) counted, its host's record and budget
+//! updated, its host's link handed back when the host has no step left.
+
+use super::super::step::StepResult;
+use super::{Ended, Scheduler};
+use crate::plan::StepKind;
+use crate::rollout::event::EventKind;
+use crate::transport::Transport;
+
+impl<T: Transport> Scheduler<T> {
+    /// A step's task ended.
+    pub(super) async fn ended(
+        &mut self,
+        done: Result<(tokio::task::Id, Ended), tokio::task::JoinError>,
+    ) {
+        match done {
+            Ok((id, (s, w, i, result))) => {
+                self.task_steps.remove(&id);
+                self.finish_step(s, w, i, result).await;
+            }
+            // A step whose task panicked failed: recorded as such, its host no further stepped,
+            // never lost from the counts.
+            Err(e) => {
+                if let Some((s, w, i)) = self.task_steps.remove(&e.id()) {
+                    let result = self.panicked(s, w, i, &e);
+                    self.links.step_done();
+                    self.finish_step(s, w, i, result).await;
+                }
+            }
+        }
+    }
+
+    /// What a step whose task panicked ended with: failed, its host's record as the step
+    /// found it (the host's own may be newer: it is read again by the next apply).
+    fn panicked(&self, s: usize, w: usize, i: usize, e: &tokio::task::JoinError) -> StepResult {
+        let host = &self.r.plan.services[s].waves[w].steps[i].host;
+        let record = self
+            .host_index
+            .get(host)
+            .map(|&h| self.hosts[h].record.clone())
+            .unwrap_or_default();
+        StepResult {
+            record,
+            failed_hook: Some("panic".into()),
+            reason: Some(format!("deploy's step task ended abnormally: {e}")),
+            rolled_back: false,
+            released: false,
+        }
+    }
+
+    async fn finish_step(&mut self, s: usize, w: usize, i: usize, result: StepResult) {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        let st = &sp.waves[w].steps[i];
+        let Some(&h) = self.host_index.get(&st.host) else {
+            return;
+        };
+        let ok = result.ok();
+        self.emit(EventKind::StepFinished {
+            service: sp.name.clone(),
+            host: st.host.to_string(),
+            ok,
+            failed_hook: result.failed_hook.clone(),
+            rolled_back: result.rolled_back,
+            reason: result.reason.clone(),
+            log: self
+                .r
+                .log_dir
+                .join(&*st.host)
+                .join(format!("{}.log", sp.name))
+                .display()
+                .to_string(),
+            record: result.record.services.get(&sp.name).cloned().map(Box::new),
+        });
+        if result.released {
+            self.released.push(st.host.to_string());
+        }
+        let host = &mut self.hosts[h];
+        host.busy = false;
+        host.record = result.record;
+        let svc = &mut self.svcs[s];
+        svc.running -= 1;
+        let open = svc.open.iter_mut().find(|o| o.wave == w);
+        if let Some(open) = open {
+            open.running -= 1;
+            open.failed += usize::from(!ok);
+        }
+        if ok {
+            svc.succeeded += 1;
+            // A host reconfigured at its version was counted healthy already.
+            if st.kind != StepKind::Reconfigure {
+                svc.healthy += 1;
+            }
+            host.done.insert(s);
+        } else {
+            svc.failed += 1;
+            if host.failed.is_empty() {
+                self.failed_hosts += 1;
+            }
+            host.broken.insert(s);
+            host.failed.insert(s);
+        }
+        if self.host_step_over(h) {
+            self.links.release(&plan.hosts[h].name);
+        }
+        self.settle(s, w);
+    }
+
+    /// One step of host `h` is over (done, failed or blocked); whether it has none left.
+    pub(super) fn host_step_over(&mut self, h: usize) -> bool {
+        let host = &mut self.hosts[h];
+        host.steps_left = host.steps_left.saturating_sub(1);
+        host.steps_left == 0
+    }
+}
