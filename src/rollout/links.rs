@@ -61,8 +61,24 @@ impl<T: Transport> Links<T> {
             .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
             .await
             .clone();
-        if result.is_err() {
-            self.drop_entry(&target.name);
+        match &result {
+            Err(_) => {
+                self.drop_entry(&target.name);
+            }
+            // Opened ahead, or kept since an earlier step, and its master gone meanwhile
+            // (`persist`): connected anew, once.
+            Ok(link) if !link.alive().await => {
+                self.drop_entry(&target.name);
+                let cell = match self.slot(&target.name, false) {
+                    Some((cell, _)) => cell,
+                    None => return result,
+                };
+                return cell
+                    .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
+                    .await
+                    .clone();
+            }
+            Ok(_) => {}
         }
         result
     }

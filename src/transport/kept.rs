@@ -129,6 +129,11 @@ impl<T: Transport> Transport for Kept<T> {
     async fn connect(&self, target: &Target) -> Result<T::Link, TransportError> {
         let parked = self.lock().remove(&target.name);
         match parked {
+            // A link parked a while ago may have lost its master (`persist`): connect anew.
+            Some(Ok(link)) if !link.alive().await => {
+                link.close().await;
+                self.inner.connect(target).await
+            }
             Some(link) => link,
             None => self.inner.connect(target).await,
         }

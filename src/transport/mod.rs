@@ -187,6 +187,12 @@ pub trait Link: Send + Sync + 'static {
     fn prepare(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+    /// Whether the link still reaches its host, asked before a link that waited is used
+    /// again. Only a `persist` master can go away on its own while held (OpenSSH's idle time
+    /// runs whenever no command is on it); by default, yes.
+    fn alive(&self) -> impl Future<Output = bool> + Send {
+        async { true }
+    }
     /// Takes what the link noted, since last asked, about contents it did not carry the way
     /// it was set to (a connection of its own that failed: sent over the master instead).
     fn notes(&self) -> Vec<String> {
@@ -357,6 +363,12 @@ impl Link for AnyLink {
     async fn prepare(&self) {
         if let AnyLink::Ssh(l) = self {
             l.prepare().await
+        }
+    }
+    async fn alive(&self) -> bool {
+        match self {
+            AnyLink::Ssh(l) => l.alive().await,
+            AnyLink::Local(l) => l.alive().await,
         }
     }
     fn notes(&self) -> Vec<String> {

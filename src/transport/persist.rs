@@ -52,16 +52,28 @@ impl Masters {
     }
 
     /// The key of a connection to `address` with `options`: a short digest (socket paths are
-    /// limited to about 100 bytes).
+    /// limited to about 100 bytes). Files count by their absolute paths (`ssh_config` beside
+    /// one site's platform file is not another's of the same relative name), and the
+    /// ssh_config by its contents too (a changed `HostName` is another connection).
     pub fn key(options: &SshOptions, address: &str) -> String {
-        let show = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let show = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+                .map(|p| p.display().to_string())
+        };
+        let config = options
+            .config
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .map(|text| format!("{:x}", Sha256::digest(&text)));
         let text = format!(
-            "{:?}\0{address}\0{:?}\0{:?}\0{:?}\0{:?}",
+            "{:?}\0{address}\0{:?}\0{:?}\0{:?}\0{:?}\0{:?}",
             options.user,
             options.port,
             show(&options.identity),
             show(&options.config),
             show(&options.known_hosts),
+            config,
         );
         let digest = Sha256::digest(text.as_bytes());
         digest[..8].iter().map(|b| format!("{b:02x}")).collect()
@@ -225,6 +237,44 @@ mod tests {
             ..o.clone()
         };
         assert_ne!(k, Masters::key(&known, "10.0.0.1"));
+        // Files by their absolute paths: the same file named two ways is one key.
+        let here = std::env::current_dir().unwrap();
+        let relative = SshOptions {
+            known_hosts: Some("k".into()),
+            ..o.clone()
+        };
+        let absolute = SshOptions {
+            known_hosts: Some(here.join("k")),
+            ..o.clone()
+        };
+        assert_eq!(
+            Masters::key(&relative, "10.0.0.1"),
+            Masters::key(&absolute, "10.0.0.1")
+        );
+        // Two sites' `ssh_config` of one relative name are two files; and one file changed is
+        // another connection (its `HostName` may be another machine).
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let config_in = |d: &Path, text: &str| {
+            std::fs::write(d.join("ssh_config"), text).unwrap();
+            SshOptions {
+                config: Some(d.join("ssh_config")),
+                ..o.clone()
+            }
+        };
+        let in_a = Masters::key(
+            &config_in(a.path(), "Host web1\n  HostName 10.1.0.1\n"),
+            "web1",
+        );
+        let in_b = Masters::key(
+            &config_in(b.path(), "Host web1\n  HostName 10.1.0.1\n"),
+            "web1",
+        );
+        assert_ne!(in_a, in_b);
+        let changed = Masters::key(
+            &config_in(a.path(), "Host web1\n  HostName 10.9.0.9\n"),
+            "web1",
+        );
+        assert_ne!(in_a, changed);
         // Not what only shapes commands or the first contact.
         let shell = SshOptions {
             keep_shell: !o.keep_shell,

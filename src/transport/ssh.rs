@@ -28,7 +28,9 @@ impl Ssh {
     /// connections at once: the link pool keeps the masters within it, one per host at most,
     /// and connections of their own for large files get what the cap leaves beyond that.
     pub fn new(options: SshOptions, hosts: usize, max_connections: usize) -> Self {
-        let masters = (!options.persist.is_zero()).then(Masters::new).flatten();
+        let masters = persists(&options, hosts, max_connections)
+            .then(Masters::new)
+            .flatten();
         if masters.is_none() {
             // Watched from now on, before this run starts any other process.
             let _ = super::reaper::dir();
@@ -82,6 +84,13 @@ impl Ssh {
         }
         b
     }
+}
+
+/// Whether masters outlive the command (`persist`): only where every host fits under the
+/// cap. Over it, links are closed to make room, and a kept master would go on running beyond
+/// the cap.
+fn persists(options: &SshOptions, hosts: usize, max_connections: usize) -> bool {
+    !options.persist.is_zero() && hosts <= max_connections
 }
 
 impl Ssh {
@@ -532,6 +541,11 @@ impl Link for SshLink {
         Some(result)
     }
 
+    async fn alive(&self) -> bool {
+        // A master this run made without `persist` lives until the link closes.
+        self.keep.is_none() || self.session.check().await.is_ok()
+    }
+
     async fn prepare(&self) {
         let mut slot = self.shell.lock().await;
         if matches!(*slot, Slot::Fresh | Slot::Idle) {
@@ -570,4 +584,23 @@ fn flatten(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text.trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masters_persist_only_where_the_fleet_fits_under_the_cap() {
+        let persist = SshOptions {
+            persist: Duration::from_secs(300),
+            ..SshOptions::default()
+        };
+        assert!(persists(&persist, 10, 10));
+        assert!(
+            !persists(&persist, 11, 10),
+            "over the cap, closing must close"
+        );
+        assert!(!persists(&SshOptions::default(), 1, 10), "off by default");
+    }
 }
