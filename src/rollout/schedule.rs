@@ -220,6 +220,12 @@ impl<T: Transport> Scheduler<T> {
                 }
             }
         }
+        // Nothing runs and nothing can start: a service still not over waits for steps that
+        // can never run (a saved plan whose steps wait for each other). It ends, said so.
+        self.leave_unfinished(
+            ServiceOutcome::Blocked,
+            "its steps wait for steps that can never run",
+        );
         self.links.close_all().await;
         self.summary()
     }

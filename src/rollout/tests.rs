@@ -818,6 +818,40 @@ async fn a_step_whose_task_panics_fails_and_is_counted_once() {
     assert!(ended("api") && ended("worker"), "every service ends");
 }
 
+#[tokio::test]
+async fn steps_that_wait_for_each_other_end_their_services_blocked() {
+    // A saved plan edited by hand (the planner makes no such plan): api on app1 waits for
+    // worker on app2, which waits for api on app1. Neither can ever start; the run still ends
+    // every service, and counts each step once.
+    let body = api_and_worker("", "");
+    let hs = hosts("app", "app", 2);
+    let mut fx = fixture(&body, &host_refs(&hs), &[], &[]);
+    let mut plan = (*fx.plan).clone();
+    let wait = |service: &str, host: &str| crate::plan::HostStep {
+        service: Arc::from(service),
+        host: Arc::from(host),
+    };
+    for s in &mut plan.services {
+        let (host, other) = if s.name == "api" {
+            ("app1", wait("worker", "app2"))
+        } else {
+            ("app2", wait("api", "app1"))
+        };
+        for st in s.waves.iter_mut().flat_map(|w| &mut w.steps) {
+            if &*st.host == host {
+                st.waits.push(other.clone());
+            }
+        }
+    }
+    fx.plan = Arc::new(plan);
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert_eq!(ran.counts(), (2, 0, 2), "{:?}", ran.summary);
+    for service in ["api", "worker"] {
+        let (outcome, ..) = ran.outcome(service);
+        assert_eq!(outcome, ServiceOutcome::Blocked, "{service}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Same-host `after`
 

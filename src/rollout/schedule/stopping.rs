@@ -31,6 +31,12 @@ impl<T: Transport> Scheduler<T> {
     /// ends as usual; one with steps left (or never started) ends `interrupted`, those steps
     /// not started.
     pub(super) fn wind_down(&mut self) {
+        self.leave_unfinished(ServiceOutcome::Interrupted, "the run was interrupted");
+    }
+
+    /// Ends every service that has no step running and is not over yet, `outcome` for `reason`
+    /// if it has steps left (or never started); those steps count as not started.
+    pub(super) fn leave_unfinished(&mut self, outcome: ServiceOutcome, reason: &str) {
         let plan = self.r.plan.clone();
         for s in 0..self.svcs.len() {
             let svc = &self.svcs[s];
@@ -71,8 +77,7 @@ impl<T: Transport> Scheduler<T> {
             let svc = &mut self.svcs[s];
             svc.pending.clear();
             svc.started = true;
-            let reason = "the run was interrupted".to_string();
-            self.end_service(s, ServiceOutcome::Interrupted, Some(reason));
+            self.end_service(s, outcome, Some(reason.to_string()));
         }
     }
 }

@@ -16,6 +16,9 @@ pub struct FleetLock<T> {
     pub max_connections: usize,
     /// The hosts locked so far, to release.
     taken: Mutex<Vec<Target>>,
+    /// Hosts whose lock command was sent and whose answer was lost: it may have taken the
+    /// lock there. Released too, quietly (the release removes only this run's own lock).
+    unsure: Mutex<Vec<Target>>,
     /// A script run on each host in the same command as taking its lock, once taken.
     read: Option<String>,
     /// What that script printed on each host locked: host → its output.
@@ -55,6 +58,7 @@ impl<T: Transport> FleetLock<T> {
             state_dir: state_dir.trim_end_matches('/').to_string(),
             max_connections: max_connections.max(1),
             taken: Mutex::new(Vec::new()),
+            unsure: Mutex::new(Vec::new()),
             read: None,
             reads: Mutex::new(HashMap::new()),
             fence: None,
@@ -139,7 +143,13 @@ impl<T: Transport> FleetLock<T> {
         for _ in 0..3 {
             let out = match link.run(&script).await {
                 Ok(out) => out,
-                Err(e) => return HostLock::Unreachable(e.to_string()),
+                Err(e) => {
+                    self.unsure
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(target.clone());
+                    return HostLock::Unreachable(e.to_string());
+                }
             };
             if let Some(rest) = read.and_then(|_| after_taken(&out.stdout)) {
                 let read = Output {
@@ -168,8 +178,12 @@ impl<T: Transport> FleetLock<T> {
                 let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
                 return HostLock::Failed(format!("exit {:?}: {err}", out.code));
             }
+            // The holder is the last line (a shell's start-up files may print before it).
             let seen = String::from_utf8_lossy(&out.stdout)
-                .trim_end_matches('\n')
+                .lines()
+                .rev()
+                .find(|l| !l.is_empty())
+                .unwrap_or_default()
                 .to_string();
             let holder: Option<Holder> = serde_json::from_str(&seen).ok();
             if holder.as_ref() == Some(me) {
@@ -305,22 +319,29 @@ impl<T: Transport> Lock for FleetLock<T> {
 
     async fn release(&self, me: &Holder) -> Result<(), LockError> {
         let hosts: Vec<Target> = std::mem::take(&mut *self.lock_taken());
-        if hosts.is_empty() {
+        let unsure: Vec<Target> =
+            std::mem::take(&mut *self.unsure.lock().unwrap_or_else(|p| p.into_inner()));
+        if hosts.is_empty() && unsure.is_empty() {
             return Ok(());
         }
         let room = crate::transport::room(&*self.transport, self.max_connections).await;
         let gate = Arc::new(tokio::sync::Semaphore::new(room));
-        let results = futures_all(hosts.iter().map(|target| {
-            let gate = gate.clone();
-            async move {
-                let _permit = gate.acquire_owned().await;
-                (target, self.release_host(target, me).await)
-            }
-        }))
+        let all = hosts.iter().map(|t| (t, true));
+        let results = futures_all(all.chain(unsure.iter().map(|t| (t, false))).map(
+            |(target, held)| {
+                let gate = gate.clone();
+                async move {
+                    let _permit = gate.acquire_owned().await;
+                    (target, held, self.release_host(target, me).await)
+                }
+            },
+        ))
         .await;
+        // A host whose lock was never known to be taken is not said to be left behind.
         let failed: Vec<String> = results
             .into_iter()
-            .filter_map(|(t, r)| r.err().map(|e| format!("{}: {e}", t.name)))
+            .filter(|(_, held, _)| *held)
+            .filter_map(|(t, _, r)| r.err().map(|e| format!("{}: {e}", t.name)))
             .collect();
         if failed.is_empty() {
             Ok(())

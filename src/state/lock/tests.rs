@@ -470,3 +470,127 @@ fn a_file_lock_appears_whole_and_leaves_nothing_beside_it() {
         beside(0);
     }
 }
+
+/// A [`Local`] transport whose first command on `host` runs, and then its answer is lost (the
+/// connection dropped as it ended).
+struct LosesAnswer {
+    inner: Local,
+    host: String,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct LosesAnswerLink {
+    inner: <Local as Transport>::Link,
+    lose: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Transport for LosesAnswer {
+    type Link = LosesAnswerLink;
+    async fn connect(
+        &self,
+        target: &Target,
+    ) -> Result<LosesAnswerLink, crate::transport::TransportError> {
+        Ok(LosesAnswerLink {
+            inner: self.inner.connect(target).await?,
+            lose: (target.name == self.host).then(|| self.lost.clone()),
+        })
+    }
+}
+
+impl Link for LosesAnswerLink {
+    async fn run(&self, script: &str) -> Result<Output, crate::transport::TransportError> {
+        let out = self.inner.run(script).await;
+        let lose = self
+            .lose
+            .as_ref()
+            .is_some_and(|l| !l.swap(true, std::sync::atomic::Ordering::SeqCst));
+        if lose {
+            return Err(crate::transport::TransportError::Command {
+                host: "h2".into(),
+                reason: "the connection was terminated".into(),
+            });
+        }
+        out
+    }
+    async fn close(self) {}
+}
+
+#[test]
+fn a_lock_whose_answer_was_lost_is_given_back_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = Arc::new(LosesAnswer {
+        inner: Local::new(dir.path().to_path_buf()),
+        host: "h2".into(),
+        lost: Arc::default(),
+    });
+    let hosts: Vec<Target> = ["h1", "h2", "h3"]
+        .iter()
+        .map(|n| Target {
+            name: n.to_string(),
+            address: "127.0.0.1".into(),
+        })
+        .collect();
+    let fleet = FleetLock::new(transport, hosts, "var/lib/drover", 8);
+    let me = Holder::me("shop", "run-a");
+    let taken = block_on(fleet.acquire(&me, false)).unwrap();
+    assert_eq!(taken.unreachable.len(), 1, "{taken:?}");
+    let lock = |h: &str| dir.path().join(h).join("var/lib/drover/lock");
+    // The command ran on h2: its lock is there, though the run never heard so.
+    assert!(lock("h2").exists());
+    block_on(fleet.release(&me)).expect("released, h2 quietly");
+    for h in ["h1", "h2", "h3"] {
+        assert!(!lock(h).exists(), "{h}: given back");
+    }
+}
+
+/// A [`Local`] transport whose hosts' shells print a line before every command's own output
+/// (a start-up file's `echo`).
+struct Chatty(Local);
+
+struct ChattyLink(<Local as Transport>::Link);
+
+impl Transport for Chatty {
+    type Link = ChattyLink;
+    async fn connect(
+        &self,
+        target: &Target,
+    ) -> Result<ChattyLink, crate::transport::TransportError> {
+        Ok(ChattyLink(self.0.connect(target).await?))
+    }
+}
+
+impl Link for ChattyLink {
+    async fn run(&self, script: &str) -> Result<Output, crate::transport::TransportError> {
+        let mut out = self.0.run(script).await?;
+        let mut stdout = b"Welcome to h1!\n".to_vec();
+        stdout.extend_from_slice(&out.stdout);
+        out.stdout = stdout;
+        Ok(out)
+    }
+    async fn close(self) {}
+}
+
+#[test]
+fn a_stale_host_lock_is_taken_over_though_the_shell_prints_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = Arc::new(Chatty(Local::new(dir.path().to_path_buf())));
+    let hosts = vec![Target {
+        name: "h1".into(),
+        address: "127.0.0.1".into(),
+    }];
+    let lock = dir.path().join("h1/var/lib/drover/lock");
+    std::fs::create_dir_all(&lock).unwrap();
+    let dead = dead_here("old");
+    std::fs::write(lock.join("holder.json"), format!("{}\n", dead.json())).unwrap();
+    let fleet = FleetLock::new(transport, hosts, "var/lib/drover", 8);
+    let me = Holder::me("shop", "run-a");
+    let taken = block_on(fleet.acquire(&me, false)).expect("a dead holder is taken over");
+    assert_eq!(taken.broken.len(), 1);
+    assert_eq!(taken.broken[0].holder, Some(dead));
+    assert_eq!(
+        std::fs::read_to_string(lock.join("holder.json"))
+            .unwrap()
+            .trim(),
+        me.json()
+    );
+}
