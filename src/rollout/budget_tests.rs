@@ -31,6 +31,7 @@ fn with_site_settings(fx: Fixture, settings: &str) -> Fixture {
         plan: Arc::new(plan),
         desired: Arc::new(desired),
         release: None,
+        signal_at_confirm: false,
     }
 }
 

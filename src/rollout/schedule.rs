@@ -326,7 +326,12 @@ impl<T: Transport> Scheduler<T> {
         }
         let w = svc.next_wave;
         if w > 0 && sp.policy.pause == "confirm" && !self.r.gate.confirm(&sp.name, w + 1) {
-            self.halt(s, format!("wave {} not confirmed", w + 1));
+            // A signal that left the question unanswered interrupts the run; it refuses nothing.
+            if self.r.cancel.stopping() {
+                self.wind_down();
+            } else {
+                self.halt(s, format!("wave {} not confirmed", w + 1));
+            }
             return true;
         }
         let wave = &sp.waves[w];

@@ -327,6 +327,8 @@ impl Sink for Collect {
 struct Answer {
     yes: bool,
     asked: Mutex<Vec<(String, usize)>>,
+    /// A signal comes while the question is asked, leaving it unanswered.
+    signal: Option<super::Cancel>,
 }
 
 impl Gate for Answer {
@@ -335,6 +337,10 @@ impl Gate for Answer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((service.to_string(), wave));
+        if let Some(cancel) = &self.signal {
+            cancel.escalate("SIGINT");
+            return false;
+        }
         self.yes
     }
 }
@@ -374,6 +380,8 @@ struct Fixture {
     desired: Arc<crate::desired::Desired>,
     /// [`Rollout::release`] for the runs.
     release: Option<String>,
+    /// A `pause "confirm"` question is met with a signal.
+    signal_at_confirm: bool,
 }
 
 /// The address of the `i`th host given to [`fixture`].
@@ -466,6 +474,7 @@ fn fixture(
         plan: Arc::new(plan),
         desired: Arc::new(desired),
         release: None,
+        signal_at_confirm: false,
     }
 }
 
@@ -528,6 +537,7 @@ impl Fixture {
         let gate = Arc::new(Answer {
             yes: confirm,
             asked: Mutex::default(),
+            signal: self.signal_at_confirm.then(|| cancel.clone()),
         });
         let transport = Arc::new(Kept::new(Fake(inner.clone()), usize::MAX, max_connections));
         transport.keep_for_steps(kept.iter().map(|h| h.to_string()));
@@ -1434,6 +1444,17 @@ async fn confirm_asks_before_each_later_wave_and_no_halts() {
     let yes = fx.run(Rules::default(), 64, true).await;
     assert_eq!(yes.asked, [("api".to_string(), 2), ("api".to_string(), 3)]);
     assert!(yes.summary.converged());
+
+    // A signal while the question is asked: the run is interrupted, nothing was refused.
+    let fx = Fixture {
+        signal_at_confirm: true,
+        ..fx
+    };
+    let signal = fx.run(Rules::default(), 64, true).await;
+    assert_eq!(
+        signal.outcome("api"),
+        (ServiceOutcome::Interrupted, 1, 0, 2)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

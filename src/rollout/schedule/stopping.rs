@@ -74,6 +74,15 @@ impl<T: Transport> Scheduler<T> {
                 continue;
             }
             self.give_up(s, &left);
+            // Its open waves end too, each said so, before the service does.
+            let failed = self.svcs[s].failed;
+            for open in std::mem::take(&mut self.svcs[s].open) {
+                self.emit(EventKind::WaveFinished {
+                    service: sp.name.clone(),
+                    wave: open.wave + 1,
+                    failed,
+                });
+            }
             let svc = &mut self.svcs[s];
             svc.pending.clear();
             svc.started = true;

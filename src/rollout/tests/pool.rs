@@ -50,6 +50,7 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
         plan: Arc::new(plan),
         desired: Arc::new(desired),
         release: None,
+        signal_at_confirm: false,
     }
 }
 

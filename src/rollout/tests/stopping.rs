@@ -152,3 +152,56 @@ async fn an_interrupt_before_the_run_starts_nothing() {
     assert_eq!(ran.counts(), (0, 0, 2));
     assert_eq!(ran.outcome("api"), (ServiceOutcome::Interrupted, 0, 0, 2));
 }
+
+#[tokio::test]
+async fn a_wave_left_open_by_a_stop_still_ends() {
+    // api needs worker (1 healthy), so api's step on app2 follows worker's there. worker@app2
+    // is slow; api opens its wave of app1 and app2 once worker@app1 is done, and app2 waits.
+    // A signal comes while api@app1 installs: once it ends, api ends interrupted with app2
+    // never started, and its open wave is said to end, as every wave that starts is.
+    let body = format!(
+        "class \"app\" {{ service \"worker\"; service \"api\" }}\n{}{}",
+        svc("worker", "policy \"one.kdl\""),
+        svc("api", "needs \"worker\" healthy=1; policy \"two.kdl\"")
+    );
+    let hs = hosts("app", "app", 2);
+    let fx = fixture(
+        &body,
+        &host_refs(&hs),
+        &[("one.kdl", "batch 1"), ("two.kdl", "batch 2")],
+        &[],
+    );
+    let cancel = Cancel::new();
+    let signal = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        signal.escalate("SIGINT");
+    });
+    let rules = Rules::default()
+        .sleep(Some("app1"), "hook install api", 200)
+        .sleep(Some("app2"), "hook install worker", 400);
+    let ran = fx.run_cancel(rules, 64, true, cancel).await;
+    let (outcome, succeeded, _, not_started) = ran.outcome("api");
+    assert_eq!(
+        (outcome, succeeded, not_started),
+        (ServiceOutcome::Interrupted, 1, 1)
+    );
+    let waves = |kind: fn(&EventKind) -> Option<(&str, usize)>| -> Vec<(String, usize)> {
+        ran.events
+            .iter()
+            .filter_map(|(_, _, e)| kind(e).map(|(s, w)| (s.to_string(), w)))
+            .collect()
+    };
+    let mut started = waves(|e| match e {
+        EventKind::WaveStarted { service, wave, .. } => Some((service, *wave)),
+        _ => None,
+    });
+    let mut finished = waves(|e| match e {
+        EventKind::WaveFinished { service, wave, .. } => Some((service, *wave)),
+        _ => None,
+    });
+    started.sort();
+    finished.sort();
+    assert!(started.contains(&("api".to_string(), 1)), "{started:?}");
+    assert_eq!(started, finished);
+}
