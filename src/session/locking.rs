@@ -183,8 +183,13 @@ impl Session {
             }
         }
         self.held().fleet = Some(fleet);
+        // A host where hooks an earlier run left may still run, unchecked, is left alone.
+        for (name, reason) in self.carry_on(site, unfinished, &transport, &targets, &state_dir) {
+            if let Some(h) = hosts.find(&name) {
+                known[h] = Some(Observed::Unreachable { reason });
+            }
+        }
         *self.known.lock().unwrap_or_else(|p| p.into_inner()) = known;
-        self.carry_on(site, unfinished, &transport, &targets, &state_dir);
         Ok(transport)
     }
 
@@ -248,7 +253,8 @@ impl Session {
     /// An unfinished run of this site (`unfinished`, as read once the controller's lock was
     /// taken): say where it stopped, and kill the hooks it may have left running on the hosts
     /// of its steps in flight (a run that died, rather than stopped on a signal, does not get
-    /// to stop them).
+    /// to stop them). Returns the hosts that could not be checked, and why: this run leaves
+    /// them alone.
     fn carry_on(
         &self,
         site: &Site,
@@ -256,16 +262,17 @@ impl Session {
         transport: &RunTransport,
         targets: &[Target],
         state_dir: &str,
-    ) {
+    ) -> Vec<(String, String)> {
+        let mut unchecked = Vec::new();
         let rec = match unfinished {
             Ok(Some(rec)) => rec,
-            Ok(None) => return,
+            Ok(None) => return unchecked,
             Err(e) => {
                 self.say(&format!(
                     "warning: the unfinished run of {} cannot be read: {e}",
                     site.name
                 ));
-                return;
+                return unchecked;
             }
         };
         self.say(&format!("carrying on: run {}", rec.describe()));
@@ -280,7 +287,7 @@ impl Session {
             .filter(|h| h.liveness() != Liveness::Alive)
         else {
             *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
-            return;
+            return unchecked;
         };
         let mut hosts: Vec<&Target> = rec
             .in_flight
@@ -311,13 +318,24 @@ impl Session {
                     rec.run,
                     target.name
                 )),
-                None => self.say(&format!(
-                    "warning: could not check {} for hooks run {} left running",
-                    target.name, rec.run
-                )),
+                None => {
+                    self.say(&format!(
+                        "warning: could not check {} for hooks run {} left running: it is left \
+                         alone in this run; stop them there before the next `deploy apply` \
+                         (`ps -ef` on the host; their process group ids are in {})",
+                        target.name,
+                        rec.run,
+                        crate::state::lock::hooks_dir(state_dir)
+                    ));
+                    unchecked.push((
+                        target.name.clone(),
+                        format!("hooks run {} left running may still run there", rec.run),
+                    ));
+                }
             }
         }
         *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
+        unchecked
     }
 }
 

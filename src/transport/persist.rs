@@ -28,6 +28,11 @@ impl Masters {
         let dir = env("DROVER_SSH_DIR")
             .or_else(|| env("XDG_RUNTIME_DIR").map(|d| d.join("drover/ssh")))
             .or_else(|| env("HOME").map(|h| h.join(".cache/drover/ssh")))?;
+        // A socket there must fit a socket's path (about 100 bytes), or no master could
+        // listen: then `persist` is off rather than every connection failing.
+        if !super::reaper::fits(&dir) {
+            return None;
+        }
         use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         std::fs::DirBuilder::new()
             .recursive(true)

@@ -150,7 +150,7 @@ pub(super) fn abandoned(dir: &Path) -> bool {
 /// Whether a master's socket in `dir` fits a socket's path on every Unix (104 bytes on macOS,
 /// 108 on Linux, the NUL included): `<dir>/.ssh-connection<6>/master`, and the 17 bytes
 /// OpenSSH adds to it while it binds (`.<16 random>`).
-fn fits(dir: &Path) -> bool {
+pub(super) fn fits(dir: &Path) -> bool {
     let socket = dir.as_os_str().len() + "/.ssh-connection".len() + 6 + "/master".len();
     socket + 17 < 104
 }
