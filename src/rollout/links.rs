@@ -62,25 +62,37 @@ impl<T: Transport> Links<T> {
             .await
             .clone();
         match &result {
-            Err(_) => {
-                self.drop_entry(&target.name);
-            }
+            Err(_) => self.drop_cell(&target.name, &cell),
             // Opened ahead, or kept since an earlier step, and its master gone meanwhile
             // (`persist`): connected anew, once.
             Ok(link) if !link.alive().await => {
-                self.drop_entry(&target.name);
-                let cell = match self.slot(&target.name, false) {
-                    Some((cell, _)) => cell,
-                    None => return result,
+                self.drop_cell(&target.name, &cell);
+                let Some((fresh, _)) = self.slot(&target.name, false) else {
+                    return result;
                 };
-                return cell
+                let again = fresh
                     .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
                     .await
                     .clone();
+                if again.is_err() {
+                    self.drop_cell(&target.name, &fresh);
+                }
+                return again;
             }
             Ok(_) => {}
         }
         result
+    }
+
+    /// Forgets `cell` for `host`, if it is still the host's (another may have replaced it).
+    fn drop_cell(&self, host: &str, cell: &Cell<T::Link>) {
+        {
+            let mut open = self.lock();
+            if open.get(host).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+                open.remove(host);
+            }
+        }
+        self.freed.notify_waiters();
     }
 
     /// Starts connecting to `target` in the background if a slot is free now.
@@ -180,12 +192,6 @@ impl<T: Transport> Links<T> {
         let cell: Cell<T::Link> = Arc::new(OnceCell::new());
         open.insert(host.to_string(), cell.clone());
         Some((cell, evicted))
-    }
-
-    fn drop_entry(&self, host: &str) -> Option<Cell<T::Link>> {
-        let cell = self.lock().remove(host);
-        self.freed.notify_waiters();
-        cell
     }
 
     /// A step on some host finished: a waiter may now find an idle link to evict.

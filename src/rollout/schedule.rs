@@ -241,6 +241,12 @@ impl<T: Transport> Scheduler<T> {
         while changed {
             changed = false;
             for s in 0..self.svcs.len() {
+                // A signal may come while a `pause "confirm"` question waits: nothing more
+                // starts from then on.
+                if self.r.cancel.stopping() {
+                    self.wind_down();
+                    return None;
+                }
                 if self.svcs[s].finished.is_some() {
                     continue;
                 }

@@ -305,7 +305,11 @@ impl Session {
                     _ => link.close().await,
                 }
                 let out = out.ok()?.ok()?;
+                // The count is the last line (a shell's start-up files may print before it).
                 String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())?
                     .trim()
                     .parse::<usize>()
                     .ok()

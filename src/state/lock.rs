@@ -200,30 +200,50 @@ impl FileLock {
         // The holder is written (and synced) beside the lock first, then linked into place: the
         // lock appears whole or not at all, and a full disk or a crash leaves no empty lock
         // that nobody could read, and so nobody would ever take over.
+        // A name of this process's own (its pid and the time: two containers sharing the
+        // directory may both be pid 1), made only if absent.
+        let nanos = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let new = self
             .path
-            .with_extension(format!("new.{}", std::process::id()));
-        let written = std::fs::File::create(&new).and_then(|mut f| {
-            f.write_all(me.json().as_bytes())?;
-            f.sync_all()
-        });
+            .with_extension(format!("new.{}.{nanos}", std::process::id()));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&new)
+            .and_then(|mut f| {
+                f.write_all(me.json().as_bytes())?;
+                f.sync_all()
+            });
         if let Err(e) = written {
             let _ = std::fs::remove_file(&new);
             return Err(self.failed(e));
         }
-        let placed = self.place_new(&new, force, &mut taken);
+        let placed = self.place_new(&new, me, force, &mut taken);
         let _ = std::fs::remove_file(&new);
         placed.map(|()| taken)
     }
 
     /// Links `new` (the holder, written) into the lock's place, taking over a stale holder
-    /// (or any, with `force`) that is in the way.
-    fn place_new(&self, new: &Path, force: bool, taken: &mut Taken) -> Result<(), LockError> {
+    /// (or any, with `force`) that is in the way. Where the file system has no hard links (a
+    /// VM's shared folder, FAT), the lock is made in place instead, as before.
+    fn place_new(
+        &self,
+        new: &Path,
+        me: &Holder,
+        force: bool,
+        taken: &mut Taken,
+    ) -> Result<(), LockError> {
         for _ in 0..5 {
             match std::fs::hard_link(new, &self.path) {
                 Ok(()) => return sync_dir(self.path.parent()).map_err(|e| self.failed(e)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(self.failed(e)),
+                Err(_) => match self.create_in_place(me) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(e) => return Err(e),
+                },
             }
             let seen = match std::fs::read_to_string(&self.path) {
                 Ok(text) => text,
@@ -231,6 +251,10 @@ impl FileLock {
                 Err(e) => return Err(self.failed(e)),
             };
             let holder: Option<Holder> = serde_json::from_str(&seen).ok();
+            // Ours already (a link that took though its answer said otherwise, on NFS).
+            if holder.as_ref() == Some(me) {
+                return Ok(());
+            }
             let stale = holder
                 .as_ref()
                 .is_some_and(|h| h.liveness() == Liveness::Dead);
@@ -267,6 +291,29 @@ impl FileLock {
             });
         }
         Err(self.failed("it keeps changing hands"))
+    }
+
+    /// The lock made in its place, only if absent (`O_EXCL`): `false` when it is there. A
+    /// failed write removes what it made, so no empty lock is left.
+    fn create_in_place(&self, me: &Holder) -> Result<bool, LockError> {
+        let mut f = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&self.path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(self.failed(e)),
+        };
+        let written = f
+            .write_all(me.json().as_bytes())
+            .and_then(|_| f.sync_all())
+            .and_then(|_| sync_dir(self.path.parent()));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&self.path);
+            return Err(self.failed(e));
+        }
+        Ok(true)
     }
 }
 

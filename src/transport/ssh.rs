@@ -167,6 +167,9 @@ pub struct SshLink {
     shell: Arc<Mutex<Slot>>,
     /// Where to leave the master when the link closes, and under which key (`persist`).
     keep: Option<Box<(Masters, String)>>,
+    /// With `persist`: its idle time, and when the master was last known to have it all
+    /// ahead (made, or a command just opened a channel on it).
+    idle: Option<(Duration, std::sync::Mutex<std::time::Instant>)>,
     /// The transport's options and the host's address, for contents sent over a connection
     /// of their own (`direct-above`); `None` when that is off.
     direct: Option<(Arc<SshOptions>, String)>,
@@ -216,6 +219,13 @@ impl Transport for Ssh {
             Some((masters, key)) => masters.resume(key).await,
             None => None,
         };
+        // A resumed master's idle time may be nearly spent: asked again before first use.
+        let known_since = match kept {
+            Some(_) => std::time::Instant::now()
+                .checked_sub(self.options.persist)
+                .unwrap_or_else(std::time::Instant::now),
+            None => std::time::Instant::now(),
+        };
         let session = match kept {
             Some(session) => session,
             None => self
@@ -231,6 +241,9 @@ impl Transport for Ssh {
                 true => Slot::Fresh,
                 false => Slot::Off,
             })),
+            idle: keep
+                .as_ref()
+                .map(|_| (self.options.persist, std::sync::Mutex::new(known_since))),
             keep,
             direct: self
                 .direct
@@ -541,9 +554,24 @@ impl Link for SshLink {
         Some(result)
     }
 
+    /// A master made without `persist` lives until the link closes. With it, the master
+    /// exits once idle (no channel open) for `persist`: known alive for half of that since it
+    /// was made or last asked, else asked with a command, which opens a channel and so starts
+    /// its idle time again (`check` would not: a master about to exit would still answer it).
     async fn alive(&self) -> bool {
-        // A master this run made without `persist` lives until the link closes.
-        self.keep.is_none() || self.session.check().await.is_ok()
+        let Some((persist, since)) = &self.idle else {
+            return true;
+        };
+        let lock = || since.lock().unwrap_or_else(|p| p.into_inner());
+        if lock().elapsed() < *persist / 2 {
+            return true;
+        }
+        let asked = std::time::Instant::now();
+        let answered = self.run(":").await.is_ok_and(|o| o.success());
+        if answered {
+            *lock() = asked;
+        }
+        answered
     }
 
     async fn prepare(&self) {

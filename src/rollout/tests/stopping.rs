@@ -174,12 +174,12 @@ async fn a_wave_left_open_by_a_stop_still_ends() {
     let cancel = Cancel::new();
     let signal = cancel.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         signal.escalate("SIGINT");
     });
     let rules = Rules::default()
-        .sleep(Some("app1"), "hook install api", 200)
-        .sleep(Some("app2"), "hook install worker", 400);
+        .sleep(Some("app1"), "hook install api", 1000)
+        .sleep(Some("app2"), "hook install worker", 2000);
     let ran = fx.run_cancel(rules, 64, true, cancel).await;
     let (outcome, succeeded, _, not_started) = ran.outcome("api");
     assert_eq!(
