@@ -334,19 +334,19 @@ fn a_host_that_does_not_answer_the_lock_is_neither_read_nor_changed() {
 
 #[test]
 fn with_persist_a_master_that_idled_out_while_held_is_connected_anew() {
-    // `persist="1s"` and no kept shell: a master the run holds with no command on it exits
-    // after a second, as OpenSSH's ControlPersist does. Waves 2 s apart leave the hosts of
-    // later waves (locked and read at the start) idle for longer than that.
+    // `persist="3s"` and no kept shell: a master the run holds with no command on it exits
+    // after three seconds, as OpenSSH's ControlPersist does. Waves 4 s apart leave the hosts
+    // of later waves (locked and read at the start) idle for longer than that.
     let shop = Shop::start();
     let platform = shop.fleet.dir.join("platform.kdl");
     let text = std::fs::read_to_string(&platform).expect("platform.kdl");
     let text = text.replace(
         "transport \"ssh\" ",
-        "transport \"ssh\" persist=\"1s\" keep-shell=#false ",
+        "transport \"ssh\" persist=\"3s\" keep-shell=#false ",
     );
     std::fs::write(&platform, text).expect("write platform.kdl");
     let site = shop.write(&Spec {
-        policy: r#"batch 1; max-failed 0; pause "2s""#,
+        policy: r#"batch 2; max-failed 0; pause "4s""#,
         ..Spec::default()
     });
     let masters = tempfile::tempdir().expect("masters' directory");
