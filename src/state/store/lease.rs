@@ -4,8 +4,9 @@
 //! conditioned on it ([`super::Store::write`]), and each host records it beside its own lock.
 //!
 //! A renewal is timed from when it was sent, never from when the answer came: the lease can
-//! only have expired later than that on etcd's side, so when this process says the lock is
-//! lost, no other controller can have been given it yet (but for clock rates).
+//! only have expired later than that on etcd's side. The loss is said a tenth of `lock-ttl`
+//! before the lease can have expired, so when this process says the lock is lost, no other
+//! controller can have been given it yet (but for clock rates).
 
 use super::{Etcd, Keys, StoreError};
 use crate::state::lock::{Broken, Holder, Liveness, Lock, LockError, Taken};
@@ -83,14 +84,19 @@ impl LeaseLock {
     }
 }
 
-/// Renews `lease` every third of `ttl` until it cannot have been renewed for a whole `ttl`
-/// (or etcd says it expired); then says why on `lost` and stops.
+/// Renews `lease` every third of `ttl` until it may have expired in etcd (etcd counts its
+/// `ttl` from the last renewal it received, no earlier than when that renewal was sent: the
+/// loss is said a tenth of `ttl` before that, not after it), or until etcd says it expired;
+/// then says why on `lost` and stops.
 async fn keep(etcd: Arc<Etcd>, lease: i64, ttl: Duration, lost: watch::Sender<Option<String>>) {
     let mut renewed = Instant::now();
     let mut last_error = String::new();
+    let safe = ttl.saturating_sub(ttl / 10);
     loop {
-        tokio::time::sleep(ttl / 3).await;
-        let left = ttl.saturating_sub(renewed.elapsed());
+        let deadline = renewed + safe;
+        let wake = (Instant::now() + ttl / 3).min(deadline);
+        tokio::time::sleep_until(wake.into()).await;
+        let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
         }
