@@ -215,30 +215,41 @@ fn a_fleet_over_the_connection_cap_still_converges() {
     }
 }
 
+/// Sets the fleet's `transport "ssh"` options to `options` (`persist="60s"` …).
+fn with_transport_options(shop: &Shop, options: &str) {
+    let platform = shop.fleet.dir.join("platform.kdl");
+    let text = std::fs::read_to_string(&platform).expect("platform.kdl");
+    let text = text.replace(
+        "transport \"ssh\" ",
+        &format!("transport \"ssh\" {options} "),
+    );
+    std::fs::write(&platform, text).expect("write platform.kdl");
+}
+
+/// Runs `deploy` with its persisted masters in `masters`; it must exit 0.
+fn deploy_ok(shop: &Shop, masters: &std::path::Path, args: &[&str]) {
+    let out = support::cli::deploy_in(&shop.fleet.dir)
+        .args(args)
+        .env("DROVER_SSH_DIR", masters)
+        .output()
+        .expect("run deploy");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn with_persist_plan_then_applies_log_in_once() {
     let shop = Shop::start();
-    let platform = shop.fleet.dir.join("platform.kdl");
-    let text = std::fs::read_to_string(&platform).expect("platform.kdl");
-    let text = text.replace("transport \"ssh\" ", "transport \"ssh\" persist=\"60s\" ");
-    std::fs::write(&platform, text).expect("write platform.kdl");
+    with_transport_options(&shop, "persist=\"60s\"");
     let site = shop.write(&Spec::default());
     let site = site.to_str().expect("utf-8 path");
     let masters = tempfile::tempdir().expect("masters' directory");
-    let run = |args: &[&str]| {
-        let out = support::cli::deploy_in(&shop.fleet.dir)
-            .args(args)
-            .env("DROVER_SSH_DIR", masters.path())
-            .output()
-            .expect("run deploy");
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{args:?}:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let run = |args: &[&str]| deploy_ok(&shop, masters.path(), args);
     let before = accepted(&shop);
     run(&["plan", site]);
     run(&["apply", site, "--yes"]);
@@ -338,30 +349,14 @@ fn with_persist_a_master_that_idled_out_while_held_is_connected_anew() {
     // after three seconds, as OpenSSH's ControlPersist does. Waves 4 s apart leave the hosts
     // of later waves (locked and read at the start) idle for longer than that.
     let shop = Shop::start();
-    let platform = shop.fleet.dir.join("platform.kdl");
-    let text = std::fs::read_to_string(&platform).expect("platform.kdl");
-    let text = text.replace(
-        "transport \"ssh\" ",
-        "transport \"ssh\" persist=\"3s\" keep-shell=#false ",
-    );
-    std::fs::write(&platform, text).expect("write platform.kdl");
+    with_transport_options(&shop, "persist=\"3s\" keep-shell=#false");
     let site = shop.write(&Spec {
         policy: r#"batch 2; max-failed 0; pause "4s""#,
         ..Spec::default()
     });
     let masters = tempfile::tempdir().expect("masters' directory");
-    let out = support::cli::deploy_in(&shop.fleet.dir)
-        .args(["apply", site.to_str().expect("utf-8 path"), "--yes"])
-        .env("DROVER_SSH_DIR", masters.path())
-        .output()
-        .expect("run deploy");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let site = site.to_str().expect("utf-8 path");
+    deploy_ok(&shop, masters.path(), &["apply", site, "--yes"]);
     for host in shop.hosts_of("app") {
         assert_eq!(shop.version(&host, "api"), "1.0", "{host}");
     }
