@@ -57,29 +57,34 @@ impl<T: Transport> Links<T> {
         if let Some(link) = evicted {
             link.close().await;
         }
-        let result = cell
-            .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
-            .await
-            .clone();
+        let result = self.fill(&cell, target).await;
         match &result {
-            Err(_) => self.drop_cell(&target.name, &cell),
             // Opened ahead, or kept since an earlier step, and its master gone meanwhile
             // (`persist`): connected anew, once.
             Ok(link) if !link.alive().await => {
                 self.drop_cell(&target.name, &cell);
-                let Some((fresh, _)) = self.slot(&target.name, false) else {
-                    return result;
-                };
-                let again = fresh
-                    .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
-                    .await
-                    .clone();
-                if again.is_err() {
-                    self.drop_cell(&target.name, &fresh);
+                match self.slot(&target.name, false) {
+                    Some((fresh, _)) => self.fill(&fresh, target).await,
+                    None => result,
                 }
-                return again;
             }
-            Ok(_) => {}
+            _ => result,
+        }
+    }
+
+    /// The link in `cell`, connecting to `target` if it has none yet; a failed connection is
+    /// forgotten (the next step on the host tries again).
+    async fn fill(
+        &self,
+        cell: &Cell<T::Link>,
+        target: &Target,
+    ) -> Result<Arc<T::Link>, TransportError> {
+        let result = cell
+            .get_or_init(|| async { self.transport.connect(target).await.map(Arc::new) })
+            .await
+            .clone();
+        if result.is_err() {
+            self.drop_cell(&target.name, cell);
         }
         result
     }

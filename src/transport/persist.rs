@@ -56,11 +56,19 @@ impl Masters {
         &self.dir
     }
 
-    /// The key of a connection to `address` with `options`: a short digest (socket paths are
-    /// limited to about 100 bytes). Files count by their absolute paths (`ssh_config` beside
-    /// one site's platform file is not another's of the same relative name), and the
-    /// ssh_config by its contents too (a changed `HostName` is another connection).
-    pub fn key(options: &SshOptions, address: &str) -> String {
+    /// The key of a connection to `address`, given what [`Masters::connection`] made of the
+    /// transport's options (once for every host): a short digest (socket paths are limited
+    /// to about 100 bytes).
+    pub fn key_of(connection: &str, address: &str) -> String {
+        let digest = Sha256::digest(format!("{connection}\0{address}").as_bytes());
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Everything but the address that makes a connection: user, port, and the files by
+    /// their absolute paths (`ssh_config` beside one site's platform file is not another's of
+    /// the same relative name), the ssh_config by its contents too (a changed `HostName` is
+    /// another connection).
+    pub fn connection(options: &SshOptions) -> String {
         let show = |p: &Option<PathBuf>| {
             p.as_ref()
                 .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
@@ -71,17 +79,15 @@ impl Masters {
             .as_ref()
             .and_then(|p| std::fs::read(p).ok())
             .map(|text| format!("{:x}", Sha256::digest(&text)));
-        let text = format!(
-            "{:?}\0{address}\0{:?}\0{:?}\0{:?}\0{:?}\0{:?}",
+        format!(
+            "{:?}\0{:?}\0{:?}\0{:?}\0{:?}\0{:?}",
             options.user,
             options.port,
             show(&options.identity),
             show(&options.config),
             show(&options.known_hosts),
             config,
-        );
-        let digest = Sha256::digest(text.as_bytes());
-        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+        )
     }
 
     fn record(&self, key: &str) -> PathBuf {
@@ -178,6 +184,11 @@ fn sweep(dir: &Path, before: std::time::SystemTime) {
 mod tests {
     use super::*;
 
+    /// The key of a connection to `address` with `options`.
+    fn key(options: &SshOptions, address: &str) -> String {
+        Masters::key_of(&Masters::connection(options), address)
+    }
+
     #[test]
     fn what_gone_masters_left_is_removed_and_nothing_of_a_live_one() {
         let dir = tempfile::tempdir().expect("dir");
@@ -228,20 +239,20 @@ mod tests {
     #[test]
     fn the_key_changes_with_anything_that_makes_the_connection() {
         let o = SshOptions::default();
-        let k = Masters::key(&o, "10.0.0.1");
+        let k = key(&o, "10.0.0.1");
         assert_eq!(k.len(), 16);
-        assert_eq!(k, Masters::key(&o, "10.0.0.1"));
-        assert_ne!(k, Masters::key(&o, "10.0.0.2"));
+        assert_eq!(k, key(&o, "10.0.0.1"));
+        assert_ne!(k, key(&o, "10.0.0.2"));
         let user = SshOptions {
             user: Some("deploy".into()),
             ..o.clone()
         };
-        assert_ne!(k, Masters::key(&user, "10.0.0.1"));
+        assert_ne!(k, key(&user, "10.0.0.1"));
         let known = SshOptions {
             known_hosts: Some("/tmp/k".into()),
             ..o.clone()
         };
-        assert_ne!(k, Masters::key(&known, "10.0.0.1"));
+        assert_ne!(k, key(&known, "10.0.0.1"));
         // Files by their absolute paths: the same file named two ways is one key.
         let here = std::env::current_dir().unwrap();
         let relative = SshOptions {
@@ -252,10 +263,7 @@ mod tests {
             known_hosts: Some(here.join("k")),
             ..o.clone()
         };
-        assert_eq!(
-            Masters::key(&relative, "10.0.0.1"),
-            Masters::key(&absolute, "10.0.0.1")
-        );
+        assert_eq!(key(&relative, "10.0.0.1"), key(&absolute, "10.0.0.1"));
         // Two sites' `ssh_config` of one relative name are two files; and one file changed is
         // another connection (its `HostName` may be another machine).
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -266,16 +274,16 @@ mod tests {
                 ..o.clone()
             }
         };
-        let in_a = Masters::key(
+        let in_a = key(
             &config_in(a.path(), "Host web1\n  HostName 10.1.0.1\n"),
             "web1",
         );
-        let in_b = Masters::key(
+        let in_b = key(
             &config_in(b.path(), "Host web1\n  HostName 10.1.0.1\n"),
             "web1",
         );
         assert_ne!(in_a, in_b);
-        let changed = Masters::key(
+        let changed = key(
             &config_in(a.path(), "Host web1\n  HostName 10.9.0.9\n"),
             "web1",
         );
@@ -286,6 +294,6 @@ mod tests {
             accept_new_host_keys: true,
             ..o.clone()
         };
-        assert_eq!(k, Masters::key(&shell, "10.0.0.1"));
+        assert_eq!(k, key(&shell, "10.0.0.1"));
     }
 }

@@ -16,6 +16,9 @@ pub struct Ssh {
     options: SshOptions,
     /// Where masters outlive the command (`persist`): `None` when it is off.
     masters: Option<Masters>,
+    /// What makes every host's connection, digested once for the masters' keys
+    /// ([`Masters::connection`]); empty when `persist` is off.
+    connection: String,
     /// The options again, shared by the links, when large files go over connections of their
     /// own (`direct-above`); `None` when that is off.
     direct: Option<Arc<SshOptions>>,
@@ -35,7 +38,12 @@ impl Ssh {
             // Watched from now on, before this run starts any other process.
             let _ = super::reaper::dir();
         }
+        let connection = match masters {
+            Some(_) => Masters::connection(&options),
+            None => String::new(),
+        };
         Ssh {
+            connection,
             direct: options.direct_above.map(|_| Arc::new(options.clone())),
             options,
             masters,
@@ -161,15 +169,23 @@ pub(super) fn timeouts(options: &SshOptions) -> (Duration, Duration) {
 /// the second on (from the first, once [`Link::prepare`]d), commands go to a shell kept open
 /// on the host ([`super::shell`]), unless one is already running there (a hook being killed)
 /// or the host cannot keep one.
+/// A link's master that outlives the command (`persist`).
+struct Persisted {
+    masters: Masters,
+    key: String,
+    /// The master's idle time: it exits once no channel has been open on it this long.
+    idle: Duration,
+    /// When the master was last known to have its whole idle time ahead (made, or a command
+    /// just opened a channel on it).
+    since: std::sync::Mutex<std::time::Instant>,
+}
+
 pub struct SshLink {
     host: String,
     session: Arc<Session>,
     shell: Arc<Mutex<Slot>>,
-    /// Where to leave the master when the link closes, and under which key (`persist`).
-    keep: Option<Box<(Masters, String)>>,
-    /// With `persist`: its idle time, and when the master was last known to have it all
-    /// ahead (made, or a command just opened a channel on it).
-    idle: Option<(Duration, std::sync::Mutex<std::time::Instant>)>,
+    /// With `persist`: where its master is left when the link closes, and how long it lives.
+    kept: Option<Box<Persisted>>,
     /// The transport's options and the host's address, for contents sent over a connection
     /// of their own (`direct-above`); `None` when that is off.
     direct: Option<(Arc<SshOptions>, String)>,
@@ -211,22 +227,29 @@ enum Slot {
 impl Transport for Ssh {
     type Link = SshLink;
     async fn connect(&self, target: &Target) -> Result<SshLink, TransportError> {
-        let keep = self
+        let key = self
             .masters
             .as_ref()
-            .map(|m| Box::new((m.clone(), Masters::key(&self.options, &target.address))));
-        let kept = match keep.as_deref() {
+            .map(|m| (m, Masters::key_of(&self.connection, &target.address)));
+        let resumed = match &key {
             Some((masters, key)) => masters.resume(key).await,
             None => None,
         };
         // A resumed master's idle time may be nearly spent: asked again before first use.
-        let known_since = match kept {
-            Some(_) => std::time::Instant::now()
-                .checked_sub(self.options.persist)
-                .unwrap_or_else(std::time::Instant::now),
-            None => std::time::Instant::now(),
+        let now = std::time::Instant::now();
+        let since = match resumed {
+            Some(_) => now.checked_sub(self.options.persist).unwrap_or(now),
+            None => now,
         };
-        let session = match kept {
+        let kept = key.map(|(masters, key)| {
+            Box::new(Persisted {
+                masters: masters.clone(),
+                key,
+                idle: self.options.persist,
+                since: std::sync::Mutex::new(since),
+            })
+        });
+        let session = match resumed {
             Some(session) => session,
             None => self
                 .builder()
@@ -241,10 +264,7 @@ impl Transport for Ssh {
                 true => Slot::Fresh,
                 false => Slot::Off,
             })),
-            idle: keep
-                .as_ref()
-                .map(|_| (self.options.persist, std::sync::Mutex::new(known_since))),
-            keep,
+            kept,
             direct: self
                 .direct
                 .as_ref()
@@ -559,11 +579,11 @@ impl Link for SshLink {
     /// was made or last asked, else asked with a command, which opens a channel and so starts
     /// its idle time again (`check` would not: a master about to exit would still answer it).
     async fn alive(&self) -> bool {
-        let Some((persist, since)) = &self.idle else {
+        let Some(kept) = &self.kept else {
             return true;
         };
-        let lock = || since.lock().unwrap_or_else(|p| p.into_inner());
-        if lock().elapsed() < *persist / 2 {
+        let lock = || kept.since.lock().unwrap_or_else(|p| p.into_inner());
+        if lock().elapsed() < kept.idle / 2 {
             return true;
         }
         let asked = std::time::Instant::now();
@@ -591,9 +611,9 @@ impl Link for SshLink {
         // The shell ends when its standard input closes; then the session is ours alone.
         drop(self.shell);
         if let Ok(session) = Arc::try_unwrap(self.session) {
-            match self.keep.map(|k| *k) {
+            match self.kept {
                 // `persist`: the master stays for the next command.
-                Some((masters, key)) => masters.keep(&key, session),
+                Some(kept) => kept.masters.keep(&kept.key, session),
                 None => {
                     let _ = session.close().await;
                 }
