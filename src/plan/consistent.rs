@@ -209,16 +209,7 @@ mod tests {
     /// A host that records `version` of `service`.
     fn running(service: &str, version: &str) -> Observed {
         Observed::Running {
-            services: [(
-                service.to_string(),
-                ServiceRecord {
-                    version: version.to_string(),
-                    configured: None,
-                    validated: None,
-                    inputs: None,
-                },
-            )]
-            .into(),
+            services: [(service.to_string(), ServiceRecord::at(version))].into(),
         }
     }
 

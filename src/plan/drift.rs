@@ -125,15 +125,7 @@ mod tests {
 
     fn running(version: &str) -> Observed {
         Observed::Running {
-            services: BTreeMap::from([(
-                "api".to_string(),
-                ServiceRecord {
-                    version: version.into(),
-                    configured: None,
-                    validated: None,
-                    inputs: None,
-                },
-            )]),
+            services: BTreeMap::from([("api".to_string(), ServiceRecord::at(version))]),
         }
     }
 

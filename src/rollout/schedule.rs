@@ -232,17 +232,13 @@ impl<T: Transport> Scheduler<T> {
 
     /// Starts what may start; returns when to look again if something waits on a timer.
     fn advance(&mut self) -> Option<TokioInstant> {
-        if self.r.cancel.stopping() {
-            self.wind_down();
-            return None;
-        }
         let mut wake: Option<TokioInstant> = None;
         let mut changed = true;
         while changed {
             changed = false;
             for s in 0..self.svcs.len() {
-                // A signal may come while a `pause "confirm"` question waits: nothing more
-                // starts from then on.
+                // Stopping, or told to meanwhile (a signal while a `pause "confirm"` question
+                // waits): nothing more starts.
                 if self.r.cancel.stopping() {
                     self.wind_down();
                     return None;
@@ -332,10 +328,9 @@ impl<T: Transport> Scheduler<T> {
         }
         let w = svc.next_wave;
         if w > 0 && sp.policy.pause == "confirm" && !self.r.gate.confirm(&sp.name, w + 1) {
-            // A signal that left the question unanswered interrupts the run; it refuses nothing.
-            if self.r.cancel.stopping() {
-                self.wind_down();
-            } else {
+            // A signal that left the question unanswered interrupts the run (`advance` winds
+            // it down next); it refuses nothing.
+            if !self.r.cancel.stopping() {
                 self.halt(s, format!("wave {} not confirmed", w + 1));
             }
             return true;

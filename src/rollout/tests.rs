@@ -444,17 +444,7 @@ fn fixture(
             let services: BTreeMap<String, ServiceRecord> = running
                 .iter()
                 .filter(|(host, _, _)| **host == *h.name)
-                .map(|(_, service, version)| {
-                    (
-                        service.to_string(),
-                        ServiceRecord {
-                            version: version.to_string(),
-                            configured: None,
-                            validated: None,
-                            inputs: None,
-                        },
-                    )
-                })
+                .map(|(_, service, version)| (service.to_string(), ServiceRecord::at(*version)))
                 .collect();
             if services.is_empty() {
                 Observed::Fresh

@@ -174,17 +174,15 @@ impl Session {
                 names.join(", ")
             ));
         }
-        // A host not locked is neither read nor changed in this run, even if it answers later.
-        for (name, reason) in &taken.unreachable {
-            if let Some(h) = hosts.find(name) {
-                known[h] = Some(Observed::Unreachable {
-                    reason: format!("not locked: {reason}"),
-                });
-            }
-        }
         self.held().fleet = Some(fleet);
-        // A host where hooks an earlier run left may still run, unchecked, is left alone.
-        for (name, reason) in self.carry_on(site, unfinished, &transport, &targets, &state_dir) {
+        // Left alone in this run, neither read nor changed: a host not locked (even if it
+        // answers later), and one where hooks an earlier run left may still run, unchecked.
+        let unlocked = taken
+            .unreachable
+            .into_iter()
+            .map(|(name, reason)| (name, format!("not locked: {reason}")));
+        let unchecked = self.carry_on(site, unfinished, &transport, &targets, &state_dir);
+        for (name, reason) in unlocked.chain(unchecked) {
             if let Some(h) = hosts.find(&name) {
                 known[h] = Some(Observed::Unreachable { reason });
             }

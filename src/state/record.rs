@@ -32,6 +32,18 @@ pub struct ServiceRecord {
 }
 
 impl ServiceRecord {
+    /// `version` installed, nothing yet recorded of a switch-over or its inputs.
+    pub fn at(version: impl Into<String>) -> ServiceRecord {
+        ServiceRecord {
+            version: version.into(),
+            configured: None,
+            validated: None,
+            inputs: None,
+        }
+    }
+}
+
+impl ServiceRecord {
     /// A service that has a version and no recorded failure.
     /// After a switch-over (`configured` recorded) that means a passed check too: a run
     /// interrupted between `start` and `check` leaves the host unhealthy until checked.

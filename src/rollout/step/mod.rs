@@ -465,12 +465,7 @@ impl<L: Link> Running<'_, L> {
         let entry = record
             .services
             .entry(self.job.service.name.clone())
-            .or_insert_with(|| ServiceRecord {
-                version: version.clone(),
-                configured: None,
-                validated: None,
-                inputs: None,
-            });
+            .or_insert_with(|| ServiceRecord::at(version.clone()));
         entry.version = version;
         if let Some(c) = configured {
             entry.configured = Some(mark(c));
