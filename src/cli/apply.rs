@@ -19,6 +19,8 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         break_lock: args.break_lock,
         max_connections: args.max_connections,
         read_hosts: args.read_hosts,
+        // Nothing is confirmed before the run: hosts may be read at their first step.
+        stream: args.yes && !is_saved_plan(&args.target),
     };
     let session = Session::begin(options, std::sync::Arc::new(|text: &str| errln!("{text}")))?;
     let Ready {
@@ -40,7 +42,11 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     if !args.json {
         out!("{}", report::plan_text(&plan));
     }
-    let unreachable = plan.hosts.iter().filter(|h| !h.observed.known()).count();
+    let unreachable = plan
+        .hosts
+        .iter()
+        .filter(|h| !h.observed.known() && h.observed != crate::state::Observed::Unread)
+        .count();
     if steps == 0 {
         session.nothing_to_do(unreachable == 0);
         if !args.json {
@@ -59,6 +65,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
             None => Err(e),
         };
     }
+    session.release_unstepped(&plan);
     let (site, plan) = (Arc::new(site), Arc::new(plan));
     let run_id = session.run_id.clone();
     let log_dir = Path::new(".drover").join("runs").join(&run_id);
@@ -83,6 +90,8 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         desired: Arc::new(desired),
         cancel: session.cancel.clone(),
         release: session.release_text(),
+        lock_at_step: session.lock_at_step(),
+        held_to_end: session.held_to_end(),
     };
     let summary = session.block_on(rollout::run(rollout));
     if !args.json {

@@ -183,12 +183,15 @@ fn step_against_record(
         StepKind::Install => st.from.is_none(),
         StepKind::Upgrade => st.from.is_some() && !same,
         StepKind::Retry | StepKind::Reconfigure => same,
+        // Only a streaming apply plans hosts unread; it saves no plan.
+        StepKind::Unread => false,
     };
     let kind = match st.kind {
         StepKind::Install => "an install",
         StepKind::Upgrade => "an upgrade",
         StepKind::Retry => "a retry",
         StepKind::Reconfigure => "a reconfigure",
+        StepKind::Unread => "an unread step",
     };
     (!fits).then(|| {
         format!(

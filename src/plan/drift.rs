@@ -61,6 +61,7 @@ fn state_drift(host: &str, then: &Observed, now: &Observed) -> Vec<String> {
         Observed::Running { .. } => "had state",
         Observed::Unreachable { .. } => "did not answer",
         Observed::Unreadable { .. } => "had an unreadable state file",
+        Observed::Unread => "was not read",
     };
     match (then, now) {
         (Observed::Running { services: a }, Observed::Running { services: b }) => {

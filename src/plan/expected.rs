@@ -44,6 +44,35 @@ pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostI
     hosts.of_classes(&classes)
 }
 
+/// Per host: whether `deploy apply` may leave it unread until its first step (level 2 of
+/// "connecting each host once", over `--max-connections`). A host may be when every service
+/// of its classes needs no other service and no service needs it: then no part of the plan
+/// but that service's step on that host is made from the host's state (see [`planned_from`]),
+/// and that step can be decided once the host is read ([`super::decide`]).
+pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
+    let mut alone = vec![true; site.services.len()];
+    for service in &site.services {
+        for need in &service.needs {
+            alone[need.service] = false;
+        }
+    }
+    for (sid, service) in site.services.iter().enumerate() {
+        if !service.needs.is_empty() {
+            alone[sid] = false;
+        }
+    }
+    let class_alone: Vec<bool> = site
+        .classes
+        .iter()
+        .map(|c| c.services.iter().all(|&s| alone[s]))
+        .collect();
+    hosts
+        .hosts
+        .iter()
+        .map(|h| !h.classes.is_empty() && h.classes.iter().all(|&c| class_alone[c]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +144,43 @@ mod tests {
         assert_eq!(from("app"), ["db1", "db2", "w1", "w2"]);
         // `front` needs `app`, on its own hosts: not `db`'s, which only `app` needs.
         assert_eq!(from("front"), ["w1", "w2"]);
+    }
+
+    #[test]
+    fn only_hosts_whose_services_need_nothing_and_are_not_needed_may_be_left_unread() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w =
+            |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        w(
+            "platform.kdl",
+            "platform \"p\" { transport \"local\"; inventory \"static\" {\n\
+             host \"e1\" address=\"10.0.0.1\" class=\"edge\"\n\
+             host \"w1\" address=\"10.0.0.2\" class=\"web\"\n\
+             host \"d1\" address=\"10.0.0.3\" class=\"db\"\n} }",
+        );
+        w(
+            "site.kdl",
+            "site \"s\" { version \"1\"; platform \"platform.kdl\" }\n\
+             class \"edge\" { service \"agent\" }\n\
+             class \"web\" { service \"agent\"; service \"front\" }\n\
+             class \"db\" { service \"db\" }\n\
+             service \"agent\" { start \"run\" }\n\
+             service \"front\" { port 80; start \"run\"; needs \"db\" }\n\
+             service \"db\" { port 82; start \"run\" }\n",
+        );
+        let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
+        let hosts = crate::inventory::resolve(&site).expect("hosts");
+        let deferred: Vec<(String, bool)> = hosts
+            .hosts
+            .iter()
+            .zip(deferrable(&site, &hosts))
+            .map(|(h, d)| (h.name.to_string(), d))
+            .collect();
+        let want = |name: &str| deferred.iter().find(|(n, _)| n == name).map(|(_, d)| *d);
+        // `agent` alone: yes. `w1` also runs `front`, which needs `db`: no. `db` is
+        // needed: no.
+        assert_eq!(want("e1"), Some(true));
+        assert_eq!(want("w1"), Some(false));
+        assert_eq!(want("d1"), Some(false));
     }
 }

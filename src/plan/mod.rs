@@ -12,7 +12,7 @@ mod proptests;
 mod waves;
 
 pub use drift::drift;
-pub use expected::{first_hosts, planned_from};
+pub use expected::{deferrable, first_hosts, planned_from};
 
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
@@ -177,6 +177,11 @@ pub enum StepKind {
     /// The desired version with other inputs: files, then `reload` (or the whole switch-over
     /// with the old version equal to the new), then `check`.
     Reconfigure,
+    /// The host was not read before the run (an apply over `--max-connections`, level 2 of
+    /// "connecting each host once"): it is locked and read in the command before the step,
+    /// which then becomes one of the others ([`decide`]), or nothing if the host already runs
+    /// exactly what the site says.
+    Unread,
 }
 
 /// A service's step on a host.
@@ -366,31 +371,26 @@ fn sort(
             skipped.push(skip(SkipReason::NotSelected));
             continue;
         }
+        if observed[h] == Observed::Unread {
+            todo.push(Todo {
+                host: h,
+                from: None,
+                kind: StepKind::Unread,
+                reasons: Vec::new(),
+                added: Vec::new(),
+            });
+            continue;
+        }
         if !observed[h].known() {
             skipped.push(skip(SkipReason::Unreachable));
             continue;
         }
         let mut added = Vec::new();
-        let (kind, mut reasons) = match record {
-            None => (StepKind::Install, Vec::new()),
-            Some(r) if *r.version != **version => (StepKind::Upgrade, Vec::new()),
-            Some(r) if !r.healthy() => (StepKind::Retry, Vec::new()),
-            Some(r) => match &r.inputs {
-                None => (
-                    StepKind::Reconfigure,
-                    vec!["configuration unknown (recorded by an older deploy)".to_string()],
-                ),
-                Some(was) if desired.matches(sid, h, was) => {
-                    skipped.push(skip(SkipReason::AtVersion));
-                    continue;
-                }
-                Some(_) => (StepKind::Reconfigure, Vec::new()),
-            },
+        let Some((kind, reasons)) = change(desired, sid, h, record, version) else {
+            skipped.push(skip(SkipReason::AtVersion));
+            continue;
         };
         if let Some(was) = record.and_then(|r| r.inputs.as_ref()) {
-            if kind == StepKind::Reconfigure {
-                reasons = desired.reasons(sid, h, was);
-            }
             for need in &service.needs {
                 let name = &site.services[need.service].name;
                 let Some(pool) = pools.get(name) else {
@@ -415,6 +415,68 @@ fn sort(
         todo,
         skipped,
     }
+}
+
+/// What `sid` must do on host `h`, whose record of it is `record`: a step of this kind, for
+/// these reasons, or nothing when the host runs `version` healthy with exactly the desired
+/// inputs.
+fn change(
+    desired: &Desired,
+    sid: ServiceId,
+    h: HostId,
+    record: Option<&crate::state::ServiceRecord>,
+    version: &str,
+) -> Option<(StepKind, Vec<String>)> {
+    Some(match record {
+        None => (StepKind::Install, Vec::new()),
+        Some(r) if *r.version != *version => (StepKind::Upgrade, Vec::new()),
+        Some(r) if !r.healthy() => (StepKind::Retry, Vec::new()),
+        Some(r) => match &r.inputs {
+            None => (
+                StepKind::Reconfigure,
+                vec!["configuration unknown (recorded by an older deploy)".to_string()],
+            ),
+            Some(was) if desired.matches(sid, h, was) => return None,
+            Some(was) => (StepKind::Reconfigure, desired.reasons(sid, h, was)),
+        },
+    })
+}
+
+/// What an unread step (`StepKind::Unread`) of `sid` on host `h` becomes once the host is
+/// read at its step and found to run `observed`: the same decision the plan makes for a host
+/// read before the run. `Ok(None)`: nothing to do. `Err`: the host's state cannot be read.
+/// Only services that need nothing and that nothing needs are planned unread
+/// ([`deferrable`]), so no step of theirs waits for another's.
+pub fn decide(
+    site: &Site,
+    desired: &Desired,
+    sid: ServiceId,
+    h: HostId,
+    observed: &Observed,
+) -> Result<Option<Decided>, String> {
+    let service = &site.services[sid];
+    match observed {
+        Observed::Unreachable { reason } => return Err(format!("does not answer: {reason}")),
+        Observed::Unreadable { reason } => return Err(format!("state unreadable: {reason}")),
+        Observed::Unread => return Err("not read".into()),
+        Observed::Fresh | Observed::Running { .. } => {}
+    }
+    let record = observed.service(&service.name);
+    Ok(
+        change(desired, sid, h, record, &service.version).map(|(kind, reasons)| Decided {
+            from: record.map(|r| Arc::from(r.version.as_str())),
+            kind,
+            reasons,
+        }),
+    )
+}
+
+/// An unread step, once its host is read: what it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub from: Option<Arc<str>>,
+    pub kind: StepKind,
+    pub reasons: Vec<String>,
 }
 
 fn service_plan(

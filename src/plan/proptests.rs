@@ -761,8 +761,105 @@ fn check_planned_from(
     Ok(())
 }
 
+/// Hosts left unread (every host [`super::deferrable`] says may be): the services that do
+/// not stand alone are planned as before, and each unread step, decided from what its host
+/// runs ([`super::decide`]), is the step the plan makes when the host is read first, or
+/// nothing where that plan finds the host converged.
+fn check_unread(b: &Built) -> Result<(), TestCaseError> {
+    let (hosts, mut observed, selection, _) = plan_with(b, b.hosts.clone());
+    let desired = crate::desired::resolve(&b.site, &hosts, &crate::secrets::Secrets::none())
+        .expect("no files to read");
+    // Some records with other inputs than the site's, or none: reconfigures, with reasons.
+    for (h, o) in observed.iter_mut().enumerate() {
+        if let Observed::Running { services } = o {
+            for record in services.values_mut() {
+                match h % 3 {
+                    1 => record.inputs = None,
+                    2 => {
+                        if let Some(inputs) = &mut record.inputs {
+                            inputs.0.insert("env:GONE".into(), Arc::from("1"));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    let whole = plan(&b.site, &hosts, &observed, &desired, &selection).expect("as many as hosts");
+    let may = super::deferrable(&b.site, &hosts);
+    let mut unread = observed.clone();
+    for (h, o) in unread.iter_mut().enumerate() {
+        if may[h] {
+            *o = Observed::Unread;
+        }
+    }
+    let p = plan(&b.site, &hosts, &unread, &desired, &selection).expect("as many as hosts");
+    let (before, after) = (by_service(&b.site, &whole), by_service(&b.site, &p));
+    for (sid, service) in b.site.services.iter().enumerate() {
+        let members = hosts_of(&b.site, &hosts, sid);
+        if !members.iter().any(|h| may[*h]) {
+            prop_assert_eq!(
+                after[sid],
+                before[sid],
+                "{} planned as before",
+                &service.name
+            );
+            continue;
+        }
+        let step_of = |sp: &super::ServicePlan, name: &str| {
+            sp.waves
+                .iter()
+                .flat_map(|w| &w.steps)
+                .find(|st| &*st.host == name)
+                .cloned()
+        };
+        for &h in &members {
+            let name = &*hosts.hosts[h].name;
+            let was = step_of(before[sid], name);
+            let Some(now) = step_of(after[sid], name) else {
+                // Not selected: no step either way.
+                prop_assert!(was.is_none(), "{}: a step lost", name);
+                continue;
+            };
+            if now.kind != super::StepKind::Unread {
+                prop_assert_eq!(Some(now), was, "{}: a host read first", name);
+                continue;
+            }
+            prop_assert!(may[h]);
+            prop_assert!(now.after.is_empty() && now.waits.is_empty());
+            let decided = super::decide(&b.site, &desired, sid, h, &observed[h]);
+            match (decided, was) {
+                (Ok(Some(d)), Some(was)) => {
+                    prop_assert_eq!(d.kind, was.kind, "{}", name);
+                    prop_assert_eq!(d.from, was.from, "{}", name);
+                    prop_assert_eq!(d.reasons, was.reasons, "{}", name);
+                }
+                (Ok(None), None) => {
+                    let skip = before[sid].skipped.iter().find(|k| &*k.host == name);
+                    prop_assert_eq!(skip.map(|k| k.reason), Some(SkipReason::AtVersion));
+                }
+                (Err(_), None) => {
+                    let skip = before[sid].skipped.iter().find(|k| &*k.host == name);
+                    prop_assert_eq!(skip.map(|k| k.reason), Some(SkipReason::Unreachable));
+                }
+                (decided, was) => {
+                    return Err(TestCaseError::fail(format!(
+                        "{name}: decided {decided:?}, planned {was:?}"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn an_unread_step_is_decided_as_the_plan_decides_a_host_read_first(spec in spec()) {
+        check_unread(&build(&spec))?;
+    }
 
     #[test]
     fn a_service_is_planned_from_its_hosts_and_its_needs_hosts_alone(

@@ -96,6 +96,21 @@ pub fn line(kind: &EventKind) -> Option<String> {
             host,
             reason,
         } => format!("{service}: {host} not started: {reason}"),
+        EventKind::StepSkipped {
+            service,
+            host,
+            skip: crate::plan::SkipReason::AtVersion,
+            ..
+        } => format!("{service}: {host} already converged, nothing to do"),
+        EventKind::StepSkipped {
+            service,
+            host,
+            reason,
+            ..
+        } => format!(
+            "{service}: {host} left alone: {}",
+            reason.as_deref().unwrap_or("unreachable")
+        ),
         EventKind::WaveFinished {
             service,
             wave,
@@ -144,6 +159,8 @@ pub fn line(kind: &EventKind) -> Option<String> {
             succeeded,
             failed,
             not_started,
+            skipped,
+            unreachable,
             ms,
         } => {
             let word = if *converged {
@@ -151,8 +168,16 @@ pub fn line(kind: &EventKind) -> Option<String> {
             } else {
                 "NOT converged"
             };
+            let mut more = String::new();
+            if *skipped > 0 {
+                more.push_str(&format!(", {skipped} found converged"));
+            }
+            if *unreachable > 0 {
+                more.push_str(&format!(", {} unreachable", count(*unreachable, "host")));
+            }
             format!(
-                "run {word}: {succeeded} ok, {failed} failed, {not_started} not started in {:.1}s",
+                "run {word}: {succeeded} ok, {failed} failed, {not_started} not started{more} \
+                 in {:.1}s",
                 *ms as f64 / 1000.0
             )
         }
@@ -227,6 +252,12 @@ impl Sink for Bars {
             EventKind::StepFinished { service, ok, .. } => {
                 self.bar(service, 0).inc(1);
                 if !ok {
+                    let _ = self.multi.println(line(&event.kind).unwrap_or_default());
+                }
+            }
+            EventKind::StepSkipped { service, skip, .. } => {
+                self.bar(service, 0).inc(1);
+                if *skip != crate::plan::SkipReason::AtVersion {
                     let _ = self.multi.println(line(&event.kind).unwrap_or_default());
                 }
             }

@@ -38,6 +38,20 @@ pub fn plan_text(plan: &Plan) -> String {
         plural(waves, "wave")
     );
     unknown_hosts(&mut out, plan);
+    let unread = plan
+        .hosts
+        .iter()
+        .filter(|h| h.observed == crate::state::Observed::Unread)
+        .count();
+    if unread > 0 {
+        let _ = writeln!(
+            out,
+            "\n{} not read before the run (over --max-connections): each is locked and read \
+             in the command before its first step, which does nothing if it already runs what \
+             the site says.",
+            count(unread, "host")
+        );
+    }
     out
 }
 
@@ -229,6 +243,7 @@ fn step_words(st: &crate::plan::Step, to: &str) -> String {
     }
     let mut what = match st.kind {
         StepKind::Reconfigure => format!("reconfigure {to}"),
+        StepKind::Unread => format!("read at its step → {to}"),
         _ => format!("{} → {to}", st.from.as_deref().unwrap_or("fresh")),
     };
     if !notes.is_empty() {

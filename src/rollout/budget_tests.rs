@@ -32,6 +32,7 @@ fn with_site_settings(fx: Fixture, settings: &str) -> Fixture {
         desired: Arc::new(desired),
         release: None,
         signal_at_confirm: false,
+        lock_at_step: None,
     }
 }
 

@@ -90,6 +90,15 @@ pub enum EventKind {
         host: String,
         reason: String,
     },
+    /// An unread step ran nothing once its host was locked and read (`deploy apply` over
+    /// `--max-connections`): the host already runs what the site says (`at-version`), or it
+    /// could not be read (`unreachable`, with why) and is left alone.
+    StepSkipped {
+        service: String,
+        host: String,
+        skip: crate::plan::SkipReason,
+        reason: Option<String>,
+    },
     WaveFinished {
         service: String,
         wave: usize,
@@ -117,8 +126,19 @@ pub enum EventKind {
         succeeded: usize,
         failed: usize,
         not_started: usize,
+        /// Unread steps whose host already ran what the site says (absent when none).
+        #[serde(skip_serializing_if = "is_zero")]
+        skipped: usize,
+        /// Hosts the run could not reach or read, before it or at an unread step (absent
+        /// when none).
+        #[serde(skip_serializing_if = "is_zero")]
+        unreachable: usize,
         ms: u64,
     },
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// How a service's rollout ended.

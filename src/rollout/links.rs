@@ -100,9 +100,17 @@ impl<T: Transport> Links<T> {
         self.freed.notify_waiters();
     }
 
-    /// Starts connecting to `target` in the background if a slot is free now.
-    pub fn prefetch(self: &Arc<Self>, target: Target) {
-        let has_room = self.lock().len() < self.max.div_ceil(2).max(1);
+    /// Starts connecting to `target` in the background if a slot is free now, `reserve`
+    /// slots left aside (the steps just started, which would otherwise close the link made
+    /// ahead to get their own, and the host would be connected twice).
+    pub fn prefetch(self: &Arc<Self>, target: Target, reserve: usize) {
+        let has_room = {
+            let open = self.lock();
+            // Links the transport keeps parked for other hosts are open connections too.
+            let skip = |h: &str| h == target.name || open.contains_key(h);
+            let parked = self.transport.idle(&skip);
+            open.len() + self.handing_back.load(Ordering::SeqCst) + parked + reserve < self.max
+        };
         if has_room && self.slot(&target.name, false).is_some() {
             let links = self.clone();
             tokio::spawn(async move {
@@ -177,8 +185,12 @@ impl<T: Transport> Links<T> {
         // transport: not counted twice, nor given up.
         let skip = |h: &str| h == host || open.contains_key(h);
         let parked = self.transport.idle(&skip);
-        if open.len() + self.handing_back.load(Ordering::SeqCst) + parked >= self.max {
-            if !evict {
+        let handing_back = self.handing_back.load(Ordering::SeqCst);
+        if open.len() + handing_back + parked >= self.max {
+            // A link being handed back frees its slot soon: wait for it rather than close one
+            // that is idle now but kept or opened ahead for a step about to start (its host
+            // would be connected twice).
+            if !evict || handing_back > 0 {
                 return None;
             }
             // An idle link: connected, and nobody but the pool holds it.

@@ -12,6 +12,7 @@ mod interrupt;
 mod links;
 mod schedule;
 mod step;
+mod unread;
 mod verify;
 
 #[cfg(test)]
@@ -25,6 +26,7 @@ pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
 pub use interrupt::kill_script;
+pub use unread::LockAtStep;
 pub use verify::{verify, CheckResult};
 
 use crate::plan::Plan;
@@ -35,7 +37,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Everything a rollout needs.
-pub struct Rollout<T> {
+pub struct Rollout<T: Transport> {
     pub plan: Arc<Plan>,
     pub site: Arc<Site>,
     pub transport: Arc<T>,
@@ -57,6 +59,14 @@ pub struct Rollout<T> {
     /// what they replaced), instead of a command of its own after the rollout. Those hosts are
     /// in [`Summary::released`].
     pub release: Option<String>,
+    /// Locks and reads the hosts the plan did not read (its [`StepKind::Unread`] steps), in
+    /// the command before their first step; `None` when it read every host.
+    ///
+    /// [`StepKind::Unread`]: crate::plan::StepKind::Unread
+    pub lock_at_step: Option<Arc<dyn LockAtStep<T::Link>>>,
+    /// A host whose lock [`Rollout::release`] must not give back: the run holds it to its
+    /// end (a run with unread steps, so that no other run of the site starts meanwhile).
+    pub held_to_end: Option<Arc<str>>,
 }
 
 /// How a run ended.
@@ -66,8 +76,10 @@ pub struct Summary {
     pub failed: usize,
     /// Steps never started: halted or blocked services, hosts whose earlier step failed.
     pub not_started: usize,
-    /// Hosts the plan could not reach or read.
+    /// Hosts the plan could not reach or read (before the run, or at an unread step).
     pub unreachable: usize,
+    /// Unread steps whose host was found to run what the site says already.
+    pub skipped: usize,
     /// `(host, service, log)` of every failed step.
     pub failures: Vec<(String, String, String)>,
     /// Hosts whose lock went with their last command ([`Rollout::release`]).

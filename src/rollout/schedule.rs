@@ -4,7 +4,9 @@ use super::event::{Event, EventKind, ServiceOutcome};
 use super::hook::{service_env, step_env};
 use super::links::Links;
 use super::step::{self, ServiceJob, StepJob, StepResult};
+use super::unread::{self, Unread};
 use super::{initial_record, Rollout, Summary};
+use crate::plan::StepKind;
 use crate::state::HostRecord;
 use crate::transport::{Target, Transport};
 use std::collections::{HashMap, HashSet};
@@ -36,6 +38,10 @@ struct Svc {
     succeeded: usize,
     failed: usize,
     not_started: usize,
+    /// Unread steps whose host already ran what the site says.
+    skipped: usize,
+    /// Unread steps whose host could not be read.
+    unreachable: usize,
     finished: Option<ServiceOutcome>,
 }
 
@@ -57,6 +63,8 @@ struct HostState {
     failed: HashSet<usize>,
     record: HostRecord,
     steps_left: usize,
+    /// Its state is known: read before the run, or at its first unread step.
+    read: bool,
 }
 
 /// A step's task's answer: service, wave, step, and how it went.
@@ -77,6 +85,8 @@ pub struct Scheduler<T: Transport> {
     failed_hosts: usize,
     /// Hosts whose lock went with their last command.
     released: Vec<String>,
+    /// Hosts of unread steps that could not be read.
+    unreachable_hosts: HashSet<usize>,
 }
 
 impl<T: Transport> Scheduler<T> {
@@ -102,6 +112,7 @@ impl<T: Transport> Scheduler<T> {
                 failed: HashSet::new(),
                 record: initial_record(&plan, i),
                 steps_left: 0,
+                read: plan.hosts[i].observed != crate::state::Observed::Unread,
             })
             .collect();
         let state_dir = r.site.platform.host_state_dir();
@@ -137,6 +148,8 @@ impl<T: Transport> Scheduler<T> {
                     succeeded: 0,
                     failed: 0,
                     not_started: 0,
+                    skipped: 0,
+                    unreachable: 0,
                     finished: None,
                 }
             })
@@ -154,6 +167,7 @@ impl<T: Transport> Scheduler<T> {
             started: Instant::now(),
             failed_hosts: 0,
             released: Vec::new(),
+            unreachable_hosts: HashSet::new(),
         }
     }
 
@@ -351,9 +365,11 @@ impl<T: Transport> Scheduler<T> {
             failed: 0,
         });
         if let Some(next) = sp.waves.get(w + 1) {
+            // The slots this wave's steps take (a flowing service keeps `batch` switching).
+            let reserve = sp.policy.batch_hosts.max(wave.steps.len());
             for st in &next.steps {
                 if let Some(&h) = self.host_index.get(&st.host) {
-                    self.links.prefetch(target(&plan, h));
+                    self.links.prefetch(target(&plan, h), reserve);
                 }
             }
         }
@@ -483,27 +499,60 @@ impl<T: Transport> Scheduler<T> {
                 .log_dir
                 .join(&*host.name)
                 .join(format!("{}.log", sp.name)),
-            release: (self.hosts[h].steps_left == 1)
-                .then(|| self.r.release.as_deref().map(Arc::from))
-                .flatten(),
+            release: (self.hosts[h].steps_left == 1
+                && self.r.held_to_end.as_deref() != Some(&*host.name))
+            .then(|| self.r.release.as_deref().map(Arc::from))
+            .flatten(),
         };
-        let started = EventKind::StepStarted {
-            service: sp.name.clone(),
-            host: host.name.to_string(),
-            from: job.from.clone(),
-            to: job.to.clone(),
-        };
+        let unread = (st.kind == StepKind::Unread).then(|| Unread {
+            site: self.r.site.clone(),
+            desired: self.r.desired.clone(),
+            plan: plan.clone(),
+            service: sid,
+            host: h,
+            read: self.hosts[h].read,
+            lock: self.r.lock_at_step.clone(),
+        });
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
         let cancel = self.r.cancel.clone();
+        let service = sp.name.clone();
         let task = self.tasks.spawn(async move {
+            let started = |job: &StepJob| {
+                sink.emit(Event::now(EventKind::StepStarted {
+                    service: service.clone(),
+                    host: job.host.clone(),
+                    from: job.from.clone(),
+                    to: job.to.clone(),
+                }))
+            };
             // Emitted by the step itself, before its first command: the journal syncs the
-            // intents of a wave's steps together instead of one after another.
-            sink.emit(Event::now(started));
+            // intents of a wave's steps together instead of one after another. An unread
+            // step's is emitted once its host is read: until then it is not known to run.
+            let unread_step = unread.is_some();
+            if !unread_step {
+                started(&job);
+            }
             let result = match links.get(&target).await {
                 Ok(link) => {
-                    let state_dir = job.service.state_dir.clone();
-                    let run = step::run(job, &*link, &*sink);
-                    stopping::abortable(run, &*link, &state_dir, &cancel).await
+                    let job = match unread {
+                        Some(unread) => unread.settle(job, &*link, &target).await,
+                        None => Ok(job),
+                    };
+                    match job {
+                        Ok(job) => {
+                            if unread_step {
+                                started(&job);
+                            }
+                            let state_dir = job.service.state_dir.clone();
+                            let run = step::run(job, &*link, &*sink);
+                            stopping::abortable(run, &*link, &state_dir, &cancel).await
+                        }
+                        Err(ended) => ended,
+                    }
+                }
+                Err(e) if unread_step => {
+                    step::log_line(&job.log, &format!("== connect: {e}"));
+                    unread::unreachable(job.record, e.to_string())
                 }
                 Err(e) => {
                     step::log_line(&job.log, &format!("== connect: {e}"));
@@ -513,6 +562,7 @@ impl<T: Transport> Scheduler<T> {
                         reason: Some(e.to_string()),
                         rolled_back: false,
                         released: false,
+                        skipped: None,
                     }
                 }
             };

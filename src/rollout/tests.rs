@@ -17,6 +17,7 @@ mod flow;
 mod ideal;
 mod pool;
 mod stopping;
+mod unread;
 
 // Failure budgets per wave and per run, on the same fake transport.
 #[path = "budget_tests.rs"]
@@ -382,6 +383,8 @@ struct Fixture {
     release: Option<String>,
     /// A `pause "confirm"` question is met with a signal.
     signal_at_confirm: bool,
+    /// [`Rollout::lock_at_step`] for the runs (the fixture's [`unread::FakeLock`]).
+    lock_at_step: Option<Arc<unread::FakeLock>>,
 }
 
 /// The address of the `i`th host given to [`fixture`].
@@ -397,6 +400,18 @@ fn fixture(
     hosts: &[(&str, &str)],
     policies: &[(&str, &str)],
     running: &[(&str, &str, &str)],
+) -> Fixture {
+    fixture_unread(body, hosts, policies, running, &[])
+}
+
+/// [`fixture`], with the hosts named in `unread` left unread when planned (what they run,
+/// `running` says, is for a lock at their step to find: [`Fixture::lock_at_step`]).
+fn fixture_unread(
+    body: &str,
+    hosts: &[(&str, &str)],
+    policies: &[(&str, &str)],
+    running: &[(&str, &str, &str)],
+    unread: &[&str],
 ) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let write = |name: &str, text: String| {
@@ -456,8 +471,20 @@ fn fixture(
     let desired = crate::desired::resolve(&site, &resolved, &Default::default()).expect("desired");
     let mut observed = observed;
     desired.stamp(&site, &mut observed);
+    let mut planned = observed.clone();
+    for (h, o) in resolved.hosts.iter().zip(planned.iter_mut()) {
+        if unread.contains(&&*h.name) {
+            *o = Observed::Unread;
+        }
+    }
     let plan =
-        plan::plan(&site, &resolved, &observed, &desired, &Selection::default()).expect("plan");
+        plan::plan(&site, &resolved, &planned, &desired, &Selection::default()).expect("plan");
+    let truth: HashMap<String, Observed> = resolved
+        .hosts
+        .iter()
+        .zip(observed)
+        .map(|(h, o)| (h.name.to_string(), o))
+        .collect();
     Fixture {
         dir,
         site: Arc::new(site),
@@ -465,6 +492,13 @@ fn fixture(
         desired: Arc::new(desired),
         release: None,
         signal_at_confirm: false,
+        lock_at_step: (!unread.is_empty()).then(|| {
+            Arc::new(unread::FakeLock {
+                truth,
+                refuse: Mutex::default(),
+                asked: Mutex::default(),
+            })
+        }),
     }
 }
 
@@ -552,6 +586,11 @@ impl Fixture {
             desired: self.desired.clone(),
             cancel,
             release: self.release.clone(),
+            lock_at_step: self
+                .lock_at_step
+                .clone()
+                .map(|l| l as Arc<dyn super::LockAtStep<FakeLink>>),
+            held_to_end: None,
         };
         // Only a deadlock guard: generous, so a loaded CI machine never trips it.
         let summary = tokio::time::timeout(Duration::from_secs(60), run(rollout))

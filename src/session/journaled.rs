@@ -131,6 +131,22 @@ impl Journaled {
                 host,
                 reason,
             },
+            EventKind::StepSkipped {
+                service,
+                host,
+                skip,
+                reason,
+            } => Entry::StepSkipped {
+                service,
+                host,
+                skip: match skip {
+                    crate::plan::SkipReason::AtVersion => "at-version",
+                    crate::plan::SkipReason::NotSelected => "not-selected",
+                    crate::plan::SkipReason::Unreachable => "unreachable",
+                }
+                .into(),
+                reason,
+            },
             EventKind::ServiceFinished {
                 service,
                 outcome,
@@ -177,9 +193,10 @@ impl Sink for Journaled {
             // A hook's start and end only tell which hook was running; the step's intent and
             // result are what a resumed run goes by, and they wait for the disk.
             let written = match entry {
-                Entry::HookStarted { .. } | Entry::HookFinished { .. } => {
-                    self.journal.note(&event.time, entry)
-                }
+                // A step that ran nothing changed nothing: no carrying on depends on it.
+                Entry::HookStarted { .. }
+                | Entry::HookFinished { .. }
+                | Entry::StepSkipped { .. } => self.journal.note(&event.time, entry),
                 _ => self.journal.append(&event.time, entry),
             };
             if let Err(e) = written {
@@ -294,6 +311,8 @@ mod tests {
             succeeded: 2,
             failed: 1,
             not_started: 0,
+            skipped: 0,
+            unreachable: 0,
             ms: 1,
         }));
         let text = std::fs::read_to_string(sink.path()).unwrap();

@@ -3,7 +3,7 @@
 //! writes to the store: the part of the [`Session`] around the locks.
 
 use super::{Ended, RunTransport, Session, SessionError, Shared};
-use crate::inventory::Hosts;
+use crate::inventory::{HostId, Hosts};
 use crate::rollout::kill_script;
 use crate::site::Site;
 use crate::state::journal;
@@ -122,6 +122,51 @@ impl Session {
                 ))
             })
             .clone();
+        // Over the cap, nothing to confirm first and no run to carry on: the hosts that may
+        // be are left unread until their first step, but the cap's worth stepped first (read
+        // now, their links kept for their steps).
+        let streaming = self.stream
+            && self.shared.get().is_none()
+            && matches!(unfinished, Ok(None))
+            && hosts.hosts.len() > self.max_connections
+            && !site
+                .services
+                .iter()
+                .any(|s| matches!(s.policy.pause, crate::site::Pause::Confirm));
+        if streaming {
+            let selected = crate::plan::first_hosts(site, hosts, selection);
+            let mut first: HashSet<HostId> = selected
+                .iter()
+                .copied()
+                .take(self.max_connections)
+                .collect();
+            // The first host by name is always read, and locked first, alone: every run of
+            // the site, whatever its selection, asks for it before any other, and this run
+            // holds it to the end (`Session::held_to_end`), so that no second run starts while
+            // this one locks its other hosts only at their steps.
+            if let Some(h) = (0..hosts.hosts.len())
+                .min_by(|a, b| hosts.hosts[*a].name.cmp(&hosts.hosts[*b].name))
+            {
+                first.insert(h);
+            }
+            // Hosts selected for no service are not stepped: read as always.
+            let selected: HashSet<HostId> = selected.into_iter().collect();
+            let mut unread = 0;
+            let mut alone = self.alone.lock().unwrap_or_else(|p| p.into_inner());
+            for (h, may) in crate::plan::deferrable(site, hosts).into_iter().enumerate() {
+                if !may {
+                    continue;
+                }
+                alone.insert(hosts.hosts[h].name.to_string());
+                if !first.contains(&h) && selected.contains(&h) && known[h].is_none() {
+                    known[h] = Some(Observed::Unread);
+                    unread += 1;
+                }
+            }
+            drop(alone);
+            self.unread
+                .store(unread, std::sync::atomic::Ordering::SeqCst);
+        }
         let targets: Vec<Target> = hosts
             .hosts
             .iter()
@@ -151,15 +196,17 @@ impl Session {
         transport.keep_for_steps(keep.clone());
         let state_dir = site.platform.host_state_dir();
         // Each host's state file is read in the same command that locks it.
-        let fleet = FleetLock::new(
-            transport.clone(),
-            targets.clone(),
-            &state_dir,
-            self.max_connections,
-        )
-        .reading(crate::state::read_script(&state_dir))
-        .fenced(fence)
-        .keeping(keep);
+        let fleet = Arc::new(
+            FleetLock::new(
+                transport.clone(),
+                targets.clone(),
+                &state_dir,
+                self.max_connections,
+            )
+            .reading(crate::state::read_script(&state_dir))
+            .fenced(fence)
+            .keeping(keep),
+        );
         let taken = self
             .runtime
             .block_on(fleet.acquire(&me, self.break_lock))
@@ -212,7 +259,7 @@ impl Session {
             .is_some();
         let read = {
             let held = self.held();
-            let read = held.fleet.as_ref().map(FleetLock::take_reads);
+            let read = held.fleet.as_deref().map(FleetLock::take_reads);
             read.filter(|_| !carried_on).unwrap_or_default()
         };
         let remote = crate::state::Remote {
@@ -246,6 +293,72 @@ impl Session {
     pub fn release_text(&self) -> Option<String> {
         let held = self.held();
         Some(held.fleet.as_ref()?.release_text(&held.holder))
+    }
+
+    /// Before a run that left hosts unread: gives the lock back on the hosts read before it
+    /// that have no step and whose services stand alone (no other service's plan was made
+    /// from their state), over the links kept from their lock (otherwise the rollout closes
+    /// those links for its own, and giving the lock back at the end connects again). Their
+    /// services need nothing and are needed by nothing: no other step depends on their state.
+    pub fn release_unstepped(&self, plan: &crate::plan::Plan) {
+        if self.unread.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return;
+        }
+        let Some(transport) = self.transport.get() else {
+            return;
+        };
+        let stepped: HashSet<&str> = plan
+            .services
+            .iter()
+            .flat_map(|s| &s.waves)
+            .flat_map(|w| &w.steps)
+            .map(|st| &*st.host)
+            .collect();
+        let alone = self.alone.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let held = self.held();
+        let anchor = held.fleet.as_ref().and_then(|f| f.first_taken());
+        let idle: HashSet<String> = transport
+            .parked_hosts()
+            .into_iter()
+            .filter(|h| !stepped.contains(h.as_str()) && alone.contains(h))
+            .filter(|h| anchor.as_ref() != Some(h))
+            .collect();
+        if let (Some(fleet), false) = (held.fleet.clone(), idle.is_empty()) {
+            let me = held.holder.clone();
+            drop(held);
+            self.runtime.block_on(fleet.release_now(&me, &idle));
+        }
+    }
+
+    /// A run that left hosts unread holds the lock of the host it took first, alone, until it
+    /// ends (not given back with that host's last step): another run of the site asks for
+    /// that host first and is refused, as it would be by a run that locked every host first.
+    pub fn held_to_end(&self) -> Option<Arc<str>> {
+        if self.unread.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let held = self.held();
+        let first = held.fleet.as_ref()?.first_taken()?;
+        // Its link is kept for the release at the end (the rollout hands it back after its
+        // last step): no second connection for it.
+        if let Some(transport) = self.transport.get() {
+            transport.hold(Some(first.clone()));
+        }
+        Some(Arc::from(first))
+    }
+
+    /// What locks and reads the hosts left unread until their first step, for the rollout;
+    /// `None` when every host was read before the run.
+    pub fn lock_at_step(&self) -> Option<Arc<dyn crate::rollout::LockAtStep<RunLink>>> {
+        if self.unread.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let held = self.held();
+        Some(Arc::new(AtStep {
+            fleet: held.fleet.clone()?,
+            me: held.holder.clone(),
+            say: self.say.clone(),
+        }))
     }
 
     /// An unfinished run of this site (`unfinished`, as read once the controller's lock was
@@ -338,6 +451,42 @@ impl Session {
         }
         *self.resumed.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
         unchecked
+    }
+}
+
+/// The session's host lock, as the rollout takes it for a host left unread until its step.
+struct AtStep {
+    fleet: Arc<FleetLock<Kept<AnyTransport>>>,
+    me: Holder,
+    /// Where a lock taken over from a dead holder is said.
+    say: super::Say,
+}
+
+type RunLink = <Kept<AnyTransport> as Transport>::Link;
+
+impl crate::rollout::LockAtStep<RunLink> for AtStep {
+    fn lock_and_read<'a>(
+        &'a self,
+        link: &'a RunLink,
+        host: &'a Target,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Observed, String>> + Send + 'a>>
+    {
+        Box::pin(async move {
+            let (observed, broken) = self.fleet.lock_at_step(link, host, &self.me).await?;
+            if let Some(b) = broken {
+                let whose = b
+                    .holder
+                    .as_ref()
+                    .map_or("a lock whose holder cannot be read".into(), |h| {
+                        format!("the lock of {}", h.describe())
+                    });
+                (self.say)(&format!(
+                    "took over {whose}: its process is gone ({})",
+                    b.place
+                ));
+            }
+            Ok(observed)
+        })
     }
 }
 

@@ -53,6 +53,9 @@ pub struct Options {
     /// `--read-hosts`: with a store, read every host anyway (not only those whose recorded
     /// state differs from the site).
     pub read_hosts: bool,
+    /// Nothing is confirmed before the run (`--yes`, a site rather than a saved plan): over
+    /// `--max-connections`, hosts that may be are left unread until their first step.
+    pub stream: bool,
 }
 
 /// Why the session cannot go on.
@@ -108,7 +111,7 @@ static INTERRUPTS: OnceLock<Cancel> = OnceLock::new();
 struct Held {
     holder: Holder,
     file: Option<FileLock>,
-    fleet: Option<FleetLock<Kept<AnyTransport>>>,
+    fleet: Option<Arc<FleetLock<Kept<AnyTransport>>>>,
 }
 
 /// The transport of one `apply`: its links outlive each stage (lock, observation, rollout).
@@ -123,6 +126,11 @@ pub struct Session {
     break_lock: bool,
     max_connections: usize,
     read_hosts: bool,
+    stream: bool,
+    /// Hosts left unread until their first step (see [`Options::stream`]).
+    unread: std::sync::atomic::AtomicUsize,
+    /// When streaming: the hosts whose services stand alone (`plan::deferrable`).
+    alone: Mutex<std::collections::HashSet<String>>,
     held: Mutex<Held>,
     /// The shared store, when the platform names one (its lease lock taken).
     shared: OnceLock<Arc<Shared>>,
@@ -206,6 +214,9 @@ impl Session {
             break_lock: options.break_lock,
             max_connections: options.max_connections,
             read_hosts: options.read_hosts,
+            stream: options.stream,
+            unread: std::sync::atomic::AtomicUsize::new(0),
+            alone: Mutex::default(),
             shared: OnceLock::new(),
             known: Mutex::new(Vec::new()),
             shared_done: std::sync::atomic::AtomicBool::new(false),

@@ -89,6 +89,15 @@ pub enum Entry {
         host: String,
         reason: String,
     },
+    /// An unread step that ran nothing once its host was read (`skip`: `at-version` or
+    /// `unreachable`).
+    StepSkipped {
+        service: String,
+        host: String,
+        skip: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     ServiceFinished {
         service: String,
         outcome: String,
@@ -454,6 +463,7 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
                 }
             }
             Entry::StepBlocked { .. } => rec.blocked += 1,
+            Entry::StepSkipped { .. } => {}
             Entry::Interrupted { .. } => {
                 rec.state = "interrupted".into();
             }

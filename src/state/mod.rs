@@ -16,7 +16,7 @@ pub use files::{
     replaced_listed, restore_script, survey_script, Placed, NOTHING_PLACED,
 };
 pub use inputs::{added_hosts, Inputs};
-pub use observe::{Offline, Remote};
+pub use observe::{observed_from, Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
 pub use status::{
@@ -45,6 +45,10 @@ pub enum Observed {
     Unreachable { reason: String },
     /// The host answered but its state file cannot be read.
     Unreadable { reason: String },
+    /// Not read before the run: an apply over `--max-connections` locks and reads it in the
+    /// command before its first step, and decides then what the step does
+    /// ([`crate::plan::StepKind::Unread`]).
+    Unread,
 }
 
 impl Observed {

@@ -90,6 +90,12 @@ async fn observe_one<T: Transport>(transport: &T, target: &Target, script: &str)
     observed(result)
 }
 
+/// What a host runs, from what [`read_script`] printed there (`state_dir`: where it read,
+/// to explain a state file it could not).
+pub fn observed_from(result: Result<Output, TransportError>, state_dir: &str) -> Observed {
+    super::unreadable::explain(observed(result), state_dir)
+}
+
 /// What a host runs, from the output of [`read_script`] there.
 fn observed(result: Result<Output, TransportError>) -> Observed {
     match result {

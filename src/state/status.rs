@@ -132,6 +132,7 @@ pub fn status(
             Observed::Fresh => Some("no state recorded".to_string()),
             Observed::Unreachable { reason } => Some(format!("does not answer: {reason}")),
             Observed::Unreadable { reason } => Some(format!("state unreadable: {reason}")),
+            Observed::Unread => Some("not read".to_string()),
             Observed::Running { .. } => None,
         };
         if let Some(reason) = reason {

@@ -24,6 +24,9 @@ pub struct Kept<T: Transport> {
     /// Over the cap: hosts whose next link is parked, with the rank of their first step and
     /// whether it was parked already (once only).
     keep: Mutex<HashMap<String, (usize, bool)>>,
+    /// A host whose link is parked whenever it is handed back, for a command at the run's end
+    /// (the lock a run holds to its end, given back then): one connection, not two.
+    hold: Mutex<Option<String>>,
 }
 
 impl<T: Transport> Kept<T> {
@@ -39,6 +42,7 @@ impl<T: Transport> Kept<T> {
             cap: max_connections,
             parked: Mutex::new(HashMap::new()),
             keep: Mutex::new(HashMap::new()),
+            hold: Mutex::new(None),
         }
     }
 
@@ -57,6 +61,15 @@ impl<T: Transport> Kept<T> {
                     .enumerate()
                     .map(|(i, h)| (h, (i, false))),
             );
+        }
+    }
+
+    /// Parks `host`'s link whenever it is handed back, even over the cap: it counts against
+    /// the cap while parked, and is not closed to make room (a step waits for another link
+    /// to be handed back instead). Not under a cap of one, which it would fill.
+    pub fn hold(&self, host: Option<String>) {
+        if self.cap > 1 {
+            *self.hold.lock().unwrap_or_else(|p| p.into_inner()) = host;
         }
     }
 
@@ -96,6 +109,15 @@ impl<T: Transport> Kept<T> {
             });
         }
         while tasks.join_next().await.is_some() {}
+    }
+
+    /// The hosts whose links are parked now.
+    pub fn parked_hosts(&self) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, l)| l.is_ok())
+            .map(|(h, _)| h.clone())
+            .collect()
     }
 
     /// How many links are parked now.
@@ -144,13 +166,20 @@ impl<T: Transport> Transport for Kept<T> {
             let mut parked = self.lock();
             let count = parked.values().filter(|l| l.is_ok()).count();
             let has_one = matches!(parked.get(host), Some(Ok(_)));
+            let held = self
+                .hold
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_deref()
+                == Some(host);
             let kept = self.room == 0
                 && count < self.cap
                 && !has_one
-                && self
-                    .keep()
-                    .get_mut(host)
-                    .is_some_and(|(_, once)| !std::mem::replace(once, true));
+                && (held
+                    || self
+                        .keep()
+                        .get_mut(host)
+                        .is_some_and(|(_, once)| !std::mem::replace(once, true)));
             let full = count >= self.room && !kept;
             if !full && !has_one {
                 parked.insert(host.to_string(), Ok(link));
@@ -180,12 +209,13 @@ impl<T: Transport> Transport for Kept<T> {
         if self.room > 0 {
             return None;
         }
+        let held = self.hold.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut parked = self.lock();
-        // The one whose step is expected last.
+        // The one whose step is expected last; never the one held to the end.
         let keep = self.keep();
         let host = parked
             .iter()
-            .filter(|(h, l)| l.is_ok() && !skip(h))
+            .filter(|(h, l)| l.is_ok() && !skip(h) && held.as_deref() != Some(h.as_str()))
             .max_by_key(|(h, _)| keep.get(h.as_str()).map_or(usize::MAX, |(rank, _)| *rank))
             .map(|(h, _)| h.clone())?;
         parked.remove(&host)?.ok()

@@ -136,21 +136,28 @@ impl<T: Transport> Scheduler<T> {
             sum.succeeded += svc.succeeded;
             sum.failed += svc.failed;
             sum.not_started += svc.not_started;
+            sum.skipped += svc.skipped;
             if svc.finished.is_none() {
                 // Its steps not counted yet (each step is counted once, whatever ended it).
                 let steps: usize = plan.services[s].waves.iter().map(|w| w.steps.len()).sum();
-                sum.not_started +=
-                    steps.saturating_sub(svc.succeeded + svc.failed + svc.not_started);
+                sum.not_started += steps.saturating_sub(
+                    svc.succeeded + svc.failed + svc.not_started + svc.skipped + svc.unreachable,
+                );
             }
         }
-        sum.unreachable = plan
+        let mut unreachable = plan
             .services
             .iter()
             .flat_map(|s| &s.skipped)
             .filter(|k| k.reason == SkipReason::Unreachable)
             .map(|k| k.host.clone())
-            .collect::<HashSet<_>>()
-            .len();
+            .collect::<HashSet<_>>();
+        unreachable.extend(
+            self.unreachable_hosts
+                .iter()
+                .map(|&h| plan.hosts[h].name.clone()),
+        );
+        sum.unreachable = unreachable.len();
         sum.failures = self
             .hosts
             .iter()
@@ -176,6 +183,8 @@ impl<T: Transport> Scheduler<T> {
             succeeded: sum.succeeded,
             failed: sum.failed,
             not_started: sum.not_started,
+            skipped: sum.skipped,
+            unreachable: sum.unreachable,
             ms,
         });
         sum

@@ -3,7 +3,7 @@
 
 use super::super::step::StepResult;
 use super::{Ended, Scheduler};
-use crate::plan::StepKind;
+use crate::plan::{SkipReason, StepKind};
 use crate::rollout::event::EventKind;
 use crate::transport::Transport;
 
@@ -45,9 +45,13 @@ impl<T: Transport> Scheduler<T> {
             reason: Some(format!("deploy's step task ended abnormally: {e}")),
             rolled_back: false,
             released: false,
+            skipped: None,
         }
     }
 
+    /// A step's task answered: its event, then the counts. An unread step that ran nothing
+    /// once its host was read is counted apart, neither succeeded nor failed; a host found
+    /// at the desired state counts as healthy.
     async fn finish_step(&mut self, s: usize, w: usize, i: usize, result: StepResult) {
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
@@ -55,50 +59,81 @@ impl<T: Transport> Scheduler<T> {
         let Some(&h) = self.host_index.get(&st.host) else {
             return;
         };
+        let skipped = result.skipped.clone();
         let ok = result.ok();
-        self.emit(EventKind::StepFinished {
-            service: sp.name.clone(),
-            host: st.host.to_string(),
-            ok,
-            failed_hook: result.failed_hook.clone(),
-            rolled_back: result.rolled_back,
-            reason: result.reason.clone(),
-            log: self
-                .r
-                .log_dir
-                .join(&*st.host)
-                .join(format!("{}.log", sp.name))
-                .display()
-                .to_string(),
-            record: result.record.services.get(&sp.name).cloned().map(Box::new),
-        });
+        match skipped.clone() {
+            Some((skip, reason)) => self.emit(EventKind::StepSkipped {
+                service: sp.name.clone(),
+                host: st.host.to_string(),
+                skip,
+                reason,
+            }),
+            None => self.emit(EventKind::StepFinished {
+                service: sp.name.clone(),
+                host: st.host.to_string(),
+                ok,
+                failed_hook: result.failed_hook.clone(),
+                rolled_back: result.rolled_back,
+                reason: result.reason.clone(),
+                log: self
+                    .r
+                    .log_dir
+                    .join(&*st.host)
+                    .join(format!("{}.log", sp.name))
+                    .display()
+                    .to_string(),
+                record: result.record.services.get(&sp.name).cloned().map(Box::new),
+            }),
+        }
         if result.released {
             self.released.push(st.host.to_string());
         }
         let host = &mut self.hosts[h];
         host.busy = false;
+        // An unread step's host was read in the command before its hooks (whatever they
+        // did); not when its lock was refused, it could not be read, nor when the task
+        // panicked (perhaps before the read, and the record it hands back is the one from
+        // before): a later step reads it again.
+        if st.kind == StepKind::Unread
+            && !matches!(result.failed_hook.as_deref(), Some("lock" | "panic"))
+            && !matches!(skipped, Some((SkipReason::Unreachable, _)))
+        {
+            host.read = true;
+        }
         host.record = result.record;
         let svc = &mut self.svcs[s];
         svc.running -= 1;
-        let open = svc.open.iter_mut().find(|o| o.wave == w);
-        if let Some(open) = open {
+        if let Some(open) = svc.open.iter_mut().find(|o| o.wave == w) {
             open.running -= 1;
             open.failed += usize::from(!ok);
         }
-        if ok {
-            svc.succeeded += 1;
-            // A host reconfigured at its version was counted healthy already.
-            if st.kind != StepKind::Reconfigure {
+        match skipped {
+            Some((SkipReason::Unreachable, _)) => {
+                svc.unreachable += 1;
+                host.broken.insert(s);
+                self.unreachable_hosts.insert(h);
+            }
+            Some(_) => {
+                svc.skipped += 1;
                 svc.healthy += 1;
+                host.done.insert(s);
             }
-            host.done.insert(s);
-        } else {
-            svc.failed += 1;
-            if host.failed.is_empty() {
-                self.failed_hosts += 1;
+            None if ok => {
+                svc.succeeded += 1;
+                // A host reconfigured at its version was counted healthy already.
+                if st.kind != StepKind::Reconfigure {
+                    svc.healthy += 1;
+                }
+                host.done.insert(s);
             }
-            host.broken.insert(s);
-            host.failed.insert(s);
+            None => {
+                svc.failed += 1;
+                if host.failed.is_empty() {
+                    self.failed_hosts += 1;
+                }
+                host.broken.insert(s);
+                host.failed.insert(s);
+            }
         }
         if self.host_step_over(h) {
             self.links.release(&plan.hosts[h].name);

@@ -61,6 +61,9 @@ pub struct StepResult {
     pub rolled_back: bool,
     /// [`StepJob::release`] ran.
     pub released: bool,
+    /// An unread step that ran nothing once its host was read: why (`AtVersion`: it already
+    /// runs what the site says; `Unreachable`: it could not be read, and why).
+    pub skipped: Option<(crate::plan::SkipReason, Option<String>)>,
 }
 
 impl StepResult {
@@ -98,6 +101,7 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
                 reason: None,
                 rolled_back: false,
                 released: step.released,
+                skipped: None,
             }
         }
         Err((hook, reason)) => step.fail(hook, reason).await,
@@ -564,6 +568,7 @@ impl<L: Link> Running<'_, L> {
             reason: Some(reason),
             rolled_back,
             released: false,
+            skipped: None,
         }
     }
 }

@@ -51,6 +51,7 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
         desired: Arc::new(desired),
         release: None,
         signal_at_confirm: false,
+        lock_at_step: None,
     }
 }
 

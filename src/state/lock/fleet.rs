@@ -16,6 +16,8 @@ pub struct FleetLock<T> {
     pub max_connections: usize,
     /// The hosts locked so far, to release.
     taken: Mutex<Vec<Target>>,
+    /// The host taken first, alone (see [`Lock::acquire`]).
+    first: Mutex<Option<String>>,
     /// Hosts whose lock command was sent and whose answer was lost: it may have taken the
     /// lock there. Released too, quietly (the release removes only this run's own lock).
     unsure: Mutex<Vec<Target>>,
@@ -58,6 +60,7 @@ impl<T: Transport> FleetLock<T> {
             state_dir: state_dir.trim_end_matches('/').to_string(),
             max_connections: max_connections.max(1),
             taken: Mutex::new(Vec::new()),
+            first: Mutex::new(None),
             unsure: Mutex::new(Vec::new()),
             read: None,
             reads: Mutex::new(HashMap::new()),
@@ -101,6 +104,11 @@ impl<T: Transport> FleetLock<T> {
     /// way are then handed to [`FleetLock::released`].
     pub fn release_text(&self, me: &Holder) -> String {
         release_body(&self.state_dir, &self.dir(), &me.json(), me.pid)
+    }
+
+    /// The host the lock took first, alone, once it was taken.
+    pub fn first_taken(&self) -> Option<String> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// These hosts' locks were given back already (with their last command).
@@ -205,6 +213,76 @@ impl<T: Transport> FleetLock<T> {
         HostLock::Failed("it keeps changing hands".into())
     }
 
+    /// Takes `me`'s lock on a host not locked before the run, over the link its first step
+    /// runs on, and reads its state in the same command (an apply over `--max-connections`
+    /// that leaves hosts unread until their step). The host is released with the others.
+    /// `Err`: why the lock was refused (another run holds it, …); a link that fails gives
+    /// the host as unreachable. A lock whose holder is known to be dead is taken over (and
+    /// said, with the state); no other is broken here, `--break-lock` or not: the operator
+    /// was never shown this holder.
+    pub async fn lock_at_step(
+        &self,
+        link: &T::Link,
+        target: &Target,
+        me: &Holder,
+    ) -> Result<(crate::state::Observed, Option<Broken>), String> {
+        match self.take_on(link, target, me, false).await {
+            HostLock::Taken(broken) => {
+                self.lock_taken().push(target.clone());
+                let read = self
+                    .reads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&target.name);
+                // Held by `me` already: taken without its read.
+                let read = match (read, &self.read) {
+                    (Some(out), _) => Ok(out),
+                    (None, Some(script)) => link.run(script).await,
+                    (None, None) => link.run(&crate::state::read_script(&self.state_dir)).await,
+                };
+                Ok((crate::state::observed_from(read, &self.state_dir), broken))
+            }
+            HostLock::Unreachable(reason) => {
+                Ok((crate::state::Observed::Unreachable { reason }, None))
+            }
+            HostLock::Held(Some(h)) if h.site != me.site => Err(format!(
+                "locked by {}, applying site {}: another `deploy apply` is running on this host",
+                h.describe(),
+                h.site
+            )),
+            HostLock::Held(Some(h)) => Err(format!(
+                "locked by {}: another `deploy apply` of this site is running",
+                h.describe()
+            )),
+            HostLock::Held(None) => Err("locked by a holder that cannot be read (a lock being \
+                                         taken, or a damaged one)"
+                .into()),
+            HostLock::Failed(reason) => Err(format!("cannot lock it: {reason}")),
+        }
+    }
+
+    /// Gives `me`'s lock back now on those of `hosts` it holds (all at once); a host where
+    /// that fails stays held, for [`Lock::release`] to try again.
+    pub async fn release_now(&self, me: &Holder, hosts: &HashSet<String>) {
+        let now: Vec<Target> = {
+            let mut taken = self.lock_taken();
+            let (now, keep): (Vec<Target>, Vec<Target>) =
+                taken.drain(..).partition(|t| hosts.contains(&t.name));
+            *taken = keep;
+            now
+        };
+        let results = futures_all(
+            now.iter()
+                .map(|t| async move { (t, self.release_host(t, me).await) }),
+        )
+        .await;
+        let failed = results
+            .into_iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(t, _)| t.clone());
+        self.lock_taken().extend(failed);
+    }
+
     async fn release_host(&self, target: &Target, me: &Holder) -> Result<(), String> {
         let link = self
             .transport
@@ -247,6 +325,8 @@ impl<T: Transport> Lock for FleetLock<T> {
             match self.take_host(target, me, force).await {
                 HostLock::Taken(broken) => {
                     self.lock_taken().push(target.clone());
+                    *self.first.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(target.name.clone());
                     taken.broken.extend(broken);
                     break;
                 }

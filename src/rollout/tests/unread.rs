@@ -1,0 +1,207 @@
+//! Unread steps on the fake transport: a host left unread before the run is locked and read
+//! at its step; what it runs decides the step (an upgrade from the version found, an install,
+//! nothing at all); a lock refused fails the step and counts against the budgets.
+
+use super::*;
+use crate::plan::{SkipReason, StepKind};
+use std::future::Future;
+use std::pin::Pin;
+
+/// The session's host lock, faked: each host's state as [`fixture_unread`] was told, and a
+/// refusal for the hosts in `refuse`.
+pub(super) struct FakeLock {
+    pub truth: HashMap<String, Observed>,
+    pub refuse: Mutex<Vec<String>>,
+    /// The hosts it was asked to lock, in order.
+    pub asked: Mutex<Vec<String>>,
+}
+
+impl crate::rollout::LockAtStep<FakeLink> for FakeLock {
+    fn lock_and_read<'a>(
+        &'a self,
+        _link: &'a FakeLink,
+        host: &'a Target,
+    ) -> Pin<Box<dyn Future<Output = Result<Observed, String>> + Send + 'a>> {
+        Box::pin(async move {
+            self.asked.lock().unwrap().push(host.name.clone());
+            if self.refuse.lock().unwrap().contains(&host.name) {
+                return Err("locked by another run".into());
+            }
+            Ok(self
+                .truth
+                .get(&host.name)
+                .cloned()
+                .unwrap_or(Observed::Fresh))
+        })
+    }
+}
+
+/// `api` on app1..app6, two per wave; app1 and app2 read before the run (at 0.9), the others
+/// unread: app3 and app6 already at 1.0, app4 at 0.9, app5 fresh.
+fn farm() -> Fixture {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"p.kdl\"")
+    );
+    let hs = hosts("app", "app", 6);
+    fixture_unread(
+        &body,
+        &host_refs(&hs),
+        &[("p.kdl", "batch 2; max-failed 0")],
+        &[
+            ("app1", "api", "0.9"),
+            ("app2", "api", "0.9"),
+            ("app3", "api", "1.0"),
+            ("app4", "api", "0.9"),
+            ("app6", "api", "1.0"),
+        ],
+        &["app3", "app4", "app5", "app6"],
+    )
+}
+
+/// The hosts the fixture's lock was asked to lock, sorted.
+fn asked(fx: &Fixture) -> Vec<String> {
+    let lock = fx.lock_at_step.as_ref().expect("a lock");
+    let mut asked = lock.asked.lock().unwrap().clone();
+    asked.sort();
+    asked
+}
+
+#[tokio::test]
+async fn an_unread_step_is_decided_by_what_its_host_runs_once_read() {
+    let fx = farm();
+    let kinds: Vec<(String, StepKind)> = fx
+        .service("api")
+        .waves
+        .iter()
+        .flat_map(|w| &w.steps)
+        .map(|st| (st.host.to_string(), st.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("app1".to_string(), StepKind::Upgrade),
+            ("app2".to_string(), StepKind::Upgrade),
+            ("app3".to_string(), StepKind::Unread),
+            ("app4".to_string(), StepKind::Unread),
+            ("app5".to_string(), StepKind::Unread),
+            ("app6".to_string(), StepKind::Unread),
+        ]
+    );
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(ran.summary.skipped, 2, "{:?}", ran.summary);
+    assert_eq!(ran.counts(), (4, 0, 0));
+    // Nothing ran where the host already ran 1.0.
+    assert_eq!(ran.touched("api"), ["app1", "app2", "app4", "app5"]);
+    // An upgrade from what app4 ran (its old version stopped first); an install on app5.
+    assert_eq!(ran.hosts_with("stop", "api"), ["app1", "app2", "app4"]);
+    let started: Vec<(String, Option<String>)> = ran
+        .events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::StepStarted { host, from, .. } => Some((host.clone(), from.clone())),
+            _ => None,
+        })
+        .collect();
+    for (host, from) in [("app4", Some("0.9")), ("app5", None)] {
+        assert!(
+            started
+                .iter()
+                .any(|(h, f)| h == host && f.as_deref() == from),
+            "{host} started from {from:?}: {started:?}"
+        );
+    }
+    let skipped: Vec<(String, SkipReason)> = ran
+        .events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::StepSkipped { host, skip, .. } => Some((host.clone(), *skip)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("app3".to_string(), SkipReason::AtVersion),
+            ("app6".to_string(), SkipReason::AtVersion)
+        ]
+    );
+    // The unread hosts were locked at their step, each once; the others were not.
+    assert_eq!(asked(&fx), ["app3", "app4", "app5", "app6"]);
+}
+
+#[tokio::test]
+async fn a_lock_refused_at_its_step_fails_it_and_the_budget_stops_the_rest() {
+    let fx = farm();
+    if let Some(lock) = &fx.lock_at_step {
+        lock.refuse.lock().unwrap().push("app4".into());
+    }
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert_eq!(
+        ran.failed_hosts(),
+        [("app4".to_string(), "api".to_string())]
+    );
+    let (outcome, _, failed, not_started) = ran.outcome("api");
+    assert_eq!(
+        (outcome, failed, not_started),
+        (ServiceOutcome::Halted, 1, 2)
+    );
+    assert!(
+        ran.hooks_on("api", "app4").is_empty(),
+        "nothing ran on app4"
+    );
+    assert_eq!(
+        asked(&fx),
+        ["app3", "app4"],
+        "only the unread hosts stepped were locked"
+    );
+}
+
+#[tokio::test]
+async fn a_host_with_two_unread_services_is_locked_and_read_once() {
+    // app1 runs api at 1.0 already and worker at 0.9; both services stand alone.
+    let fx = fixture_unread(
+        &api_and_worker("", ""),
+        &[("app1", "app")],
+        &[],
+        &[("app1", "api", "1.0"), ("app1", "worker", "0.9")],
+        &["app1"],
+    );
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(
+        asked(&fx),
+        ["app1"],
+        "locked and read once for both services"
+    );
+    assert_eq!(ran.summary.skipped, 1);
+    assert!(ran.hooks_on("api", "app1").is_empty(), "api was converged");
+    // worker decided from the record read for api's step: an upgrade from 0.9.
+    assert_eq!(ran.hosts_with("stop", "worker"), ["app1"]);
+    let from = ran.events.iter().find_map(|(_, _, e)| match e {
+        EventKind::StepStarted { service, from, .. } if service == "worker" => Some(from.clone()),
+        _ => None,
+    });
+    assert_eq!(from, Some(Some("0.9".to_string())));
+}
+
+#[tokio::test]
+async fn a_host_that_cannot_be_read_at_its_step_is_left_alone_as_unreachable() {
+    let mut fx = farm();
+    if let Some(lock) = fx.lock_at_step.as_mut().and_then(Arc::get_mut) {
+        lock.truth.insert(
+            "app4".into(),
+            Observed::Unreachable {
+                reason: "connection refused".into(),
+            },
+        );
+    }
+    let ran = fx.run(Rules::default(), 64, true).await;
+    // Not converged, but no failure: the budget (max-failed 0) lets the rest go on.
+    assert!(!ran.summary.converged());
+    assert_eq!(ran.summary.unreachable, 1, "{:?}", ran.summary);
+    assert_eq!(ran.counts(), (3, 0, 0), "app1, app2 and app5 switched");
+    assert!(ran.hooks_on("api", "app4").is_empty());
+    assert_eq!(ran.touched("api"), ["app1", "app2", "app5"]);
+}
