@@ -50,12 +50,12 @@ fn site(fleet: &Fleet, version: &str) -> PathBuf {
     path
 }
 
-/// `deploy apply SITE --yes --max-connections 3` (with `--json`: the events on stdout,
+/// `deploy apply SITE --yes --max-connections 4` (with `--json`: the events on stdout,
 /// instead of the plan): its exit code, stdout and stderr.
 fn apply(fleet: &Fleet, site: &Path, json: bool) -> (Option<i32>, String, String) {
     let mut cmd = support::cli::deploy_in(&fleet.dir);
     cmd.args(["apply", site.to_str().expect("utf-8"), "--yes"])
-        .args(["--max-connections", "3"]);
+        .args(["--max-connections", "4"]);
     if json {
         cmd.arg("--json");
     }
@@ -124,14 +124,14 @@ fn hosts_over_the_cap_are_read_at_their_step_each_connected_once() {
     let fleet = fleet();
     let site_1 = site(&fleet, "1.0");
 
-    // A fresh fleet: the three hosts stepped first are read before the run, the three others
+    // A fresh fleet: the four hosts stepped first are read before the run, the two others
     // at their step; each is connected once, and every one is installed. (n1, locked first,
-    // keeps its connection, one of the three, until its lock is given back at the end.)
+    // keeps its connection, one of the four, until its lock is given back at the end.)
     let before = accepted(&fleet);
     let (code, stdout, stderr) = apply(&fleet, &site_1, false);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("3 hosts not read before the run"),
+        stdout.contains("2 hosts not read before the run"),
         "the plan says which hosts are read at their step:\n{stdout}"
     );
     assert_eq!(
@@ -158,7 +158,7 @@ fn hosts_over_the_cap_are_read_at_their_step_each_connected_once() {
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let ev = events(&stdout);
     let skipped = hosts_with(&ev, "step-skipped", Some("at-version"));
-    assert_eq!(skipped.len(), 3, "{stdout}");
+    assert_eq!(skipped.len(), 2, "{stdout}");
     assert!(hosts_with(&ev, "step-started", None).is_empty(), "{stdout}");
     assert_eq!(since(&accepted(&fleet), &before), vec![1; HOSTS]);
     for host in fleet.names() {
@@ -260,7 +260,7 @@ fn the_first_host_stays_locked_until_the_run_ends_so_a_second_run_is_refused() {
     std::fs::write(&site_1, text).expect("write site");
     let mut run = support::cli::deploy_in(&fleet.dir)
         .args(["apply", site_1.to_str().expect("utf-8"), "--yes"])
-        .args(["--max-connections", "3"])
+        .args(["--max-connections", "4"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -286,7 +286,7 @@ fn the_first_host_stays_locked_until_the_run_ends_so_a_second_run_is_refused() {
         std::fs::copy(fleet.dir.join(file), other.join(file)).expect("copy");
     }
     let out = support::cli::deploy_in(&other)
-        .args(["apply", "site.kdl", "--yes", "--max-connections", "3"])
+        .args(["apply", "site.kdl", "--yes", "--max-connections", "4"])
         .output()
         .expect("run deploy");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -299,5 +299,29 @@ fn the_first_host_stays_locked_until_the_run_ends_so_a_second_run_is_refused() {
             !lock_dir(&fleet, host).exists(),
             "{host}: its lock given back"
         );
+    }
+}
+
+#[test]
+fn when_the_first_host_does_not_answer_every_host_is_read_before_the_run() {
+    let fleet = fleet();
+    let site_1 = site(&fleet, "1.0");
+    fleet.kill_host("n1");
+    let before = accepted(&fleet);
+    let (code, stdout, stderr) = apply(&fleet, &site_1, false);
+    // n1 is left alone (not locked), so the run does not converge.
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("note: n1 does not answer: every host is locked and read before the run"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("not read before the run"), "{stdout}");
+    assert!(!stdout.contains("read at its step"), "{stdout}");
+    // n5 and n6, beyond the cap's worth kept, were read before the run and connected again
+    // for their steps (read at their steps, they would have been connected once).
+    let counts = since(&accepted(&fleet), &before);
+    assert!(counts[4] >= 2 && counts[5] >= 2, "{counts:?}");
+    for host in ["n2", "n3", "n4", "n5", "n6"] {
+        assert_eq!(hooks(&fleet, host).len(), 2, "{host} installed");
     }
 }

@@ -25,6 +25,7 @@ pub struct Links<T: Transport> {
     freed: Notify,
     /// Links being handed back, not yet closed or parked: they count against `max`.
     handing_back: AtomicUsize,
+    /// Tasks [`Links::close_all`] waits for: hand-backs, and connections opened ahead.
     handbacks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -111,14 +112,23 @@ impl<T: Transport> Links<T> {
             let parked = self.transport.idle(&skip);
             open.len() + self.handing_back.load(Ordering::SeqCst) + parked + reserve < self.max
         };
-        if has_room && self.slot(&target.name, false).is_some() {
-            let links = self.clone();
-            tokio::spawn(async move {
-                let _ = links.get(&target).await;
-                // The link is idle now: a step waiting for a slot may evict it.
-                links.freed.notify_waiters();
-            });
+        if !has_room {
+            return;
         }
+        let Some((cell, _)) = self.slot(&target.name, false) else {
+            return;
+        };
+        let links = self.clone();
+        let handle = tokio::spawn(async move {
+            // Into the cell taken above: it never waits for a slot, and [`Links::close_all`]
+            // finds the link in it (it waits for this task first).
+            let _ = links.fill(&cell, &target).await;
+            // The link is idle now: a step waiting for a slot may evict it.
+            links.freed.notify_waiters();
+        });
+        let mut tasks = self.handbacks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.retain(|h| !h.is_finished());
+        tasks.push(handle);
     }
 
     /// The host needs no more commands: hand its link back, in the background.

@@ -133,6 +133,7 @@ impl Session {
                 .services
                 .iter()
                 .any(|s| matches!(s.policy.pause, crate::site::Pause::Confirm));
+        let mut anchor = None;
         if streaming {
             let selected = crate::plan::first_hosts(site, hosts, selection);
             let mut first: HashSet<HostId> = selected
@@ -148,6 +149,7 @@ impl Session {
                 .min_by(|a, b| hosts.hosts[*a].name.cmp(&hosts.hosts[*b].name))
             {
                 first.insert(h);
+                anchor = Some(hosts.hosts[h].name.to_string());
             }
             // Hosts selected for no service are not stepped: read as always.
             let selected: HashSet<HostId> = selected.into_iter().collect();
@@ -207,10 +209,42 @@ impl Session {
             .fenced(fence)
             .keeping(keep),
         );
-        let taken = self
+        let mut taken = self
             .runtime
             .block_on(fleet.acquire(&me, self.break_lock))
             .map_err(refused)?;
+        // The first host by name did not answer: this run cannot hold it, and another run
+        // that finds it answering would start on it. No host is left unread then.
+        if self.unread.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && fleet.first_taken() != anchor
+        {
+            let unread: Vec<Target> = hosts
+                .hosts
+                .iter()
+                .zip(&known)
+                .filter(|(_, k)| matches!(k, Some(Observed::Unread)))
+                .map(|(h, _)| Target {
+                    name: h.name.to_string(),
+                    address: h.address.to_string(),
+                })
+                .collect();
+            self.say(&format!(
+                "note: {} does not answer: every host is locked and read before the run",
+                anchor.as_deref().unwrap_or("the first host")
+            ));
+            let more = self
+                .runtime
+                .block_on(fleet.acquire_also(&unread, &me, self.break_lock))
+                .map_err(refused)?;
+            taken.broken.extend(more.broken);
+            taken.unreachable.extend(more.unreachable);
+            for k in known.iter_mut() {
+                if matches!(k, Some(Observed::Unread)) {
+                    *k = None;
+                }
+            }
+            self.unread.store(0, std::sync::atomic::Ordering::SeqCst);
+        }
         // Links kept from here on are those the lock parked: no stage after it parks more.
         transport.stop_keeping();
         self.report_broken(&taken.broken);

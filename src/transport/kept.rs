@@ -65,10 +65,10 @@ impl<T: Transport> Kept<T> {
     }
 
     /// Parks `host`'s link whenever it is handed back, even over the cap: it counts against
-    /// the cap while parked, and is not closed to make room (a step waits for another link
-    /// to be handed back instead). Not under a cap of one, which it would fill.
+    /// the cap while parked, and is closed to make room only when no other parked link can
+    /// be. Not under a cap below 4, where that one link would take too large a share.
     pub fn hold(&self, host: Option<String>) {
-        if self.cap > 1 {
+        if self.cap >= 4 {
             *self.hold.lock().unwrap_or_else(|p| p.into_inner()) = host;
         }
     }
@@ -211,12 +211,17 @@ impl<T: Transport> Transport for Kept<T> {
         }
         let held = self.hold.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut parked = self.lock();
-        // The one whose step is expected last; never the one held to the end.
+        // The one whose step is expected last; the one held to the end only if none else.
         let keep = self.keep();
         let host = parked
             .iter()
-            .filter(|(h, l)| l.is_ok() && !skip(h) && held.as_deref() != Some(h.as_str()))
-            .max_by_key(|(h, _)| keep.get(h.as_str()).map_or(usize::MAX, |(rank, _)| *rank))
+            .filter(|(h, l)| l.is_ok() && !skip(h))
+            .max_by_key(|(h, _)| {
+                (
+                    held.as_deref() != Some(h.as_str()),
+                    keep.get(h.as_str()).map_or(usize::MAX, |(rank, _)| *rank),
+                )
+            })
             .map(|(h, _)| h.clone())?;
         parked.remove(&host)?.ok()
     }

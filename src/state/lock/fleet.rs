@@ -316,42 +316,33 @@ impl<T: Transport> FleetLock<T> {
     }
 }
 
-impl<T: Transport> Lock for FleetLock<T> {
-    async fn acquire(&self, me: &Holder, force: bool) -> Result<Taken, LockError> {
-        let mut taken = Taken::default();
-        let mut rest = self.hosts.iter();
-        // The first host that answers, alone: whoever gets it may go on to the others.
-        for target in rest.by_ref() {
-            match self.take_host(target, me, force).await {
-                HostLock::Taken(broken) => {
-                    self.lock_taken().push(target.clone());
-                    *self.first.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(target.name.clone());
-                    taken.broken.extend(broken);
-                    break;
-                }
-                HostLock::Unreachable(reason) => {
-                    taken.unreachable.push((target.name.clone(), reason));
-                }
-                HostLock::Held(holder) => {
-                    return Err(LockError::Held {
-                        place: format!("host {}", target.name),
-                        holder: holder.map(Box::new),
-                    })
-                }
-                HostLock::Failed(reason) => {
-                    return Err(LockError::Failed {
-                        place: format!("host {}", target.name),
-                        reason,
-                    })
-                }
-            }
-        }
+impl<T: Transport> FleetLock<T> {
+    /// Locks `targets` too, all at once, once the first host is held (a run that meant to
+    /// leave them unread until their steps, and cannot: see `Session::lock`); their reads
+    /// join the others'. A refusal gives back every host taken, these and the earlier ones.
+    pub async fn acquire_also(
+        &self,
+        targets: &[Target],
+        me: &Holder,
+        force: bool,
+    ) -> Result<Taken, LockError> {
+        self.take_rest(targets.iter().collect(), me, force, Taken::default())
+            .await
+    }
+
+    /// Locks `rest` all at once, at most the cap's worth at a time, adding to `taken`.
+    async fn take_rest(
+        &self,
+        rest: Vec<&Target>,
+        me: &Holder,
+        force: bool,
+        mut taken: Taken,
+    ) -> Result<Taken, LockError> {
         // The hosts whose links are kept come last, each keeping its permit: the gate is
         // fair, so every other host has asked for one before them and none waits for ever.
         // Links parked by the hosts tried alone (whatever their lock's outcome) hold theirs.
         let (mut rest, keep): (Vec<&Target>, Vec<&Target>) =
-            rest.partition(|t| !self.keep.contains(&t.name));
+            rest.into_iter().partition(|t| !self.keep.contains(&t.name));
         rest.extend(keep);
         let room = crate::transport::room(&*self.transport, self.max_connections).await;
         let gate = Arc::new(tokio::sync::Semaphore::new(room));
@@ -395,6 +386,41 @@ impl<T: Transport> Lock for FleetLock<T> {
             Some(error) => Err(self.give_back(me, error).await),
             None => Ok(taken),
         }
+    }
+}
+
+impl<T: Transport> Lock for FleetLock<T> {
+    async fn acquire(&self, me: &Holder, force: bool) -> Result<Taken, LockError> {
+        let mut taken = Taken::default();
+        let mut rest = self.hosts.iter();
+        // The first host that answers, alone: whoever gets it may go on to the others.
+        for target in rest.by_ref() {
+            match self.take_host(target, me, force).await {
+                HostLock::Taken(broken) => {
+                    self.lock_taken().push(target.clone());
+                    *self.first.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(target.name.clone());
+                    taken.broken.extend(broken);
+                    break;
+                }
+                HostLock::Unreachable(reason) => {
+                    taken.unreachable.push((target.name.clone(), reason));
+                }
+                HostLock::Held(holder) => {
+                    return Err(LockError::Held {
+                        place: format!("host {}", target.name),
+                        holder: holder.map(Box::new),
+                    })
+                }
+                HostLock::Failed(reason) => {
+                    return Err(LockError::Failed {
+                        place: format!("host {}", target.name),
+                        reason,
+                    })
+                }
+            }
+        }
+        self.take_rest(rest.collect(), me, force, taken).await
     }
 
     async fn release(&self, me: &Holder) -> Result<(), LockError> {
