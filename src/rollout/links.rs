@@ -123,7 +123,9 @@ impl<T: Transport> Links<T> {
             // Into the cell taken above: it never waits for a slot, and [`Links::close_all`]
             // finds the link in it (it waits for this task first).
             let _ = links.fill(&cell, &target).await;
-            // The link is idle now: a step waiting for a slot may evict it.
+            // The link is idle now, once this task lets go of its cell: a step waiting for a
+            // slot may evict it.
+            drop(cell);
             links.freed.notify_waiters();
         });
         let mut tasks = self.handbacks.lock().unwrap_or_else(|p| p.into_inner());

@@ -198,46 +198,42 @@ impl Session {
         transport.keep_for_steps(keep.clone());
         let state_dir = site.platform.host_state_dir();
         // Each host's state file is read in the same command that locks it.
-        let fleet = Arc::new(
-            FleetLock::new(
-                transport.clone(),
-                targets.clone(),
-                &state_dir,
-                self.max_connections,
-            )
-            .reading(crate::state::read_script(&state_dir))
-            .fenced(fence)
-            .keeping(keep),
-        );
-        let mut taken = self
+        let mut fleet = FleetLock::new(
+            transport.clone(),
+            targets.clone(),
+            &state_dir,
+            self.max_connections,
+        )
+        .reading(crate::state::read_script(&state_dir))
+        .fenced(fence)
+        .keeping(keep);
+        // Hosts left unread are tried with the others for the first host, taken alone: the
+        // same first host for every run of the site, whatever it leaves unread.
+        let unread: Vec<Target> = hosts
+            .hosts
+            .iter()
+            .zip(&known)
+            .filter(|(_, k)| matches!(k, Some(Observed::Unread)))
+            .map(|(h, _)| Target {
+                name: h.name.to_string(),
+                address: h.address.to_string(),
+            })
+            .collect();
+        if let (Some(anchor), false) = (&anchor, unread.is_empty()) {
+            fleet = fleet.unless_first(anchor.clone(), unread);
+        }
+        let fleet = Arc::new(fleet);
+        let taken = self
             .runtime
             .block_on(fleet.acquire(&me, self.break_lock))
             .map_err(refused)?;
         // The first host by name did not answer: this run cannot hold it, and another run
-        // that finds it answering would start on it. No host is left unread then.
-        if self.unread.load(std::sync::atomic::Ordering::SeqCst) > 0
-            && fleet.first_taken() != anchor
-        {
-            let unread: Vec<Target> = hosts
-                .hosts
-                .iter()
-                .zip(&known)
-                .filter(|(_, k)| matches!(k, Some(Observed::Unread)))
-                .map(|(h, _)| Target {
-                    name: h.name.to_string(),
-                    address: h.address.to_string(),
-                })
-                .collect();
+        // that finds it answering would start on it. No host was left unread then.
+        if fleet.read_all() {
             self.say(&format!(
                 "note: {} does not answer: every host is locked and read before the run",
                 anchor.as_deref().unwrap_or("the first host")
             ));
-            let more = self
-                .runtime
-                .block_on(fleet.acquire_also(&unread, &me, self.break_lock))
-                .map_err(refused)?;
-            taken.broken.extend(more.broken);
-            taken.unreachable.extend(more.unreachable);
             for k in known.iter_mut() {
                 if matches!(k, Some(Observed::Unread)) {
                     *k = None;

@@ -18,6 +18,11 @@ pub struct FleetLock<T> {
     taken: Mutex<Vec<Target>>,
     /// The host taken first, alone (see [`Lock::acquire`]).
     first: Mutex<Option<String>>,
+    /// Hosts left unread until their steps, unless the host taken first is not the one named
+    /// ([`FleetLock::unless_first`]).
+    unless_first: Option<(String, Vec<Target>)>,
+    /// Those hosts were locked (and read) with the others.
+    read_all: std::sync::atomic::AtomicBool,
     /// Hosts whose lock command was sent and whose answer was lost: it may have taken the
     /// lock there. Released too, quietly (the release removes only this run's own lock).
     unsure: Mutex<Vec<Target>>,
@@ -61,6 +66,8 @@ impl<T: Transport> FleetLock<T> {
             max_connections: max_connections.max(1),
             taken: Mutex::new(Vec::new()),
             first: Mutex::new(None),
+            unless_first: None,
+            read_all: std::sync::atomic::AtomicBool::new(false),
             unsure: Mutex::new(Vec::new()),
             read: None,
             reads: Mutex::new(HashMap::new()),
@@ -104,6 +111,22 @@ impl<T: Transport> FleetLock<T> {
     /// way are then handed to [`FleetLock::released`].
     pub fn release_text(&self, me: &Holder) -> String {
         release_body(&self.state_dir, &self.dir(), &me.json(), me.pid)
+    }
+
+    /// `unread`: hosts this run means to lock at their steps. They are tried in name order
+    /// with the others for the first host, taken alone; if that is not `anchor` (the first
+    /// host of the whole inventory by name, which every run of the site asks for first, did
+    /// not answer), this run cannot hold it, and they are locked and read with the others,
+    /// as if never left out ([`FleetLock::read_all`]).
+    pub fn unless_first(mut self, anchor: String, mut unread: Vec<Target>) -> Self {
+        unread.sort_by(|a, b| a.name.cmp(&b.name));
+        self.unless_first = Some((anchor, unread));
+        self
+    }
+
+    /// The hosts given to [`FleetLock::unless_first`] were locked and read with the others.
+    pub fn read_all(&self) -> bool {
+        self.read_all.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The host the lock took first, alone, once it was taken.
@@ -317,19 +340,6 @@ impl<T: Transport> FleetLock<T> {
 }
 
 impl<T: Transport> FleetLock<T> {
-    /// Locks `targets` too, all at once, once the first host is held (a run that meant to
-    /// leave them unread until their steps, and cannot: see `Session::lock`); their reads
-    /// join the others'. A refusal gives back every host taken, these and the earlier ones.
-    pub async fn acquire_also(
-        &self,
-        targets: &[Target],
-        me: &Holder,
-        force: bool,
-    ) -> Result<Taken, LockError> {
-        self.take_rest(targets.iter().collect(), me, force, Taken::default())
-            .await
-    }
-
     /// Locks `rest` all at once, at most the cap's worth at a time, adding to `taken`.
     async fn take_rest(
         &self,
@@ -392,7 +402,10 @@ impl<T: Transport> FleetLock<T> {
 impl<T: Transport> Lock for FleetLock<T> {
     async fn acquire(&self, me: &Holder, force: bool) -> Result<Taken, LockError> {
         let mut taken = Taken::default();
-        let mut rest = self.hosts.iter();
+        let unread: &[Target] = self.unless_first.as_ref().map_or(&[], |(_, u)| u);
+        let mut all: Vec<&Target> = self.hosts.iter().chain(unread).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut rest = all.into_iter();
         // The first host that answers, alone: whoever gets it may go on to the others.
         for target in rest.by_ref() {
             match self.take_host(target, me, force).await {
@@ -420,7 +433,21 @@ impl<T: Transport> Lock for FleetLock<T> {
                 }
             }
         }
-        self.take_rest(rest.collect(), me, force, taken).await
+        let first = self.first_taken();
+        let read_all = self
+            .unless_first
+            .as_ref()
+            .is_some_and(|(anchor, _)| first.as_ref() != Some(anchor));
+        self.read_all
+            .store(read_all, std::sync::atomic::Ordering::SeqCst);
+        let rest: Vec<&Target> = if read_all {
+            rest.collect()
+        } else {
+            let left: std::collections::HashSet<&str> =
+                unread.iter().map(|t| t.name.as_str()).collect();
+            rest.filter(|t| !left.contains(t.name.as_str())).collect()
+        };
+        self.take_rest(rest, me, force, taken).await
     }
 
     async fn release(&self, me: &Holder) -> Result<(), LockError> {
