@@ -169,16 +169,7 @@ impl Session {
             self.unread
                 .store(unread, std::sync::atomic::Ordering::SeqCst);
         }
-        let targets: Vec<Target> = hosts
-            .hosts
-            .iter()
-            .zip(&known)
-            .filter(|(_, k)| k.is_none())
-            .map(|(h, _)| Target {
-                name: h.name.to_string(),
-                address: h.address.to_string(),
-            })
-            .collect();
+        let targets = targets_where(hosts, &known, Option::is_none);
         // Every connection at once, before the lock takes its first host alone.
         self.runtime.block_on(transport.warm(&targets));
         // Over the cap, the links of the hosts stepped first are kept from their lock to their
@@ -209,16 +200,7 @@ impl Session {
         .keeping(keep);
         // Hosts left unread are tried with the others for the first host, taken alone: the
         // same first host for every run of the site, whatever it leaves unread.
-        let unread: Vec<Target> = hosts
-            .hosts
-            .iter()
-            .zip(&known)
-            .filter(|(_, k)| matches!(k, Some(Observed::Unread)))
-            .map(|(h, _)| Target {
-                name: h.name.to_string(),
-                address: h.address.to_string(),
-            })
-            .collect();
+        let unread = targets_where(hosts, &known, |k| matches!(k, Some(Observed::Unread)));
         if let (Some(anchor), false) = (&anchor, unread.is_empty()) {
             fleet = fleet.unless_first(anchor.clone(), unread);
         }
@@ -503,17 +485,8 @@ impl crate::rollout::LockAtStep<RunLink> for AtStep {
     {
         Box::pin(async move {
             let (observed, broken) = self.fleet.lock_at_step(link, host, &self.me).await?;
-            if let Some(b) = broken {
-                let whose = b
-                    .holder
-                    .as_ref()
-                    .map_or("a lock whose holder cannot be read".into(), |h| {
-                        format!("the lock of {}", h.describe())
-                    });
-                (self.say)(&format!(
-                    "took over {whose}: its process is gone ({})",
-                    b.place
-                ));
+            for line in broken_lines(broken.as_slice()) {
+                (self.say)(&line);
             }
             Ok(observed)
         })
@@ -567,17 +540,46 @@ impl Session {
 impl Session {
     /// Locks that were taken over or broken, one line per holder.
     fn report_broken(&self, broken: &[Broken]) {
-        let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
-        for b in broken {
-            match seen
-                .iter_mut()
-                .find(|(h, s, _)| *h == &b.holder && *s == b.stale)
-            {
-                Some((_, _, places)) => places.push(&b.place),
-                None => seen.push((&b.holder, b.stale, vec![&b.place])),
-            }
+        for line in broken_lines(broken) {
+            self.say(&line);
         }
-        for (holder, stale, places) in seen {
+    }
+}
+
+/// The hosts whose entry in `known` (what is known of each without reading it) is `pick`ed,
+/// as targets.
+fn targets_where(
+    hosts: &Hosts,
+    known: &[Option<Observed>],
+    pick: impl Fn(&Option<Observed>) -> bool,
+) -> Vec<Target> {
+    hosts
+        .hosts
+        .iter()
+        .zip(known)
+        .filter(|(_, k)| pick(k))
+        .map(|(h, _)| Target {
+            name: h.name.to_string(),
+            address: h.address.to_string(),
+        })
+        .collect()
+}
+
+/// What the operator is told of the locks `broken` (taken over from a dead holder, or broken
+/// with `--break-lock`): a line per holder, with the places its locks were.
+fn broken_lines(broken: &[Broken]) -> Vec<String> {
+    let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
+    for b in broken {
+        match seen
+            .iter_mut()
+            .find(|(h, s, _)| *h == &b.holder && *s == b.stale)
+        {
+            Some((_, _, places)) => places.push(&b.place),
+            None => seen.push((&b.holder, b.stale, vec![&b.place])),
+        }
+    }
+    seen.into_iter()
+        .map(|(holder, stale, places)| {
             let whose = holder
                 .as_ref()
                 .map_or("a lock whose holder cannot be read".into(), |h| {
@@ -589,12 +591,10 @@ impl Session {
                 places.join(", ")
             };
             if stale {
-                self.say(&format!(
-                    "took over {whose}: its process is gone ({places})"
-                ));
+                format!("took over {whose}: its process is gone ({places})")
             } else {
-                self.say(&format!("--break-lock: broke {whose} ({places})"));
+                format!("--break-lock: broke {whose} ({places})")
             }
-        }
-    }
+        })
+        .collect()
 }
