@@ -46,11 +46,20 @@ pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostI
 
 /// Per host: whether `deploy apply` may leave it unread until its first step (level 2 of
 /// "connecting each host once", over `--max-connections`). A host may be when every service
-/// of its classes needs no other service and no service needs it: then no part of the plan
-/// but that service's step on that host is made from the host's state (see [`planned_from`]),
-/// and that step can be decided once the host is read ([`super::decide`]).
+/// of its classes needs no other service, no service needs it, and its policy has no canary
+/// and no `wave-max-failed`: then no part of the plan but that service's step on that host is
+/// made from the host's state (see [`planned_from`]), that step can be decided once the host
+/// is read ([`super::decide`]), and no wave's meaning depends on which of its hosts change.
 pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
-    let mut alone = vec![true; site.services.len()];
+    // A canary, or a wave's own failure budget, is about the hosts that change: a wave padded
+    // with hosts found converged at their step would hold no real change in its canary, and
+    // would judge its failures against hosts that had nothing to do. Such services are read
+    // before the run.
+    let mut alone: Vec<bool> = site
+        .services
+        .iter()
+        .map(|s| s.policy.canary == 0 && s.policy.wave_max_failed.is_none())
+        .collect();
     for service in &site.services {
         for need in &service.needs {
             alone[need.service] = false;
@@ -156,17 +165,25 @@ mod tests {
             "platform \"p\" { transport \"local\"; inventory \"static\" {\n\
              host \"e1\" address=\"10.0.0.1\" class=\"edge\"\n\
              host \"w1\" address=\"10.0.0.2\" class=\"web\"\n\
-             host \"d1\" address=\"10.0.0.3\" class=\"db\"\n} }",
+             host \"d1\" address=\"10.0.0.3\" class=\"db\"\n\
+             host \"c1\" address=\"10.0.0.4\" class=\"probe\"\n\
+             host \"m1\" address=\"10.0.0.5\" class=\"meter\"\n} }",
         );
+        w("canary.kdl", "policy \"canary\" { canary 1 }\n");
+        w("wave.kdl", "policy \"wave\" { wave-max-failed 1 }\n");
         w(
             "site.kdl",
             "site \"s\" { version \"1\"; platform \"platform.kdl\" }\n\
              class \"edge\" { service \"agent\" }\n\
              class \"web\" { service \"agent\"; service \"front\" }\n\
              class \"db\" { service \"db\" }\n\
+             class \"probe\" { service \"probe\" }\n\
+             class \"meter\" { service \"meter\" }\n\
              service \"agent\" { start \"run\" }\n\
              service \"front\" { port 80; start \"run\"; needs \"db\" }\n\
-             service \"db\" { port 82; start \"run\" }\n",
+             service \"db\" { port 82; start \"run\" }\n\
+             service \"probe\" { start \"run\"; policy \"canary.kdl\" }\n\
+             service \"meter\" { start \"run\"; policy \"wave.kdl\" }\n",
         );
         let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
         let hosts = crate::inventory::resolve(&site).expect("hosts");
@@ -182,5 +199,8 @@ mod tests {
         assert_eq!(want("e1"), Some(true));
         assert_eq!(want("w1"), Some(false));
         assert_eq!(want("d1"), Some(false));
+        // Alone, but with a canary, or a wave's own failure budget: no.
+        assert_eq!(want("c1"), Some(false));
+        assert_eq!(want("m1"), Some(false));
     }
 }

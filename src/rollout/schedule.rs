@@ -513,6 +513,9 @@ impl<T: Transport> Scheduler<T> {
             read: self.hosts[h].read,
             lock: self.r.lock_at_step.clone(),
         });
+        // A host that did not answer at an earlier unread step is left alone for the rest of
+        // the run, as one that does not answer before it is.
+        let gone = unread.is_some() && self.unreachable_hosts.contains(&h);
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
         let cancel = self.r.cancel.clone();
         let service = sp.name.clone();
@@ -532,6 +535,12 @@ impl<T: Transport> Scheduler<T> {
             if !unread_step {
                 started(&job);
             }
+            if gone {
+                let why = "it did not answer at an earlier step of this run";
+                step::log_line(&job.log, &format!("== connect: {why}"));
+                links.step_done();
+                return (s, w, i, unread::unreachable(job.record, why.into()));
+            }
             let result = match links.get(&target).await {
                 Ok(link) => {
                     let job = match unread {
@@ -539,6 +548,20 @@ impl<T: Transport> Scheduler<T> {
                         None => Ok(job),
                     };
                     match job {
+                        // Locked and read as the run was being stopped: nothing starts now
+                        // (a step already running before the stop goes on).
+                        Ok(job) if unread_step && cancel.stopping() => {
+                            step::log_line(&job.log, "== not started: the run is stopping");
+                            StepResult {
+                                record: job.record,
+                                failed_hook: None,
+                                reason: None,
+                                rolled_back: false,
+                                released: false,
+                                skipped: None,
+                                not_started: true,
+                            }
+                        }
                         Ok(job) => {
                             if unread_step {
                                 started(&job);
@@ -563,6 +586,7 @@ impl<T: Transport> Scheduler<T> {
                         rolled_back: false,
                         released: false,
                         skipped: None,
+                        not_started: false,
                     }
                 }
             };

@@ -497,6 +497,7 @@ fn fixture_unread(
                 truth,
                 refuse: Mutex::default(),
                 asked: Mutex::default(),
+                stop_at: Mutex::default(),
             })
         }),
     }

@@ -150,5 +150,6 @@ fn ended(
         rolled_back: false,
         released,
         skipped,
+        not_started: false,
     }
 }

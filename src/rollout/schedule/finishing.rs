@@ -46,6 +46,7 @@ impl<T: Transport> Scheduler<T> {
             rolled_back: false,
             released: false,
             skipped: None,
+            not_started: false,
         }
     }
 
@@ -62,6 +63,8 @@ impl<T: Transport> Scheduler<T> {
         let skipped = result.skipped.clone();
         let ok = result.ok();
         match skipped.clone() {
+            // Never said to have started: nothing to say of its end either.
+            _ if result.not_started => {}
             Some((skip, reason)) => self.emit(EventKind::StepSkipped {
                 service: sp.name.clone(),
                 host: st.host.to_string(),
@@ -108,6 +111,7 @@ impl<T: Transport> Scheduler<T> {
             open.failed += usize::from(!ok);
         }
         match skipped {
+            _ if result.not_started => svc.not_started += 1,
             Some((SkipReason::Unreachable, _)) => {
                 svc.unreachable += 1;
                 host.broken.insert(s);

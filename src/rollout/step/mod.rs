@@ -64,6 +64,9 @@ pub struct StepResult {
     /// An unread step that ran nothing once its host was read: why (`AtVersion`: it already
     /// runs what the site says; `Unreachable`: it could not be read, and why).
     pub skipped: Option<(crate::plan::SkipReason, Option<String>)>,
+    /// An unread step whose host was locked and read as the run was being stopped: nothing
+    /// ran, and it counts as not started (its lock is given back with the run's).
+    pub not_started: bool,
 }
 
 impl StepResult {
@@ -102,6 +105,7 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
                 rolled_back: false,
                 released: step.released,
                 skipped: None,
+                not_started: false,
             }
         }
         Err((hook, reason)) => step.fail(hook, reason).await,
@@ -569,6 +573,7 @@ impl<L: Link> Running<'_, L> {
             rolled_back,
             released: false,
             skipped: None,
+            not_started: false,
         }
     }
 }

@@ -14,6 +14,8 @@ pub(super) struct FakeLock {
     pub refuse: Mutex<Vec<String>>,
     /// The hosts it was asked to lock, in order.
     pub asked: Mutex<Vec<String>>,
+    /// Asked to lock this host, it stops the run first (as a first Ctrl-C would then).
+    pub stop_at: Mutex<Option<(String, crate::rollout::Cancel)>>,
 }
 
 impl crate::rollout::LockAtStep<FakeLink> for FakeLock {
@@ -24,6 +26,11 @@ impl crate::rollout::LockAtStep<FakeLink> for FakeLock {
     ) -> Pin<Box<dyn Future<Output = Result<Observed, String>> + Send + 'a>> {
         Box::pin(async move {
             self.asked.lock().unwrap().push(host.name.clone());
+            if let Some((at, cancel)) = &*self.stop_at.lock().unwrap() {
+                if *at == host.name {
+                    cancel.raise(crate::rollout::Level::Stop, "SIGINT");
+                }
+            }
             if self.refuse.lock().unwrap().contains(&host.name) {
                 return Err("locked by another run".into());
             }
@@ -204,4 +211,89 @@ async fn a_host_that_cannot_be_read_at_its_step_is_left_alone_as_unreachable() {
     assert_eq!(ran.counts(), (3, 0, 0), "app1, app2 and app5 switched");
     assert!(ran.hooks_on("api", "app4").is_empty());
     assert_eq!(ran.touched("api"), ["app1", "app2", "app5"]);
+}
+
+#[tokio::test]
+async fn a_host_read_as_the_run_is_stopped_is_not_started() {
+    // One host at a time; app3 and app4 unread, app4 locked and read as the run is stopped.
+    let hs = hosts("app", "app", 6);
+    let fx = fixture_unread(
+        &format!(
+            "class \"app\" {{ service \"api\" }}\n{}",
+            svc("api", "policy \"p.kdl\"")
+        ),
+        &host_refs(&hs),
+        &[("p.kdl", "batch 1; max-failed 0")],
+        &[
+            ("app1", "api", "0.9"),
+            ("app2", "api", "0.9"),
+            ("app4", "api", "0.9"),
+        ],
+        &["app3", "app4", "app5", "app6"],
+    );
+    let cancel = crate::rollout::Cancel::new();
+    if let Some(lock) = &fx.lock_at_step {
+        *lock.stop_at.lock().unwrap() = Some(("app4".into(), cancel.clone()));
+    }
+    let ran = fx.run_cancel(Rules::default(), 64, true, cancel).await;
+    // Locked and read, then nothing: no step said to start, no hook run on it.
+    assert!(
+        ran.hooks_on("api", "app4").is_empty(),
+        "nothing ran on app4"
+    );
+    assert!(
+        !ran.events.iter().any(|(_, _, e)| matches!(
+            e,
+            EventKind::StepStarted { host, .. } | EventKind::StepFinished { host, .. }
+                if host == "app4"
+        )),
+        "app4 neither started nor finished"
+    );
+    assert_eq!(ran.touched("api"), ["app1", "app2", "app3"]);
+    let (_, succeeded, failed, not_started) = ran.outcome("api");
+    assert_eq!(
+        (succeeded, failed, not_started),
+        (3, 0, 3),
+        "app4, app5 and app6 not started"
+    );
+    assert_eq!(asked(&fx), ["app3", "app4"]);
+}
+
+#[tokio::test]
+async fn a_host_that_did_not_answer_at_one_step_is_left_alone_at_the_next() {
+    // app1 runs api and worker, both unread; it does not answer when api's step reads it.
+    let mut fx = fixture_unread(
+        &api_and_worker("", ""),
+        &[("app1", "app")],
+        &[],
+        &[("app1", "api", "0.9"), ("app1", "worker", "0.9")],
+        &["app1"],
+    );
+    if let Some(lock) = fx.lock_at_step.as_mut().and_then(Arc::get_mut) {
+        lock.truth.insert(
+            "app1".into(),
+            Observed::Unreachable {
+                reason: "connection refused".into(),
+            },
+        );
+    }
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert_eq!(asked(&fx), ["app1"], "tried once, not again for worker");
+    assert!(ran.hooks_on("worker", "app1").is_empty());
+    assert!(ran.hooks_on("api", "app1").is_empty());
+    let skipped: Vec<(String, SkipReason)> = ran
+        .events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::StepSkipped { service, skip, .. } => Some((service.clone(), *skip)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("api".to_string(), SkipReason::Unreachable),
+            ("worker".to_string(), SkipReason::Unreachable)
+        ]
+    );
 }

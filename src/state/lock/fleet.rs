@@ -251,7 +251,13 @@ impl<T: Transport> FleetLock<T> {
     ) -> Result<(crate::state::Observed, Option<Broken>), String> {
         match self.take_on(link, target, me, false).await {
             HostLock::Taken(broken) => {
-                self.lock_taken().push(target.clone());
+                // Once, however many of its services' steps lock it (each finds it ours).
+                {
+                    let mut taken = self.lock_taken();
+                    if !taken.iter().any(|t| t.name == target.name) {
+                        taken.push(target.clone());
+                    }
+                }
                 let read = self
                     .reads
                     .lock()
@@ -451,16 +457,23 @@ impl<T: Transport> Lock for FleetLock<T> {
     }
 
     async fn release(&self, me: &Holder) -> Result<(), LockError> {
-        let hosts: Vec<Target> = std::mem::take(&mut *self.lock_taken());
+        let mut hosts: Vec<Target> = std::mem::take(&mut *self.lock_taken());
         let unsure: Vec<Target> =
             std::mem::take(&mut *self.unsure.lock().unwrap_or_else(|p| p.into_inner()));
         if hosts.is_empty() && unsure.is_empty() {
             return Ok(());
         }
+        // The host every run of the site locks first, alone, is given back last: a run that
+        // takes it finds none of this run's other locks left.
+        let first = self.first_taken();
+        let last: Vec<Target> = match hosts.iter().position(|t| Some(&t.name) == first.as_ref()) {
+            Some(i) => vec![hosts.remove(i)],
+            None => Vec::new(),
+        };
         let room = crate::transport::room(&*self.transport, self.max_connections).await;
         let gate = Arc::new(tokio::sync::Semaphore::new(room));
         let all = hosts.iter().map(|t| (t, true));
-        let results = futures_all(all.chain(unsure.iter().map(|t| (t, false))).map(
+        let mut results = futures_all(all.chain(unsure.iter().map(|t| (t, false))).map(
             |(target, held)| {
                 let gate = gate.clone();
                 async move {
@@ -470,6 +483,9 @@ impl<T: Transport> Lock for FleetLock<T> {
             },
         ))
         .await;
+        for target in &last {
+            results.push((target, true, self.release_host(target, me).await));
+        }
         // A host whose lock was never known to be taken is not said to be left behind.
         let failed: Vec<String> = results
             .into_iter()
