@@ -1,12 +1,10 @@
 //! The coordinator: decides which steps may start, launches them, and records what finished.
 
 use super::event::{Event, EventKind, ServiceOutcome};
-use super::hook::{service_env, step_env};
+use super::hook::service_env;
 use super::links::Links;
-use super::step::{self, ServiceJob, StepJob, StepResult};
-use super::unread::{self, Unread};
+use super::step::{ServiceJob, StepResult};
 use super::{initial_record, Rollout, Summary};
-use crate::plan::StepKind;
 use crate::state::HostRecord;
 use crate::transport::{Target, Transport};
 use std::collections::{HashMap, HashSet};
@@ -18,6 +16,7 @@ use tokio::time::Instant as TokioInstant;
 mod ending;
 mod finishing;
 mod flowing;
+mod starting;
 mod stopping;
 
 /// Per service: where its rollout stands.
@@ -453,157 +452,6 @@ impl<T: Transport> Scheduler<T> {
             self.settle(s, w);
         }
         launched
-    }
-
-    fn spawn_step(&mut self, s: usize, w: usize, i: usize, h: usize) {
-        let plan = self.r.plan.clone();
-        let sp = &plan.services[s];
-        let st = &sp.waves[w].steps[i];
-        let host = &plan.hosts[h];
-        self.hosts[h].busy = true;
-        self.svcs[s].running += 1;
-        if let Some(open) = self.svcs[s].open.iter_mut().find(|o| o.wave == w) {
-            open.running += 1;
-        }
-        let sid = self.r.site.service(&sp.name);
-        let inputs = sid.map_or_else(Default::default, |sid| self.r.desired.inputs(sid, h));
-        let files = match sid {
-            Some(sid) if !self.r.site.services[sid].files.is_empty() => self.r.desired.deliveries(
-                &self.r.site,
-                sid,
-                &planned_host(&self.r.site, host),
-                &self.r.secrets,
-            ),
-            _ => Ok(Vec::new()),
-        };
-        let files = files.map(|list| {
-            list.into_iter()
-                .map(|mut d| {
-                    d.to = self.r.site.platform.host_path(&d.to);
-                    d
-                })
-                .collect()
-        });
-        let job = StepJob {
-            service: self.svcs[s].job.clone(),
-            host: host.name.to_string(),
-            env: step_env(&self.svcs[s].job.env, host, st.from.as_deref(), &st.to),
-            from: st.from.as_ref().map(|f| f.to_string()),
-            to: st.to.to_string(),
-            kind: st.kind,
-            inputs,
-            files,
-            record: self.hosts[h].record.clone(),
-            log: self
-                .r
-                .log_dir
-                .join(&*host.name)
-                .join(format!("{}.log", sp.name)),
-            release: (self.hosts[h].steps_left == 1
-                && self.r.held_to_end.as_deref() != Some(&*host.name))
-            .then(|| self.r.release.as_deref().map(Arc::from))
-            .flatten(),
-        };
-        let unread = (st.kind == StepKind::Unread).then(|| Unread {
-            site: self.r.site.clone(),
-            desired: self.r.desired.clone(),
-            plan: plan.clone(),
-            service: sid,
-            host: h,
-            read: self.hosts[h].read,
-            lock: self.r.lock_at_step.clone(),
-        });
-        // A host that did not answer at an earlier unread step is left alone for the rest of
-        // the run, as one that does not answer before it is.
-        let gone = unread.is_some() && self.unreachable_hosts.contains(&h);
-        let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
-        let cancel = self.r.cancel.clone();
-        let service = sp.name.clone();
-        let task = self.tasks.spawn(async move {
-            let started = |job: &StepJob| {
-                sink.emit(Event::now(EventKind::StepStarted {
-                    service: service.clone(),
-                    host: job.host.clone(),
-                    from: job.from.clone(),
-                    to: job.to.clone(),
-                }))
-            };
-            // Emitted by the step itself, before its first command: the journal syncs the
-            // intents of a wave's steps together instead of one after another. An unread
-            // step's is emitted once its host is read: until then it is not known to run.
-            let unread_step = unread.is_some();
-            if !unread_step {
-                started(&job);
-            }
-            if gone {
-                let why = "it did not answer at an earlier step of this run";
-                step::log_line(&job.log, &format!("== connect: {why}"));
-                links.step_done();
-                return (s, w, i, unread::unreachable(job.record, why.into()));
-            }
-            let result = match links.get(&target).await {
-                Ok(link) => {
-                    let job = match unread {
-                        Some(unread) => unread.settle(job, &*link, &target).await,
-                        None => Ok(job),
-                    };
-                    match job {
-                        // Locked and read as the run was being stopped: nothing starts now
-                        // (a step already running before the stop goes on).
-                        Ok(job) if unread_step && cancel.stopping() => {
-                            step::log_line(&job.log, "== not started: the run is stopping");
-                            StepResult {
-                                record: job.record,
-                                failed_hook: None,
-                                reason: None,
-                                rolled_back: false,
-                                released: false,
-                                skipped: None,
-                                not_started: true,
-                            }
-                        }
-                        Ok(job) => {
-                            if unread_step {
-                                started(&job);
-                            }
-                            let state_dir = job.service.state_dir.clone();
-                            let run = step::run(job, &*link, &*sink);
-                            stopping::abortable(run, &*link, &state_dir, &cancel).await
-                        }
-                        Err(ended) => ended,
-                    }
-                }
-                Err(e) if unread_step => {
-                    step::log_line(&job.log, &format!("== connect: {e}"));
-                    unread::unreachable(job.record, e.to_string())
-                }
-                Err(e) => {
-                    step::log_line(&job.log, &format!("== connect: {e}"));
-                    StepResult {
-                        record: job.record,
-                        failed_hook: Some("connect".into()),
-                        reason: Some(e.to_string()),
-                        rolled_back: false,
-                        released: false,
-                        skipped: None,
-                        not_started: false,
-                    }
-                }
-            };
-            links.step_done();
-            (s, w, i, result)
-        });
-        self.task_steps.insert(task.id(), (s, w, i));
-    }
-}
-
-/// A planned host as the inventory gave it (class names back to ids).
-fn planned_host(site: &crate::site::Site, h: &crate::plan::PlannedHost) -> crate::inventory::Host {
-    crate::inventory::Host {
-        name: h.name.clone(),
-        address: h.address.clone(),
-        classes: h.classes.iter().filter_map(|c| site.class(c)).collect(),
-        tags: h.tags.clone(),
     }
 }
 

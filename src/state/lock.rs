@@ -30,7 +30,9 @@ use std::time::SystemTime;
 use thiserror::Error;
 
 mod fleet;
-pub use fleet::{hooks_dir, FleetLock};
+mod host_scripts;
+pub use fleet::FleetLock;
+pub use host_scripts::hooks_dir;
 
 /// Who holds a lock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
