@@ -64,7 +64,10 @@ impl<T: Transport> Scheduler<T> {
                         .map(|st| st.host.clone()),
                 );
             }
-            if svc.started && left.is_empty() {
+            // Every step ran, but for unread steps left not started as the run stopped: those
+            // leave the service interrupted, not done.
+            let stopped_short = outcome == ServiceOutcome::Interrupted && svc.not_started > 0;
+            if svc.started && left.is_empty() && !stopped_short {
                 let outcome = if svc.failed > 0 {
                     ServiceOutcome::Failed
                 } else {

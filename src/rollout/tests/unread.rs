@@ -250,10 +250,10 @@ async fn a_host_read_as_the_run_is_stopped_is_not_started() {
         "app4 neither started nor finished"
     );
     assert_eq!(ran.touched("api"), ["app1", "app2", "app3"]);
-    let (_, succeeded, failed, not_started) = ran.outcome("api");
+    let (outcome, succeeded, failed, not_started) = ran.outcome("api");
     assert_eq!(
-        (succeeded, failed, not_started),
-        (3, 0, 3),
+        (outcome, succeeded, failed, not_started),
+        (ServiceOutcome::Interrupted, 3, 0, 3),
         "app4, app5 and app6 not started"
     );
     assert_eq!(asked(&fx), ["app3", "app4"]);
@@ -295,5 +295,36 @@ async fn a_host_that_did_not_answer_at_one_step_is_left_alone_at_the_next() {
             ("api".to_string(), SkipReason::Unreachable),
             ("worker".to_string(), SkipReason::Unreachable)
         ]
+    );
+}
+
+#[tokio::test]
+async fn a_service_whose_last_step_is_not_started_as_the_run_stops_is_interrupted() {
+    // Two hosts, one wave: app2 unread, locked and read as the run is stopped.
+    let hs = hosts("app", "app", 2);
+    let fx = fixture_unread(
+        &format!(
+            "class \"app\" {{ service \"api\" }}\n{}",
+            svc("api", "policy \"p.kdl\"")
+        ),
+        &host_refs(&hs),
+        &[("p.kdl", "batch \"100%\"; max-failed 0")],
+        &[("app1", "api", "0.9"), ("app2", "api", "0.9")],
+        &["app2"],
+    );
+    let cancel = crate::rollout::Cancel::new();
+    if let Some(lock) = &fx.lock_at_step {
+        *lock.stop_at.lock().unwrap() = Some(("app2".into(), cancel.clone()));
+    }
+    let ran = fx.run_cancel(Rules::default(), 64, true, cancel).await;
+    assert!(
+        ran.hooks_on("api", "app2").is_empty(),
+        "nothing ran on app2"
+    );
+    let (outcome, succeeded, failed, not_started) = ran.outcome("api");
+    assert_eq!(
+        (outcome, succeeded, failed, not_started),
+        (ServiceOutcome::Interrupted, 1, 0, 1),
+        "not done: app2 was not started"
     );
 }
