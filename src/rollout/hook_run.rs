@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null;
-//! trap 'echo "$$ N ended" >F' EXIT; { b=; { read -r b <BOOT; } 2>/dev/null; echo "$$ N ${b:--}" >F; } 2>/dev/null;
+//! trap 'echo "$$ N ended" >F' EXIT; { echo "$$ N" >F; } 2>/dev/null;
 //! [{ [ -e STOP ] || [ -e F's .stop ]; } && exit STOPPED;]
 //! [eval "$(cat)" || exit 125; exec </dev/null;]
 //! DEPLOY_…='…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
@@ -268,7 +268,7 @@ pub fn script(
     let dir = quote(&crate::state::lock::hooks_dir(state_dir));
     let (file, n) = (quote(pid.file), pid.number);
     let mut out = format!(
-        "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ b=; {{ read -r b <{BOOT_ID}; }} 2>/dev/null; echo \"$$ {n} ${{b:--}}\" >{file}; }} 2>/dev/null; ",
+        "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ echo \"$$ {n}\" >{file}; }} 2>/dev/null; ",
         quote(&format!("{{ echo \"$$ {n} ended\" >{file}; }} 2>/dev/null"))
     );
     if let Some(stop) = pid.stop {
@@ -284,11 +284,6 @@ pub fn script(
     out.push_str(&env_prefix(env, command));
     out
 }
-
-/// The host's boot id, which a hook's pid file records beside its group (`-` where the host
-/// has none): a kill of a dead run's hooks leaves a group recorded on another boot alone
-/// ([`super::interrupt::kill_script`]).
-pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// What makes a hook's script go on with `then` when the hook exits 0.
 pub fn followed_by(then: &str) -> String {
@@ -458,34 +453,5 @@ mod tests {
         let own = run("exit 86", "true");
         assert_eq!(own.code, Some(THEN_FAILED));
         assert!(then_failed(&own).is_none());
-    }
-
-    #[test]
-    fn a_hook_records_its_group_and_the_boot_then_that_it_ended() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = dir.path().display().to_string();
-        let file = pid_file(&state);
-        // The hook prints its pid file, and the id of its parent: the recording shell.
-        let hook = format!("cat {}; echo $PPID", quote(&file));
-        let pid = Recorded {
-            file: &file,
-            number: 4,
-            stop: None,
-        };
-        let text = script(&[], &hook, &state, &pid, false);
-        let out = std::process::Command::new("/bin/sh")
-            .arg("-c")
-            .arg(&text)
-            .current_dir(dir.path())
-            .output()
-            .expect("sh runs");
-        assert!(out.status.success(), "{out:?}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let lines: Vec<&str> = text.lines().collect();
-        let boot = std::fs::read_to_string(BOOT_ID).expect("boot id");
-        assert_eq!(lines.len(), 2, "{text}");
-        assert_eq!(lines[0], format!("{} 4 {}", lines[1], boot.trim()));
-        let after = std::fs::read_to_string(&file).expect("pid file");
-        assert_eq!(after.trim(), format!("{} 4 ended", lines[1]));
     }
 }

@@ -15,32 +15,15 @@ use std::time::{Duration, Instant};
 
 /// Kills every hook process group recorded on the host by controller process `pid`, removes
 /// their pid files, and prints how many groups it signalled. A group marked `ended` (its
-/// hook's shell is gone, `hook_run.rs`) is left: it may be gone too, and its id reused. So is
-/// a group recorded on another boot of the host (the boot id in its pid file), and one whose
-/// id now leads a process started well after the pid file was written (the id given to
-/// another process while the run was dead; a minute's margin for the host's clock). A group
-/// whose leader is gone but whose members are not is still the hook's: an id in use as a
-/// group's is not given to a new process. What the host cannot tell (a pid file of an older
-/// `deploy`, no `stat -c`, no `/proc`) is taken at the file's word.
+/// hook's shell is gone, `hook_run.rs`) is left: it may be gone too, and its id reused.
 pub fn kill_script(state_dir: &str, pid: u32) -> String {
     format!(
         r#"d={d}; n=0; live=
-c=; {{ read -r c <{boot}; }} 2>/dev/null
-bt=$(sed -n 's/^btime //p' /proc/stat 2>/dev/null)
-hz=$(getconf CLK_TCK 2>/dev/null); case $hz in ''|*[!0-9]*|0) hz=100;; esac
 for f in "$d"/{pid}-*.pid; do
   [ -f "$f" ] || continue
-  p=; e=; {{ read -r p _k e <"$f"; }} 2>/dev/null
-  m=$(stat -c %Y "$f" 2>/dev/null); rm -f "$f"
-  [ "$e" = ended ] && continue
+  p=; e=; {{ read -r p _k e <"$f"; }} 2>/dev/null; rm -f "$f"
+  [ -z "$e" ] || continue
   case $p in ''|*[!0-9]*|0|1) continue;; esac
-  case $e in ''|-) ;; *) [ -z "$c" ] || [ "$c" = "$e" ] || continue;; esac
-  case $m$bt in ''|*[!0-9]*) ;; *)
-    if [ -e "/proc/$p" ]; then
-      l=; {{ read -r l <"/proc/$p/stat"; }} 2>/dev/null; l=${{l##*) }}; set -- $l
-      case ${{20}} in ''|*[!0-9]*) ;; *) [ $((bt + ${{20}} / hz)) -le $((m + 60)) ] || continue;; esac
-    fi;;
-  esac
   kill -s TERM -- "-$p" 2>/dev/null && {{ n=$((n+1)); live="$live $p"; }}
 done
 i=0
@@ -52,8 +35,7 @@ while [ -n "$live" ] && [ "$i" -lt 50 ]; do
 done
 for p in $live; do kill -s KILL -- "-$p" 2>/dev/null; done
 echo "$n""#,
-        d = quote(&crate::state::lock::hooks_dir(state_dir)),
-        boot = super::hook_run::BOOT_ID
+        d = quote(&crate::state::lock::hooks_dir(state_dir))
     )
 }
 
@@ -197,136 +179,5 @@ mod tests {
         let group = format!("-{}", ended.id());
         let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = ended.wait();
-    }
-
-    /// When process `pid` started, in seconds since the epoch, as the kill script reckons it:
-    /// the host's boot time plus field 22 of `/proc/PID/stat` in clock ticks.
-    fn started(pid: u32) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-        let rest = stat.rsplit(") ").next().unwrap_or("");
-        let ticks: u64 = rest
-            .split(' ')
-            .nth(19)
-            .and_then(|t| t.parse().ok())
-            .expect("ticks");
-        let boot: u64 = std::fs::read_to_string("/proc/stat")
-            .expect("/proc/stat")
-            .lines()
-            .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
-            .expect("btime");
-        let hz = Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .expect("getconf");
-        let hz: u64 = String::from_utf8_lossy(&hz.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(100);
-        boot + ticks / hz
-    }
-
-    fn this_boot() -> String {
-        std::fs::read_to_string(super::super::hook_run::BOOT_ID)
-            .expect("boot id")
-            .trim()
-            .to_string()
-    }
-
-    const OTHER_BOOT: &str = "00000000-0000-0000-0000-000000000000";
-
-    /// Writes `text` to `file`, dated `secs` after the epoch.
-    fn record(file: &std::path::Path, text: &str, secs: u64) {
-        std::fs::write(file, text).unwrap();
-        let f = std::fs::File::options().write(true).open(file).unwrap();
-        f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(secs))
-            .unwrap();
-    }
-
-    fn now() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-    }
-
-    #[test]
-    fn a_group_whose_id_went_to_another_process_or_another_boot_is_left_alone() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = dir.path().join("state");
-        std::fs::create_dir_all(state.join("hooks")).unwrap();
-        let file = state.join("hooks/4242-1-0.pid");
-        let state = state.display().to_string();
-        let mut group = Command::new("sleep")
-            .arg("300")
-            .process_group(0)
-            .spawn()
-            .expect("sleep");
-        let id = group.id();
-        let boot = this_boot();
-        let kill = || {
-            let out = sh(&kill_script(&state, 4242)).output().expect("sh");
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        };
-        // Written well before the process now leading the group started: its id went to that
-        // process since. Left alone.
-        record(&file, &format!("{id} 1 {boot}\n"), started(id) - 120);
-        assert_eq!(kill(), "0");
-        assert!(group.try_wait().unwrap().is_none(), "not signalled");
-        // Written on another boot of the host. Left alone.
-        record(&file, &format!("{id} 1 {OTHER_BOOT}\n"), now());
-        assert_eq!(kill(), "0");
-        assert!(group.try_wait().unwrap().is_none(), "not signalled");
-        // Written once the group was there, on this boot, as a hook's shell writes it: killed
-        // (reaped at once, as a host's init would).
-        record(&file, &format!("{id} 1 {boot}\n"), now());
-        let (tx, ended) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(group.wait());
-        });
-        assert_eq!(kill(), "1");
-        let status = ended
-            .recv_timeout(Duration::from_secs(5))
-            .expect("ended")
-            .expect("waited");
-        assert_eq!(status.signal(), Some(15));
-    }
-
-    #[test]
-    fn a_group_whose_leader_is_gone_is_killed_unless_recorded_on_another_boot() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = dir.path().join("state");
-        std::fs::create_dir_all(state.join("hooks")).unwrap();
-        let file = state.join("hooks/4242-1-0.pid");
-        let child = dir.path().join("child");
-        let state = state.display().to_string();
-        // The group's leader (a hook's shell) ends at once; the process it started stays.
-        let mut leader = sh(&format!(
-            "sleep 300 & echo $! > '{}'; exit 0",
-            child.display()
-        ))
-        .spawn()
-        .expect("sh");
-        let group = leader.id();
-        leader.wait().expect("the leader ends");
-        let member = std::fs::read_to_string(&child)
-            .expect("child")
-            .trim()
-            .to_string();
-        let kill = || {
-            let out = sh(&kill_script(&state, 4242)).output().expect("sh");
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        };
-        // Written on another boot: a group of that id now is another's.
-        record(&file, &format!("{group} 1 {OTHER_BOOT}\n"), now());
-        assert_eq!(kill(), "0");
-        assert!(alive(&member), "not signalled");
-        // Written on this boot: the group is the hook's still, and goes.
-        record(&file, &format!("{group} 1 {}\n", this_boot()), now());
-        assert_eq!(kill(), "1");
-        let t0 = Instant::now();
-        while alive(&member) && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(!alive(&member), "the group's member went");
     }
 }
