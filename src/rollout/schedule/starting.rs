@@ -94,7 +94,6 @@ impl<T: Transport> Scheduler<T> {
             if gone {
                 let why = "it did not answer at an earlier step of this run";
                 step::log_line(&job.log, &format!("== connect: {why}"));
-                links.step_done();
                 return (s, w, i, unread::unreachable(job.record, why.into()));
             }
             let result = match links.get(&target).await {

@@ -46,15 +46,9 @@ impl crate::rollout::LockAtStep<FakeLink> for FakeLock {
 /// `api` on app1..app6, two per wave; app1 and app2 read before the run (at 0.9), the others
 /// unread: app3 and app6 already at 1.0, app4 at 0.9, app5 fresh.
 fn farm() -> Fixture {
-    let body = format!(
-        "class \"app\" {{ service \"api\" }}\n{}",
-        svc("api", "policy \"p.kdl\"")
-    );
-    let hs = hosts("app", "app", 6);
-    fixture_unread(
-        &body,
-        &host_refs(&hs),
-        &[("p.kdl", "batch 2; max-failed 0")],
+    api_on(
+        6,
+        "batch 2; max-failed 0",
         &[
             ("app1", "api", "0.9"),
             ("app2", "api", "0.9"),
@@ -64,6 +58,48 @@ fn farm() -> Fixture {
         ],
         &["app3", "app4", "app5", "app6"],
     )
+}
+
+/// `api` on app1..app`n` under `policy`; the hosts `running` it as told, those `unread` left
+/// unread before the run.
+fn api_on(n: usize, policy: &str, running: &[(&str, &str, &str)], unread: &[&str]) -> Fixture {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"p.kdl\"")
+    );
+    let hs = hosts("app", "app", n);
+    fixture_unread(
+        &body,
+        &host_refs(&hs),
+        &[("p.kdl", policy)],
+        running,
+        unread,
+    )
+}
+
+/// The run's `step-skipped` events, in order: service, host and why.
+fn skipped(ran: &Ran) -> Vec<(&str, &str, SkipReason)> {
+    ran.events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::StepSkipped {
+                service,
+                host,
+                skip,
+                ..
+            } => Some((service.as_str(), host.as_str(), *skip)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A run of the fixture stopped (as by a first Ctrl-C) as its lock is asked for `host`.
+async fn stopped_at(fx: &Fixture, host: &str) -> Ran {
+    let cancel = crate::rollout::Cancel::new();
+    if let Some(lock) = &fx.lock_at_step {
+        *lock.stop_at.lock().unwrap() = Some((host.into(), cancel.clone()));
+    }
+    fx.run_cancel(Rules::default(), 64, true, cancel).await
 }
 
 /// The hosts the fixture's lock was asked to lock, sorted.
@@ -119,19 +155,11 @@ async fn an_unread_step_is_decided_by_what_its_host_runs_once_read() {
             "{host} started from {from:?}: {started:?}"
         );
     }
-    let skipped: Vec<(String, SkipReason)> = ran
-        .events
-        .iter()
-        .filter_map(|(_, _, e)| match e {
-            EventKind::StepSkipped { host, skip, .. } => Some((host.clone(), *skip)),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        skipped,
+        skipped(&ran),
         [
-            ("app3".to_string(), SkipReason::AtVersion),
-            ("app6".to_string(), SkipReason::AtVersion)
+            ("api", "app3", SkipReason::AtVersion),
+            ("api", "app6", SkipReason::AtVersion)
         ]
     );
     // The unread hosts were locked at their step, each once; the others were not.
@@ -216,14 +244,9 @@ async fn a_host_that_cannot_be_read_at_its_step_is_left_alone_as_unreachable() {
 #[tokio::test]
 async fn a_host_read_as_the_run_is_stopped_is_not_started() {
     // One host at a time; app3 and app4 unread, app4 locked and read as the run is stopped.
-    let hs = hosts("app", "app", 6);
-    let fx = fixture_unread(
-        &format!(
-            "class \"app\" {{ service \"api\" }}\n{}",
-            svc("api", "policy \"p.kdl\"")
-        ),
-        &host_refs(&hs),
-        &[("p.kdl", "batch 1; max-failed 0")],
+    let fx = api_on(
+        6,
+        "batch 1; max-failed 0",
         &[
             ("app1", "api", "0.9"),
             ("app2", "api", "0.9"),
@@ -231,11 +254,7 @@ async fn a_host_read_as_the_run_is_stopped_is_not_started() {
         ],
         &["app3", "app4", "app5", "app6"],
     );
-    let cancel = crate::rollout::Cancel::new();
-    if let Some(lock) = &fx.lock_at_step {
-        *lock.stop_at.lock().unwrap() = Some(("app4".into(), cancel.clone()));
-    }
-    let ran = fx.run_cancel(Rules::default(), 64, true, cancel).await;
+    let ran = stopped_at(&fx, "app4").await;
     // Locked and read, then nothing: no step said to start, no hook run on it.
     assert!(
         ran.hooks_on("api", "app4").is_empty(),
@@ -281,19 +300,11 @@ async fn a_host_that_did_not_answer_at_one_step_is_left_alone_at_the_next() {
     assert_eq!(asked(&fx), ["app1"], "tried once, not again for worker");
     assert!(ran.hooks_on("worker", "app1").is_empty());
     assert!(ran.hooks_on("api", "app1").is_empty());
-    let skipped: Vec<(String, SkipReason)> = ran
-        .events
-        .iter()
-        .filter_map(|(_, _, e)| match e {
-            EventKind::StepSkipped { service, skip, .. } => Some((service.clone(), *skip)),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        skipped,
+        skipped(&ran),
         [
-            ("api".to_string(), SkipReason::Unreachable),
-            ("worker".to_string(), SkipReason::Unreachable)
+            ("api", "app1", SkipReason::Unreachable),
+            ("worker", "app1", SkipReason::Unreachable)
         ]
     );
 }
@@ -301,22 +312,13 @@ async fn a_host_that_did_not_answer_at_one_step_is_left_alone_at_the_next() {
 #[tokio::test]
 async fn a_service_whose_last_step_is_not_started_as_the_run_stops_is_interrupted() {
     // Two hosts, one wave: app2 unread, locked and read as the run is stopped.
-    let hs = hosts("app", "app", 2);
-    let fx = fixture_unread(
-        &format!(
-            "class \"app\" {{ service \"api\" }}\n{}",
-            svc("api", "policy \"p.kdl\"")
-        ),
-        &host_refs(&hs),
-        &[("p.kdl", "batch \"100%\"; max-failed 0")],
+    let fx = api_on(
+        2,
+        "batch \"100%\"; max-failed 0",
         &[("app1", "api", "0.9"), ("app2", "api", "0.9")],
         &["app2"],
     );
-    let cancel = crate::rollout::Cancel::new();
-    if let Some(lock) = &fx.lock_at_step {
-        *lock.stop_at.lock().unwrap() = Some(("app2".into(), cancel.clone()));
-    }
-    let ran = fx.run_cancel(Rules::default(), 64, true, cancel).await;
+    let ran = stopped_at(&fx, "app2").await;
     assert!(
         ran.hooks_on("api", "app2").is_empty(),
         "nothing ran on app2"

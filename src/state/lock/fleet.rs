@@ -465,10 +465,10 @@ impl<T: Transport> Lock for FleetLock<T> {
         // The host every run of the site locks first, alone, is given back last: a run that
         // takes it finds none of this run's other locks left.
         let first = self.first_taken();
-        let last: Vec<Target> = match hosts.iter().position(|t| Some(&t.name) == first.as_ref()) {
-            Some(i) => vec![hosts.remove(i)],
-            None => Vec::new(),
-        };
+        let last = hosts
+            .iter()
+            .position(|t| Some(&t.name) == first.as_ref())
+            .map(|i| hosts.remove(i));
         let room = crate::transport::room(&*self.transport, self.max_connections).await;
         let gate = Arc::new(tokio::sync::Semaphore::new(room));
         let all = hosts.iter().map(|t| (t, true));
@@ -482,7 +482,7 @@ impl<T: Transport> Lock for FleetLock<T> {
             },
         ))
         .await;
-        for target in &last {
+        if let Some(target) = &last {
             results.push((target, true, self.release_host(target, me).await));
         }
         // A host whose lock was never known to be taken is not said to be left behind.

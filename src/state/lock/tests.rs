@@ -17,6 +17,17 @@ fn block_on<F: Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
+/// Loopback targets of these names, in this order.
+fn targets<S: AsRef<str>>(names: &[S]) -> Vec<Target> {
+    names
+        .iter()
+        .map(|n| Target {
+            name: n.as_ref().to_string(),
+            address: "127.0.0.1".into(),
+        })
+        .collect()
+}
+
 fn dead_here(run: &str) -> Holder {
     // A pid that does not run: past the kernel's limit.
     Holder {
@@ -153,13 +164,7 @@ fn release_removes_only_its_own_lock_and_always_its_pid_files() {
 fn fleet_lock_takes_every_host_or_none() {
     let dir = tempfile::tempdir().unwrap();
     let transport = Arc::new(Local::new(dir.path().to_path_buf()));
-    let hosts: Vec<Target> = ["h3", "h1", "h2"]
-        .iter()
-        .map(|n| Target {
-            name: n.to_string(),
-            address: "127.0.0.1".into(),
-        })
-        .collect();
+    let hosts = targets(&["h3", "h1", "h2"]);
     let fleet = |_: ()| FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8);
     let holder_file = |h: &str| dir.path().join(h).join("var/lib/drover/lock/holder.json");
     let a = Holder::me("shop", "run-a");
@@ -247,13 +252,7 @@ fn a_taken_lock_is_told_after_whatever_a_login_shell_printed_first() {
 fn the_lock_command_also_reads_once_taken_and_only_then() {
     let dir = tempfile::tempdir().unwrap();
     let transport = Arc::new(Local::new(dir.path().to_path_buf()));
-    let hosts: Vec<Target> = ["h1", "h2"]
-        .iter()
-        .map(|n| Target {
-            name: n.to_string(),
-            address: "127.0.0.1".into(),
-        })
-        .collect();
+    let hosts = targets(&["h1", "h2"]);
     let state = |h: &str| dir.path().join(h).join("var/lib/drover");
     std::fs::create_dir_all(state("h2")).unwrap();
     std::fs::write(state("h2").join("state.json"), "{\"on\":\"h2\"}\n").unwrap();
@@ -306,10 +305,7 @@ fn the_lock_command_also_reads_once_taken_and_only_then() {
 fn a_host_refuses_a_lower_fencing_token_and_keeps_the_highest() {
     let dir = tempfile::tempdir().unwrap();
     let transport = Arc::new(Local::new(dir.path().to_path_buf()));
-    let hosts = vec![Target {
-        name: "h1".into(),
-        address: "127.0.0.1".into(),
-    }];
+    let hosts = targets(&["h1"]);
     let fence = dir.path().join("h1/var/lib/drover/fence");
     let lock = |token: i64| {
         FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8).fenced(Some(token))
@@ -402,13 +398,7 @@ fn links_kept_for_the_steps_and_those_in_use_never_exceed_the_cap() {
         fast: keep.to_vec(),
     };
     let names: Vec<String> = (1..=12).map(|i| format!("h{i:02}")).collect();
-    let hosts: Vec<Target> = names
-        .iter()
-        .map(|n| Target {
-            name: n.clone(),
-            address: "127.0.0.1".into(),
-        })
-        .collect();
+    let hosts = targets(&names);
     let transport = Arc::new(Kept::new(open, hosts.len(), 3));
     transport.keep_for_steps(keep.clone());
     let fleet = FleetLock::new(transport.clone(), hosts, "var/lib/drover", 3).keeping(keep);
@@ -525,13 +515,7 @@ fn a_lock_whose_answer_was_lost_is_given_back_too() {
         host: "h2".into(),
         lost: Arc::default(),
     });
-    let hosts: Vec<Target> = ["h1", "h2", "h3"]
-        .iter()
-        .map(|n| Target {
-            name: n.to_string(),
-            address: "127.0.0.1".into(),
-        })
-        .collect();
+    let hosts = targets(&["h1", "h2", "h3"]);
     let fleet = FleetLock::new(transport, hosts, "var/lib/drover", 8);
     let me = Holder::me("shop", "run-a");
     let taken = block_on(fleet.acquire(&me, false)).unwrap();
@@ -576,10 +560,7 @@ impl Link for ChattyLink {
 fn a_stale_host_lock_is_taken_over_though_the_shell_prints_first() {
     let dir = tempfile::tempdir().unwrap();
     let transport = Arc::new(Chatty(Local::new(dir.path().to_path_buf())));
-    let hosts = vec![Target {
-        name: "h1".into(),
-        address: "127.0.0.1".into(),
-    }];
+    let hosts = targets(&["h1"]);
     let lock = dir.path().join("h1/var/lib/drover/lock");
     std::fs::create_dir_all(&lock).unwrap();
     let dead = dead_here("old");

@@ -7,13 +7,28 @@ use super::*;
 /// gives back (those whose command reads `holder.json` and runs no `mkdir`), once it ends.
 struct Releases {
     inner: Local,
-    order: Arc<std::sync::Mutex<Vec<String>>>,
+    order: Order,
 }
 
 struct ReleasesLink {
     inner: <Local as Transport>::Link,
     host: String,
-    order: Arc<std::sync::Mutex<Vec<String>>>,
+    order: Order,
+}
+
+/// The hosts whose lock was given back, in order.
+type Order = Arc<std::sync::Mutex<Vec<String>>>;
+
+impl Releases {
+    /// Hosts under `root`, and the order their locks are given back in.
+    fn on(root: &std::path::Path) -> (Arc<Releases>, Order) {
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let transport = Arc::new(Releases {
+            inner: Local::new(root.to_path_buf()),
+            order: order.clone(),
+        });
+        (transport, order)
+    }
 }
 
 impl Transport for Releases {
@@ -49,18 +64,8 @@ impl Link for ReleasesLink {
 #[test]
 fn the_host_taken_first_is_given_back_last() {
     let dir = tempfile::tempdir().unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let transport = Arc::new(Releases {
-        inner: Local::new(dir.path().to_path_buf()),
-        order: order.clone(),
-    });
-    let hosts: Vec<Target> = ["h3", "h1", "h2"]
-        .iter()
-        .map(|n| Target {
-            name: n.to_string(),
-            address: "127.0.0.1".into(),
-        })
-        .collect();
+    let (transport, order) = Releases::on(dir.path());
+    let hosts = targets(&["h3", "h1", "h2"]);
     let fleet = FleetLock::new(transport, hosts, "var/lib/drover", 8);
     let me = Holder::me("shop", "run-a");
     block_on(fleet.acquire(&me, false)).unwrap();
@@ -81,27 +86,17 @@ fn the_host_taken_first_is_given_back_last() {
 #[test]
 fn a_host_locked_at_two_of_its_steps_is_given_back_once() {
     let dir = tempfile::tempdir().unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let transport = Arc::new(Releases {
-        inner: Local::new(dir.path().to_path_buf()),
-        order: order.clone(),
-    });
-    let target = |n: &str| Target {
-        name: n.to_string(),
-        address: "127.0.0.1".into(),
-    };
-    let fleet = FleetLock::new(transport.clone(), vec![target("h1")], "var/lib/drover", 8);
+    let (transport, order) = Releases::on(dir.path());
+    let fleet = FleetLock::new(transport.clone(), targets(&["h1"]), "var/lib/drover", 8);
+    let h2 = &targets(&["h2"])[0];
     let me = Holder::me("shop", "run-a");
     block_on(fleet.acquire(&me, false)).unwrap();
     // h2 left unread: locked by the step of each of its two services, the second finding
     // the lock its own.
     block_on(async {
-        let link = transport.connect(&target("h2")).await.unwrap();
+        let link = transport.connect(h2).await.unwrap();
         for _ in 0..2 {
-            fleet
-                .lock_at_step(&link, &target("h2"), &me)
-                .await
-                .expect("locked");
+            fleet.lock_at_step(&link, h2, &me).await.expect("locked");
         }
     });
     block_on(fleet.release(&me)).unwrap();
