@@ -10,7 +10,10 @@
 //!
 //! ```text
 //! [ -d D/hooks ] || (umask 077 && mkdir -p D/hooks) 2>/dev/null;
-//! trap 'echo "$$ N ended" >F' EXIT; { echo "$$ N" >F; } 2>/dev/null;
+//! trap 'echo "$$ N ended" >F' EXIT;
+//! _b=; _s=; { read -r _b </proc/sys/kernel/random/boot_id;
+//!     read -r _ _ … (21 fields) _s _ </proc/$$/stat; } 2>/dev/null;
+//! { printf '%s %s\n%s %s\n' "$$" N "${_b:--}" "${_s:--}" >F; } 2>/dev/null;
 //! [{ [ -e STOP ] || [ -e F's .stop ]; } && exit STOPPED;]
 //! [eval "$(cat)" || exit 125; exec </dev/null;]
 //! DEPLOY_…='…' … /bin/sh -c '<hook>' [|| exit $?; { <then>; } || { echo MARK >&2; exit 86; }]
@@ -18,8 +21,14 @@
 //!
 //! `deploy apply` takes the host's lock first, and that makes `D/hooks`: the test in front
 //! only makes it for a hook run without that lock, so a host's first hook starts no `mkdir`.
-//! When the hook's shell ends, the pid file is marked `ended`, not removed (no `rm` process
-//! per hook); the lock's release at the end of the run removes it ([`crate::state::lock`]).
+//! The pid file's second line is the host's boot id and the start time of the hook's shell (the
+//! 22nd field of its `/proc/<pid>/stat`), both read by the shell's `read` (no process; the
+//! shell's name, `sh`, `bash`, `zsh` or the like, holds no space, so `read` splits the fields
+//! plainly), `-` where the host has none: so that a run carrying on after the host restarted,
+//! or after the group's id was taken again, does not take someone else's group for a hook of
+//! its own ([`super::interrupt::kill_script`]). When the hook's shell ends, the pid file is
+//! marked `ended` (its first line, alone), not removed (no `rm` process per hook); the lock's
+//! release at the end of the run removes it ([`crate::state::lock`]).
 //! A hook may end while a process it started in the background still holds its output: the
 //! command has then not ended ([`Link`]), and if it outlives its timeout, [`kill_script`]
 //! still finds its group by `N`. An abort ([`super::interrupt`]) kills only groups not marked
@@ -213,6 +222,11 @@ pub struct Recorded<'a> {
     pub stop: Option<&'a str>,
 }
 
+/// Where a Linux host says which boot it is in: on the second line of a hook's pid file, so
+/// that a later run can tell a group recorded before the host restarted
+/// ([`super::interrupt::kill_script`]).
+pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
 /// The exit code of a chained hook that did not run: its chain's stop file was there.
 pub const STOPPED: i32 = 124;
 
@@ -268,8 +282,11 @@ pub fn script(
     let dir = quote(&crate::state::lock::hooks_dir(state_dir));
     let (file, n) = (quote(pid.file), pid.number);
     let mut out = format!(
-        "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; {{ echo \"$$ {n}\" >{file}; }} 2>/dev/null; ",
-        quote(&format!("{{ echo \"$$ {n} ended\" >{file}; }} 2>/dev/null"))
+        "[ -d {dir} ] || (umask 077 && mkdir -p {dir}) 2>/dev/null; trap {} EXIT; \
+         _b=; _s=; {{ read -r _b <{BOOT_ID}; read -r{fields} _s _ </proc/$$/stat; }} 2>/dev/null; \
+         {{ printf '%s %s\\n%s %s\\n' \"$$\" {n} \"${{_b:--}}\" \"${{_s:--}}\" >{file}; }} 2>/dev/null; ",
+        quote(&format!("{{ echo \"$$ {n} ended\" >{file}; }} 2>/dev/null")),
+        fields = " _".repeat(21),
     );
     if let Some(stop) = pid.stop {
         out.push_str(&format!(

@@ -14,28 +14,53 @@ use crate::transport::{quote, Link};
 use std::time::{Duration, Instant};
 
 /// Kills every hook process group recorded on the host by controller process `pid`, removes
-/// their pid files, and prints how many groups it signalled. A group marked `ended` (its
-/// hook's shell is gone, `hook_run.rs`) is left: it may be gone too, and its id reused.
+/// their pid files, and prints how many groups it signalled. The run may be dead (carried on
+/// after a crash), and a group id it recorded may be someone else's by now, so a group is left
+/// alone when:
+/// - it is marked `ended` (its hook's shell is gone, `hook_run.rs`): it may be gone too;
+/// - its pid file was written on another boot of the host (the boot id on its second line is
+///   not the host's now): every process of that boot is gone;
+/// - a process of that id is there (running, or a zombie) and started at another time than
+///   the hook's shell did (the start time on the second line, the 22nd field of
+///   `/proc/<pid>/stat`): the id was taken again since.
+///
+/// A group whose leader is gone while others of it live on is killed: its id cannot have been
+/// taken while the group lasts (but for a group made after the hook's, whose own leader also
+/// ended: a pid namespace restarted under the same kernel, which keeps its boot id; or, on the
+/// same boot, a hook's shell killed before its exit trap could mark it, and its id taken since
+/// by a group that lost its leader too). A pid
+/// file of an older `deploy` (one line), or of a host with no boot id or `/proc` (`-`), is
+/// taken at its word for what it lacks. Every test is the shell's own (`read`, `case`, the
+/// fields cut by parameter expansion, not by word splitting, which `zsh` does not do), no
+/// program: it holds on any host with a POSIX shell, which over a session of its own is the
+/// login shell (`dash`, `bash`, busybox `ash`, `zsh`, `ksh`).
 pub fn kill_script(state_dir: &str, pid: u32) -> String {
     format!(
-        r#"d={d}; n=0; live=
+        r#"d={d}; n=0; live=; b=; {{ read -r b <{boot}; }} 2>/dev/null
 for f in "$d"/{pid}-*.pid; do
   [ -f "$f" ] || continue
-  p=; e=; {{ read -r p _k e <"$f"; }} 2>/dev/null; rm -f "$f"
+  p=; e=; hb=; hs=; {{ {{ read -r p _k e; read -r hb hs _r; }} <"$f"; }} 2>/dev/null; rm -f "$f"
   [ -z "$e" ] || continue
   case $p in ''|*[!0-9]*|0|1) continue;; esac
-  kill -s TERM -- "-$p" 2>/dev/null && {{ n=$((n+1)); live="$live $p"; }}
+  case $hb in ''|-) ;; *) [ -n "$b" ] && [ "$hb" != "$b" ] && continue;; esac
+  s=; {{ read -r s <"/proc/$p/stat"; }} 2>/dev/null; s=${{s##*') '}}
+  case $hs in ''|-) ;; *)
+    [ -z "$s" ] || {{ j=0; while [ $j -lt 19 ] && [ "${{s#* }}" != "$s" ]; do s=${{s#* }}; j=$((j+1)); done
+      [ $j = 19 ] && [ "${{s%% *}}" = "$hs" ]; }} || continue;;
+  esac
+  kill -TERM "-$p" 2>/dev/null && {{ n=$((n+1)); live="$live $p"; }}
 done
 i=0
 while [ -n "$live" ] && [ "$i" -lt 50 ]; do
   still=
-  for p in $live; do kill -s 0 -- "-$p" 2>/dev/null && still="$still $p"; done
+  for p in $live; do kill -0 "-$p" 2>/dev/null && still="$still $p"; done
   live=$still; [ -n "$live" ] || break
   i=$((i+1)); sleep 0.1
 done
-for p in $live; do kill -s KILL -- "-$p" 2>/dev/null; done
+for p in $live; do kill -KILL "-$p" 2>/dev/null; done
 echo "$n""#,
-        d = quote(&crate::state::lock::hooks_dir(state_dir))
+        d = quote(&crate::state::lock::hooks_dir(state_dir)),
+        boot = super::hook_run::BOOT_ID,
     )
 }
 
@@ -122,6 +147,15 @@ mod tests {
         cmd
     }
 
+    /// [`sh`] with its output to `/dev/null`: a process left behind by a failed test does not
+    /// hold the test's output open.
+    fn quiet(script: &str) -> Command {
+        let mut cmd = sh(script);
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        cmd
+    }
+
     fn alive(pid: &str) -> bool {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").starts_with(" Z"))
@@ -179,5 +213,212 @@ mod tests {
         let group = format!("-{}", ended.id());
         let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = ended.wait();
+    }
+
+    /// Waits until `path` holds a line, and returns it.
+    fn line_of(path: &std::path::Path) -> String {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(p) = std::fs::read_to_string(path) {
+                if p.ends_with('\n') {
+                    break p.trim().to_string();
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "{}", path.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The 22nd field of `/proc/<pid>/stat`: when the process started.
+    fn start_of(pid: u32) -> String {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let rest = stat.rsplit_once(") ").expect("comm").1;
+        rest.split_whitespace()
+            .nth(19)
+            .expect("field 22")
+            .to_string()
+    }
+
+    /// Kills what is left of the group led by `child` (a test's own), and reaps it.
+    fn end(mut child: std::process::Child) {
+        let group = format!("-{}", child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = child.wait();
+    }
+
+    /// Starts the kill script of controller 4242's hooks under `shell` (a login shell runs it
+    /// over a session of its own); [`said`] reads what it printed once it ends.
+    fn start_kill(shell: &str, state: &str) -> std::process::Child {
+        Command::new(shell)
+            .arg("-c")
+            .arg(kill_script(state, 4242))
+            .process_group(0)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("shell")
+    }
+
+    fn said(kill: std::process::Child) -> String {
+        let out = kill.wait_with_output().expect("the kill script ends");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn a_group_id_taken_again_or_of_another_boot_is_left_alone() {
+        for shell in ["/bin/sh", "bash"] {
+            taken_again_or_of_another_boot(shell);
+        }
+    }
+
+    fn taken_again_or_of_another_boot(shell: &str) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().display().to_string();
+        std::fs::create_dir_all(dir.path().join("hooks")).unwrap();
+        let pid_file = |name: &str| format!("{state}/hooks/{name}");
+        let boot = std::fs::read_to_string(super::super::hook_run::BOOT_ID).expect("boot id");
+        let boot = boot.trim().to_string();
+        // Left alone: a group whose leader started at another time than the one recorded (the
+        // id was taken again), and one recorded on another boot.
+        let taken = quiet("sleep 300").spawn().expect("sh");
+        let other_boot = quiet("sleep 300").spawn().expect("sh");
+        let later = start_of(taken.id()).parse::<u64>().expect("a number") + 1;
+        let files = [
+            (
+                "4242-1-0.pid",
+                format!("{} 7\n{boot} {later}\n", taken.id()),
+            ),
+            (
+                "4242-2-0.pid",
+                format!(
+                    "{} 7\nan-old-boot {}\n",
+                    other_boot.id(),
+                    start_of(other_boot.id())
+                ),
+            ),
+        ];
+        for (name, text) in &files {
+            std::fs::write(pid_file(name), text).unwrap();
+        }
+        let out = said(start_kill(shell, &state));
+        let (mut taken, mut other_boot) = (taken, other_boot);
+        let (taken_lives, other_lives) = (
+            taken.try_wait().unwrap().is_none(),
+            other_boot.try_wait().unwrap().is_none(),
+        );
+        end(taken);
+        end(other_boot);
+        assert_eq!(out, "0", "{shell}");
+        assert!(taken_lives, "{shell}: a group taken again was killed");
+        assert!(other_lives, "{shell}: a group of another boot was killed");
+        assert!(
+            !std::path::Path::new(&pid_file("4242-2-0.pid")).exists(),
+            "files cleared"
+        );
+
+        // Killed: the group as recorded on this boot, a file with nothing known (`-`), and a
+        // file of an older deploy (one line).
+        for (name, second) in [
+            ("4242-3-0.pid", Some(boot.clone())),
+            ("4242-4-0.pid", Some("- -".to_string())),
+            ("4242-5-0.pid", None),
+        ] {
+            let mut hook = quiet("sleep 300; :").spawn().expect("sh");
+            let second = match second {
+                Some(b) if b.starts_with('-') => format!("{b}\n"),
+                Some(b) => format!("{b} {}\n", start_of(hook.id())),
+                None => String::new(),
+            };
+            std::fs::write(pid_file(name), format!("{} 7\n{second}", hook.id())).unwrap();
+            let kill = start_kill(shell, &state);
+            // Reaped as soon as it dies (as the host's shell would), or its group looks alive.
+            assert_eq!(hook.wait().unwrap().signal(), Some(15), "{shell}: {name}");
+            assert_eq!(said(kill), "1", "{shell}: {name}");
+        }
+
+        // Killed: a group whose leader ended while what it started goes on, the leader a
+        // zombie (not reaped yet: its start time is still there) or gone (reaped).
+        for reaped in [false, true] {
+            let child_file = dir.path().join(format!("child-{reaped}"));
+            let mut leader = quiet(&format!(
+                "sleep 300 >/dev/null 2>&1 & echo $! > '{}'",
+                child_file.display()
+            ))
+            .spawn()
+            .expect("sh");
+            let recorded = start_of(leader.id());
+            let child = line_of(&child_file);
+            if reaped {
+                leader.wait().expect("reaped");
+            } else {
+                let t0 = Instant::now();
+                while std::fs::read_to_string(format!("/proc/{}/stat", leader.id()))
+                    .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").starts_with(" Z"))
+                {
+                    assert!(t0.elapsed() < Duration::from_secs(5));
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            std::fs::write(
+                pid_file("4242-6-0.pid"),
+                format!("{} 7\n{boot} {recorded}\n", leader.id()),
+            )
+            .unwrap();
+            let kill = start_kill(shell, &state);
+            let t0 = Instant::now();
+            while alive(&child) && t0.elapsed() < Duration::from_secs(3) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let killed = !alive(&child);
+            let _ = leader.wait();
+            if !killed {
+                let _ = Command::new("kill").args(["-KILL", &child]).status();
+            }
+            assert!(
+                killed,
+                "{shell}: the leaderless group was killed (reaped: {reaped})"
+            );
+            assert_eq!(said(kill), "1", "{shell}: reaped: {reaped}");
+        }
+    }
+
+    #[test]
+    fn a_hooks_pid_file_names_its_group_its_start_and_this_boot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().display().to_string();
+        std::fs::create_dir_all(dir.path().join("hooks")).unwrap();
+        let file = super::super::hook_run::pid_file(&state);
+        let pid = super::super::hook_run::Recorded {
+            file: &file,
+            number: 3,
+            stop: None,
+        };
+        let said = dir.path().join("said");
+        let hook = format!("echo running > '{}'; sleep 300", said.display());
+        let mut wrapper = quiet(&super::super::hook_run::script(
+            &[],
+            &hook,
+            &state,
+            &pid,
+            false,
+        ))
+        .spawn()
+        .expect("sh");
+        line_of(&said);
+        let boot = std::fs::read_to_string(super::super::hook_run::BOOT_ID).expect("boot id");
+        assert_eq!(
+            std::fs::read_to_string(&file).expect("pid file"),
+            format!(
+                "{} 3\n{} {}\n",
+                wrapper.id(),
+                boot.trim(),
+                start_of(wrapper.id())
+            )
+        );
+        // And the kill of this process's hooks finds it.
+        let out = sh(&kill_script(&state, std::process::id()))
+            .output()
+            .expect("sh");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+        assert_eq!(wrapper.wait().unwrap().signal(), Some(15));
     }
 }
