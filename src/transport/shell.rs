@@ -372,4 +372,6 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 #[cfg(test)]
+mod cost;
+#[cfg(test)]
 mod tests;
