@@ -28,9 +28,8 @@ use std::time::{Duration, Instant};
 /// taken while the group lasts (but for a group made after the hook's, whose own leader also
 /// ended: a pid namespace restarted under the same kernel, which keeps its boot id; or, on the
 /// same boot, a hook's shell killed before its exit trap could mark it, and its id taken since
-/// by a group that lost its leader too). A pid
-/// file of an older `deploy` (one line), or of a host with no boot id or `/proc` (`-`), is
-/// taken at its word for what it lacks. Every test is the shell's own (`read`, `case`, the
+/// by a group that lost its leader too). A pid file of an older `deploy` (one line), or of a
+/// host with no boot id or `/proc` (`-`), is taken at its word for what it lacks. Every test is the shell's own (`read`, `case`, the
 /// fields cut by parameter expansion, not by word splitting, which `zsh` does not do), no
 /// program: it holds on any host with a POSIX shell, which over a session of its own is the
 /// login shell (`dash`, `bash`, busybox `ash`, `zsh`, `ksh`).
@@ -142,7 +141,13 @@ mod tests {
 
     /// `/bin/sh -c script` in a process group of its own, as a link runs it.
     fn sh(script: &str) -> Command {
-        let mut cmd = Command::new("/bin/sh");
+        shell("/bin/sh", script)
+    }
+
+    /// `program -c script` in a process group of its own (a login shell runs a command over a
+    /// session of its own).
+    fn shell(program: &str, script: &str) -> Command {
+        let mut cmd = Command::new(program);
         cmd.arg("-c").arg(script).process_group(0);
         cmd
     }
@@ -178,7 +183,7 @@ mod tests {
         let mut mine = spawn("4242-1-0.pid", "");
         let mut other = spawn("4243-1-0.pid", "");
         // Marked ended (its shell gone, as far as the file says): left alone, not counted.
-        let mut ended = spawn("4242-2-0.pid", " ended");
+        let ended = spawn("4242-2-0.pid", " ended");
         let t0 = Instant::now();
         let child = |file: &str| loop {
             if let Ok(p) = std::fs::read_to_string(format!("{state}/{file}.child")) {
@@ -210,9 +215,7 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
         let _ = sh(&kill_script(&state, 4243)).output();
         let _ = other.wait();
-        let group = format!("-{}", ended.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
-        let _ = ended.wait();
+        end(ended);
     }
 
     /// Waits until `path` holds a line, and returns it.
@@ -246,13 +249,10 @@ mod tests {
         let _ = child.wait();
     }
 
-    /// Starts the kill script of controller 4242's hooks under `shell` (a login shell runs it
-    /// over a session of its own); [`said`] reads what it printed once it ends.
-    fn start_kill(shell: &str, state: &str) -> std::process::Child {
-        Command::new(shell)
-            .arg("-c")
-            .arg(kill_script(state, 4242))
-            .process_group(0)
+    /// Starts the kill script of controller 4242's hooks under `program`; [`said`] reads what
+    /// it printed once it ends.
+    fn start_kill(program: &str, state: &str) -> std::process::Child {
+        shell(program, &kill_script(state, 4242))
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("shell")
@@ -265,12 +265,12 @@ mod tests {
 
     #[test]
     fn a_group_id_taken_again_or_of_another_boot_is_left_alone() {
-        for shell in ["/bin/sh", "bash"] {
-            taken_again_or_of_another_boot(shell);
+        for program in ["/bin/sh", "bash"] {
+            taken_again_or_of_another_boot(program);
         }
     }
 
-    fn taken_again_or_of_another_boot(shell: &str) {
+    fn taken_again_or_of_another_boot(program: &str) {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().display().to_string();
         std::fs::create_dir_all(dir.path().join("hooks")).unwrap();
@@ -299,7 +299,7 @@ mod tests {
         for (name, text) in &files {
             std::fs::write(pid_file(name), text).unwrap();
         }
-        let out = said(start_kill(shell, &state));
+        let out = said(start_kill(program, &state));
         let (mut taken, mut other_boot) = (taken, other_boot);
         let (taken_lives, other_lives) = (
             taken.try_wait().unwrap().is_none(),
@@ -307,9 +307,9 @@ mod tests {
         );
         end(taken);
         end(other_boot);
-        assert_eq!(out, "0", "{shell}");
-        assert!(taken_lives, "{shell}: a group taken again was killed");
-        assert!(other_lives, "{shell}: a group of another boot was killed");
+        assert_eq!(out, "0", "{program}");
+        assert!(taken_lives, "{program}: a group taken again was killed");
+        assert!(other_lives, "{program}: a group of another boot was killed");
         assert!(
             !std::path::Path::new(&pid_file("4242-2-0.pid")).exists(),
             "files cleared"
@@ -329,10 +329,10 @@ mod tests {
                 None => String::new(),
             };
             std::fs::write(pid_file(name), format!("{} 7\n{second}", hook.id())).unwrap();
-            let kill = start_kill(shell, &state);
+            let kill = start_kill(program, &state);
             // Reaped as soon as it dies (as the host's shell would), or its group looks alive.
-            assert_eq!(hook.wait().unwrap().signal(), Some(15), "{shell}: {name}");
-            assert_eq!(said(kill), "1", "{shell}: {name}");
+            assert_eq!(hook.wait().unwrap().signal(), Some(15), "{program}: {name}");
+            assert_eq!(said(kill), "1", "{program}: {name}");
         }
 
         // Killed: a group whose leader ended while what it started goes on, the leader a
@@ -351,9 +351,7 @@ mod tests {
                 leader.wait().expect("reaped");
             } else {
                 let t0 = Instant::now();
-                while std::fs::read_to_string(format!("/proc/{}/stat", leader.id()))
-                    .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").starts_with(" Z"))
-                {
+                while alive(&leader.id().to_string()) {
                     assert!(t0.elapsed() < Duration::from_secs(5));
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -363,7 +361,7 @@ mod tests {
                 format!("{} 7\n{boot} {recorded}\n", leader.id()),
             )
             .unwrap();
-            let kill = start_kill(shell, &state);
+            let kill = start_kill(program, &state);
             let t0 = Instant::now();
             while alive(&child) && t0.elapsed() < Duration::from_secs(3) {
                 std::thread::sleep(Duration::from_millis(10));
@@ -375,9 +373,9 @@ mod tests {
             }
             assert!(
                 killed,
-                "{shell}: the leaderless group was killed (reaped: {reaped})"
+                "{program}: the leaderless group was killed (reaped: {reaped})"
             );
-            assert_eq!(said(kill), "1", "{shell}: reaped: {reaped}");
+            assert_eq!(said(kill), "1", "{program}: reaped: {reaped}");
         }
     }
 
