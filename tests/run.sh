@@ -54,16 +54,18 @@ else
     # `cargo clippy` would (with `-D warnings`), in a build of every target that uses the
     # dependencies' real builds, the ones the tests then link. `cargo clippy` would first make a
     # check build of every dependency, used by nothing else (287 s of a CI run;
-    # book/src/testing.md). Cargo keeps the driver's builds of drover's crates apart from
-    # rustc's: the tests below build and run their own.
+    # book/src/testing.md).
     driver=$(command -v clippy-driver) || {
         echo "tests/run.sh: clippy-driver not found (rustup component add clippy)" >&2
         exit 1
     }
-    lint=(env RUSTC_WORKSPACE_WRAPPER="$driver"
-        CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__")
-    "${lint[@]}" cargo test --quiet --features etcd --all-targets --no-run
-    "${lint[@]}" cargo build --quiet --lib
+    # Exported: the tests below then run the driver's builds of drover's crates instead of
+    # compiling them again with rustc (the same code; cargo keeps the two builds apart). .ci/run
+    # sets the same two values for the builds of its later stages.
+    export RUSTC_WORKSPACE_WRAPPER="$driver"
+    export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+    cargo test --quiet --features etcd --all-targets --no-run
+    cargo build --quiet --lib
 fi
 
 # Every test, with the etcd store (tests/store.rs and the store's unit tests need it). One test
