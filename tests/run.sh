@@ -12,6 +12,8 @@ missing=()
 command -v ssh >/dev/null || missing+=(openssh-client)
 command -v python3 >/dev/null || missing+=(python3)
 command -v unshare >/dev/null || missing+=(util-linux)
+# a login shell that is not /bin/sh, for tests/login_shell.rs
+[ -x /usr/bin/zsh ] || missing+=(zsh)
 # the shared store: etcd's client is built with the `etcd` feature, whose build script
 # compiles etcd's protos with protoc; tests/store.rs runs a real etcd (and makes its TLS CA
 # with openssl)

@@ -65,7 +65,12 @@ pub fn arguments(options: &SshOptions, address: &str, script: &str) -> Vec<OsStr
         args.push("-F".into());
         args.push(config.into());
     }
-    args.extend(["-T".into(), "--".into(), address.into(), script.into()]);
+    args.extend([
+        "-T".into(),
+        "--".into(),
+        address.into(),
+        super::in_sh(script).into(),
+    ]);
     args
 }
 
@@ -242,8 +247,12 @@ mod tests {
                 "{want} missing in {args:?}"
             );
         }
-        // The address and the script come after `--`, never read as options.
-        assert_eq!(args[args.len() - 3..], ["--", "-oProxyCommand=x", "cat >f"]);
+        // The address and the script come after `--`, never read as options; the login shell
+        // only starts `/bin/sh` for the script.
+        assert_eq!(
+            args[args.len() - 3..],
+            ["--", "-oProxyCommand=x", "exec /bin/sh -c 'cat >f'"]
+        );
         let new = SshOptions {
             accept_new_host_keys: true,
             ..options()

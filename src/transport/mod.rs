@@ -15,7 +15,7 @@ mod ssh;
 
 pub use kept::Kept;
 pub use local::Local;
-pub use quote::{env_prefix, quote};
+pub use quote::{env_prefix, in_sh, quote};
 pub use ssh::Ssh;
 
 use crate::site::{Platform, Transport as TransportSpec};

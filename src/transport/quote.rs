@@ -15,6 +15,16 @@ pub fn quote(s: &str) -> String {
     out
 }
 
+/// What a session of its own is given, for `script`: `exec /bin/sh -c '<script>'`. sshd hands a
+/// session's command to the user's login shell, which may not read `script` as `/bin/sh` does:
+/// `zsh` stops a command at a glob that matches nothing (`rm -f dir/1-*.stop` never ran the
+/// `rm`, and a lock was left behind) and does not split `$x`. Every login shell the book names
+/// reads this one line alike, and `exec` keeps the session's process (its group id is still the
+/// script's `$$`).
+pub fn in_sh(script: &str) -> String {
+    format!("exec /bin/sh -c {}", quote(script))
+}
+
 /// `K='v' … /bin/sh -c '<command>'`: runs `command` with these variables set (and exported
 /// to it alone), without a process of its own for setting them. A name that is not a shell
 /// name (letters, digits, `_`, not starting with a digit) cannot be an assignment: then the

@@ -3,7 +3,7 @@
 use super::direct::Open;
 use super::persist::Masters;
 use super::shell::{self, Shell, ShellError};
-use super::{quote, Chain, Command, Link, Output, Target, Transport, TransportError};
+use super::{Chain, Command, Link, Output, Target, Transport, TransportError};
 use crate::site::SshOptions;
 use openssh::{KnownHosts, Session, SessionBuilder, Stdio};
 use std::collections::VecDeque;
@@ -336,7 +336,7 @@ impl SshLink {
     /// Starts the kept shell.
     async fn open(&self) -> Result<Shell, openssh::Error> {
         let token = shell::token();
-        let text = format!("exec /bin/sh -c {}", quote(&shell::loop_script(&token)));
+        let text = super::in_sh(&shell::loop_script(&token));
         let mut child = Session::to_raw_command(self.session.clone(), text)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -363,7 +363,7 @@ impl SshLink {
             host: self.host.clone(),
             reason: flatten(&e),
         };
-        let mut command = self.session.raw_command(script);
+        let mut command = self.session.raw_command(super::in_sh(script));
         let Some(input) = input else {
             let out = command.stdin(Stdio::null()).output().await.map_err(error)?;
             return Ok(Output {
@@ -460,7 +460,7 @@ impl Link for SshLink {
         };
         let mut child = self
             .session
-            .raw_command(script)
+            .raw_command(super::in_sh(script))
             .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -75,6 +75,7 @@ mount --bind "$2/srv" /srv
 mount --bind "$2/opt" /opt
 mount --bind "$2/var-lib" /var/lib
 mount --bind "$2/root" /root
+[ ! -f "$2/passwd" ] || mount --bind "$2/passwd" /etc/passwd
 exec 3<&0
 (read -r _ <&3 || :; while :; do kill -TERM 1; sleep 0.1; done) &
 exec /usr/sbin/sshd -D -e -f "$3" 3<&-
@@ -93,6 +94,9 @@ pub struct FleetHost {
     pub class: String,
     /// Further inventory properties, e.g. `("zone", "a")`.
     pub tags: Vec<(String, String)>,
+    /// root's login shell on this host (the machine's own when `None`): an `/etc/passwd` of
+    /// the host's, the machine's with root's shell changed, is mounted over `/etc/passwd`.
+    pub login_shell: Option<String>,
 }
 
 impl FleetHost {
@@ -102,7 +106,15 @@ impl FleetHost {
             name: name.into(),
             class: class.into(),
             tags: Vec::new(),
+            login_shell: None,
         }
+    }
+
+    /// Gives root this login shell on the host (builder style).
+    #[allow(dead_code)]
+    pub fn login_shell(mut self, shell: &str) -> FleetHost {
+        self.login_shell = Some(shell.into());
+        self
     }
 
     /// Adds a tag (builder style).
@@ -384,6 +396,21 @@ impl Fleet {
             let root = self.host_root(&host.spec.name);
             for (sub, _) in HOST_DIRS {
                 fs::create_dir_all(root.join(sub)).unwrap();
+            }
+            if let Some(shell) = &host.spec.login_shell {
+                let passwd = fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+                let ours: String = passwd
+                    .lines()
+                    .map(|line| match line.strip_prefix("root:") {
+                        Some(rest) => {
+                            let fields: Vec<&str> = rest.split(':').collect();
+                            let kept = &fields[..fields.len().saturating_sub(1)];
+                            format!("root:{}:{shell}\n", kept.join(":"))
+                        }
+                        None => format!("{line}\n"),
+                    })
+                    .collect();
+                fs::write(root.join("passwd"), ours).unwrap();
             }
             let sshd_config = format!(
                 "ListenAddress {}:{}\nAddressFamily inet\nHostKey {}\nAuthorizedKeysFile {}\n\
