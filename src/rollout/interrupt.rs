@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 /// by a group that lost its leader too). A pid file of an older `deploy` (one line), or of a
 /// host with no boot id or `/proc` (`-`), is taken at its word for what it lacks. Every test is the shell's own (`read`, `case`, the
 /// fields cut by parameter expansion, not by word splitting, which `zsh` does not do), no
-/// program: it holds on any host with a POSIX shell, which over a session of its own is the
-/// login shell (`dash`, `bash`, busybox `ash`, `zsh`, `ksh`).
+/// program: it holds under any `/bin/sh` (`dash`, `bash`, busybox `ash`, `zsh`, `ksh`), which
+/// is what runs it, a session of its own included (`transport::in_sh`).
 pub fn kill_script(state_dir: &str, pid: u32) -> String {
     format!(
         r#"d={d}; n=0; live=; b=; {{ read -r b <{boot}; }} 2>/dev/null
@@ -144,8 +144,7 @@ mod tests {
         shell("/bin/sh", script)
     }
 
-    /// `program -c script` in a process group of its own (a login shell runs a command over a
-    /// session of its own).
+    /// `program -c script` in a process group of its own (any shell that may be `/bin/sh`).
     fn shell(program: &str, script: &str) -> Command {
         let mut cmd = Command::new(program);
         cmd.arg("-c").arg(script).process_group(0);
