@@ -159,11 +159,7 @@ fn an_apply_connects_to_each_host_once() {
 #[test]
 fn without_the_kept_shell_each_command_has_a_session_and_the_lock_goes_with_the_last_hook() {
     let shop = Shop::start();
-    let platform = shop.fleet.dir.join("platform.kdl");
-    let text = std::fs::read_to_string(&platform).expect("platform.kdl");
-    assert!(text.contains("transport \"ssh\" "), "{text}");
-    let text = text.replace("transport \"ssh\" ", "transport \"ssh\" keep-shell=#false ");
-    std::fs::write(&platform, text).expect("write platform.kdl");
+    with_transport_options(&shop, "keep-shell=#false");
     let site = shop.write(&Spec::default());
     let sent = commands(&shop);
     apply(&shop, &site, &[]);
@@ -215,15 +211,10 @@ fn a_fleet_over_the_connection_cap_still_converges() {
     }
 }
 
-/// Sets the fleet's `transport "ssh"` options to `options` (`persist="60s"` …).
+/// Writes the shop's platform again with `options` (`persist="60s"` …) on its transport.
 fn with_transport_options(shop: &Shop, options: &str) {
-    let platform = shop.fleet.dir.join("platform.kdl");
-    let text = std::fs::read_to_string(&platform).expect("platform.kdl");
-    let text = text.replace(
-        "transport \"ssh\" ",
-        &format!("transport \"ssh\" {options} "),
-    );
-    std::fs::write(&platform, text).expect("write platform.kdl");
+    shop.fleet
+        .write_platform_with(support::shop::STATE_DIR, options);
 }
 
 /// Runs `deploy` with its persisted masters in `masters`; it must exit 0.

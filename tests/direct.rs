@@ -33,14 +33,7 @@ fn logins_since(fleet: &Fleet, seen: &mut Vec<usize>) -> Vec<usize> {
 /// Writes the platform with `direct` as the transport's `direct-above=`, and the big file's
 /// content (8 KiB, its first bytes `mark`).
 fn prepare(fleet: &Fleet, direct: &str, mark: &str) -> Vec<u8> {
-    let platform = fleet.write_platform("/var/lib/drover");
-    let text = std::fs::read_to_string(&platform).expect("platform");
-    let text = text.replacen(
-        "transport \"ssh\" ",
-        &format!("transport \"ssh\" direct-above={direct} "),
-        1,
-    );
-    std::fs::write(&platform, text).expect("platform");
+    fleet.write_platform_with("/var/lib/drover", &format!("direct-above={direct}"));
     let mut big = mark.as_bytes().to_vec();
     big.resize(8 << 10, b'x');
     std::fs::write(fleet.dir.join("big.bin"), &big).expect("big");

@@ -95,14 +95,7 @@ impl Proxied {
 
     fn apply(&self, api_version: &str) -> String {
         let site = self.write(api_version);
-        let out = self.deploy(&["apply", site.to_str().unwrap(), "--yes"]);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.status.code(), Some(0), "apply failed:\n{text}");
-        text
+        support::cli::ok(self.deploy(&["apply", site.to_str().unwrap(), "--yes"]))
     }
 
     fn plan(&self, api_version: &str) -> String {

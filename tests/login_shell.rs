@@ -13,17 +13,12 @@ use support::fleet::{Fleet, FleetHost};
 const ZSH: &str = "/usr/bin/zsh";
 
 fn apply(fleet: &Fleet) -> String {
-    let out = support::cli::deploy_in(&fleet.dir)
-        .args(["apply", "site.kdl", "--yes"])
-        .output()
-        .expect("run deploy");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(0), "{text}");
-    text
+    support::cli::ok(
+        support::cli::deploy_in(&fleet.dir)
+            .args(["apply", "site.kdl", "--yes"])
+            .output()
+            .expect("run deploy"),
+    )
 }
 
 fn site(fleet: &Fleet, version: &str) {
@@ -38,18 +33,6 @@ fn site(fleet: &Fleet, version: &str) {
          }}\n"
     );
     std::fs::write(fleet.dir.join("site.kdl"), site).expect("site");
-}
-
-/// The platform, with `keep_shell` as the transport's `keep-shell=`.
-fn platform(fleet: &Fleet, keep_shell: bool) {
-    let path = fleet.write_platform("/var/lib/drover");
-    let text = std::fs::read_to_string(&path).expect("platform");
-    let text = text.replacen(
-        "transport \"ssh\" ",
-        &format!("transport \"ssh\" keep-shell=#{keep_shell} "),
-        1,
-    );
-    std::fs::write(&path, text).expect("platform");
 }
 
 /// What each host has at `path` (under its root), as text.
@@ -94,7 +77,7 @@ fn a_deploy_converges_and_gives_its_locks_back_under_a_zsh_login_shell() {
     // Every command in a session of its own, then with the shell kept (the first command of
     // each connection still in a session of its own).
     for (keep_shell, version) in [(false, "1.0"), (false, "2.0"), (true, "3.0")] {
-        platform(&fleet, keep_shell);
+        fleet.write_platform_with("/var/lib/drover", &format!("keep-shell=#{keep_shell}"));
         site(&fleet, version);
         let said = apply(&fleet);
         assert_eq!(

@@ -5,6 +5,7 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::Output;
+use support::cli::ok;
 use support::fleet::{Fleet, FleetHost};
 use support::hooks::EV;
 
@@ -59,16 +60,6 @@ fn deploy(fleet: &Fleet, args: &[&str]) -> Output {
         .env_remove("DROVER_FINGERPRINT_KEY")
         .output()
         .expect("run deploy")
-}
-
-fn ok(out: Output) -> String {
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(0), "deploy failed:\n{text}");
-    text
 }
 
 /// `host what service` of every hook event after the first `from`, sorted.

@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 /// ended: a pid namespace restarted under the same kernel, which keeps its boot id; or, on the
 /// same boot, a hook's shell killed before its exit trap could mark it, and its id taken since
 /// by a group that lost its leader too). A pid file of an older `deploy` (one line), or of a
-/// host with no boot id or `/proc` (`-`), is taken at its word for what it lacks. Every test is the shell's own (`read`, `case`, the
-/// fields cut by parameter expansion, not by word splitting, which `zsh` does not do), no
-/// program: it holds under any `/bin/sh` (`dash`, `bash`, busybox `ash`, `zsh`, `ksh`), which
-/// is what runs it, a session of its own included (`transport::in_sh`).
+/// host with no boot id or `/proc` (`-`), is taken at its word for what it lacks. Every test
+/// is the shell's own (`read`, `case`, the fields cut by parameter expansion, not by word
+/// splitting, which `zsh` does not do), no program: it holds under any `/bin/sh` (`dash`,
+/// `bash`, busybox `ash`, `zsh`, `ksh`), which is what runs it, a session of its own included
+/// (`transport::in_sh`).
 pub fn kill_script(state_dir: &str, pid: u32) -> String {
     format!(
         r#"d={d}; n=0; live=; b=; {{ read -r b <{boot}; }} 2>/dev/null

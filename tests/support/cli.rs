@@ -25,6 +25,18 @@ pub fn deploy(args: &[&str]) -> Run {
     }
 }
 
+/// A finished `deploy`'s standard output then its standard error, once it is known to have
+/// exited 0 (else the test fails, showing both).
+pub fn ok(out: std::process::Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "deploy failed:\n{text}");
+    text
+}
+
 /// `deploy` to run in `dir` (a fleet's directory: its logs land in `dir/.drover`), without
 /// colour; add the arguments and any environment.
 pub fn deploy_in(dir: &std::path::Path) -> Command {

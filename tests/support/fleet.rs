@@ -111,7 +111,6 @@ impl FleetHost {
     }
 
     /// Gives root this login shell on the host (builder style).
-    #[allow(dead_code)]
     pub fn login_shell(mut self, shell: &str) -> FleetHost {
         self.login_shell = Some(shell.into());
         self
@@ -271,8 +270,14 @@ impl Fleet {
     /// static inventory whose hosts carry `address`, `class` and their tags)
     /// and returns its path.
     pub fn write_platform(&self, state_dir: &str) -> PathBuf {
+        self.write_platform_with(state_dir, "")
+    }
+
+    /// As [`Fleet::write_platform`], with `options` (`keep-shell=#false`, `persist="60s"` …)
+    /// on its `transport "ssh"`.
+    pub fn write_platform_with(&self, state_dir: &str, options: &str) -> PathBuf {
         let path = self.dir.join("platform.kdl");
-        fs::write(&path, self.platform_kdl(state_dir)).expect("write platform.kdl");
+        fs::write(&path, self.platform_kdl(state_dir, options)).expect("write platform.kdl");
         path
     }
 
@@ -294,11 +299,16 @@ impl Fleet {
             .unwrap_or_else(|| panic!("no host `{name}` in this fleet"))
     }
 
-    fn platform_kdl(&self, state_dir: &str) -> String {
+    fn platform_kdl(&self, state_dir: &str, options: &str) -> String {
         let mut out = String::from("platform \"fleet\" {\n");
+        let options = if options.is_empty() {
+            String::new()
+        } else {
+            format!("{options} ")
+        };
         writeln!(
             out,
-            "    transport \"ssh\" user=\"root\" port={SSH_PORT} config={} known-hosts={} identity={}",
+            "    transport \"ssh\" {options}user=\"root\" port={SSH_PORT} config={} known-hosts={} identity={}",
             kdl_string(&path_text(&self.ssh_config())),
             kdl_string(&path_text(&self.known_hosts())),
             kdl_string(&path_text(&self.identity())),

@@ -44,6 +44,9 @@ pub struct Shop {
 }
 
 /// Appends an event line to the host's /var/lib/events.
+/// The hosts' state directory in the shop's platform.
+pub const STATE_DIR: &str = "/var/lib/drover";
+
 const EV: &str = r#"ev() { echo "$(date +%s%N) $1 $DEPLOY_SERVICE ${DEPLOY_OLD_VERSION:--} ${DEPLOY_NEW_VERSION:--}" >> /var/lib/events; }; d=/srv/$DEPLOY_SERVICE; "#;
 
 fn hooks() -> String {
@@ -76,7 +79,7 @@ impl Shop {
             hosts.push(FleetHost::new(&format!("lb{i}"), "lb").tag("zone", zones[i - 1]));
         }
         let fleet = Fleet::start(&hosts);
-        fleet.write_platform("/var/lib/drover");
+        fleet.write_platform(STATE_DIR);
         Shop { fleet }
     }
 
