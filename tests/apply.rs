@@ -207,7 +207,7 @@ fn ndjson_events_follow_the_schema() {
         .map(|l| serde_json::from_str(l).expect("each line is JSON"))
         .collect();
     assert_eq!(events.first().unwrap()["event"], "run-started");
-    assert_eq!(events.first().unwrap()["schema"], 1);
+    assert_eq!(events.first().unwrap()["schema"], 2);
     assert_eq!(events.last().unwrap()["event"], "run-finished");
     assert_eq!(
         events.last().unwrap()["converged"],

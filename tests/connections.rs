@@ -168,10 +168,12 @@ fn without_the_kept_shell_each_command_has_a_session_and_the_lock_goes_with_the_
     for ((host, n), (_, hooks)) in sent.iter().zip(&hooks) {
         assert!(*hooks >= 3, "{host} ran its steps: {hooks}");
         // The lock with the state read, then one per hook; no command of their own for
-        // reading state or unlocking.
+        // reading state or unlocking, but on app1: the first host by name, which a run that
+        // reads hosts as it goes holds to its end (`tests/plan_as_read.rs`).
+        let release = usize::from(host == "app1");
         assert_eq!(
             *n,
-            hooks + 1,
+            hooks + 1 + release,
             "{host}: the lock (with the read) and the hooks"
         );
     }
@@ -310,7 +312,13 @@ fn a_host_that_does_not_answer_the_lock_is_neither_read_nor_changed() {
             }
         })
     };
-    let out = shop.deploy(&["apply", site.to_str().expect("utf-8 path"), "--yes"]);
+    // Every host locked before the run (`--read-first`), as an apply that asks first does.
+    let out = shop.deploy(&[
+        "apply",
+        site.to_str().expect("utf-8 path"),
+        "--yes",
+        "--read-first",
+    ]);
     done.store(true, Ordering::SeqCst);
     counter.join().expect("the counter");
     let (stdout, stderr) = (

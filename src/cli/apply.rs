@@ -19,8 +19,8 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         break_lock: args.break_lock,
         max_connections: args.max_connections,
         read_hosts: args.read_hosts,
-        // Nothing is confirmed before the run: hosts may be read at their first step.
-        stream: args.yes && !is_saved_plan(&args.target),
+        // Nothing is confirmed before the run: hosts may be read as it goes.
+        stream: args.yes && !args.read_first && !is_saved_plan(&args.target),
     };
     let session = Session::begin(options, std::sync::Arc::new(|text: &str| errln!("{text}")))?;
     let Ready {
@@ -29,6 +29,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         transport,
         desired,
         secrets,
+        planner,
     } = if is_saved_plan(&args.target) {
         saved(args, &session)?
     } else {
@@ -38,9 +39,16 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         return Ok(exit(ended));
     }
     let secrets = Arc::new(secrets);
+    let (site, desired) = (Arc::new(site), Arc::new(desired));
+    // Services planned as the run reads their hosts.
+    let pending = planner
+        .as_ref()
+        .map(|(hosts, _)| session.not_planned(&site, hosts, &plan))
+        .unwrap_or_default();
     let steps = plan.steps();
     if !args.json {
-        out!("{}", report::plan_text(&plan));
+        let shown = if steps == 0 { &[][..] } else { &pending[..] };
+        out!("{}", report::plan_text_with(&plan, shown));
     }
     let unreachable = plan
         .hosts
@@ -66,7 +74,18 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         };
     }
     session.release_unstepped(&plan);
-    let (site, plan) = (Arc::new(site), Arc::new(plan));
+    // The hosts left unread are read from here on, as the run goes.
+    let planning = planner.and_then(|(hosts, selection)| {
+        let planner = crate::session::Planner {
+            site: site.clone(),
+            hosts: Arc::new(hosts),
+            desired: desired.clone(),
+            selection,
+        };
+        session.plan_as_read(planner, &plan, pending)
+    });
+    let planned_during = planning.is_some();
+    let plan = Arc::new(plan);
     let run_id = session.run_id.clone();
     let log_dir = Path::new(".drover").join("runs").join(&run_id);
     let sink: Arc<dyn Sink> = if args.json {
@@ -87,17 +106,29 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         log_dir,
         max_connections: args.max_connections,
         secrets,
-        desired: Arc::new(desired),
+        desired,
         cancel: session.cancel.clone(),
         release: session.release_text(),
         lock_at_step: session.lock_at_step(),
         held_to_end: session.held_to_end(),
+        planning,
     };
     let summary = session.block_on(rollout::run(rollout));
     if !args.json {
         for (host, service, log) in &summary.failures {
             errln!("failed: {service} on {host}, log: {log}");
         }
+        for (host, why) in &summary.refused {
+            errln!(
+                "refused: {host} could not be locked as it was read during the run ({why}); \
+                 what ran is recorded; run `deploy apply` again once the other run is over"
+            );
+        }
+    }
+    // Planned as the hosts were read, and nothing to change after all.
+    let ran = summary.succeeded + summary.failed + summary.not_started + summary.skipped;
+    if planned_during && ran == 0 && summary.converged() && !args.json {
+        outln!("Nothing to change.");
     }
     if let Some(ended) = session.finish(&summary) {
         return Ok(exit(ended));
@@ -117,6 +148,9 @@ struct Ready {
     transport: RunTransport,
     desired: Desired,
     secrets: Secrets,
+    /// The hosts and the selection a plan made during the run is made from (not for a saved
+    /// plan, which is carried out as saved).
+    planner: Option<(crate::inventory::Hosts, plan::Selection)>,
 }
 
 fn fresh(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
@@ -130,7 +164,7 @@ fn fresh(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
         Ok(selection)
     })?;
     let plan = plan::plan(&l.site, &l.hosts, &l.observed, &l.desired, &selection)?;
-    Ok(l.ready(plan))
+    Ok(l.ready(plan, Some(selection)))
 }
 
 /// Everything a plan is made or checked against, the locks taken.
@@ -144,13 +178,15 @@ struct Locked {
 }
 
 impl Locked {
-    fn ready(self, plan: Plan) -> Ready {
+    /// `selection`: what a fresh plan was made for (`None` for a saved plan).
+    fn ready(self, plan: Plan, selection: Option<plan::Selection>) -> Ready {
         Ready {
             site: self.site,
             plan,
             transport: self.transport,
             desired: self.desired,
             secrets: self.secrets,
+            planner: selection.map(|s| (self.hosts, s)),
         }
     }
 }
@@ -262,7 +298,7 @@ fn saved(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
             changes: drift.join("\n  "),
         });
     }
-    Ok(l.ready(plan))
+    Ok(l.ready(plan, None))
 }
 
 fn is_saved_plan(path: &Path) -> bool {

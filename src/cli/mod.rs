@@ -170,6 +170,11 @@ pub struct ApplyArgs {
     /// from the site.
     #[arg(long)]
     pub read_hosts: bool,
+    /// With `--yes`: lock and read every host before anything changes, as an apply that
+    /// asks first does, instead of reading hosts as the run goes (a lock another run holds,
+    /// or a host that does not answer, is then found before the run).
+    #[arg(long)]
+    pub read_first: bool,
 }
 
 #[derive(Debug, clap::Args)]

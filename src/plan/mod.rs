@@ -220,7 +220,7 @@ pub struct Selection {
 }
 
 impl Selection {
-    fn has(&self, service: ServiceId, host: HostId) -> bool {
+    pub fn has(&self, service: ServiceId, host: HostId) -> bool {
         self.services.as_ref().is_none_or(|s| s.contains(&service))
             && self.hosts.as_ref().is_none_or(|h| h.contains(&host))
     }

@@ -49,6 +49,19 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 .collect();
             format!("{service}: waiting for {}", conds.join(", "))
         }
+        EventKind::ServicePlanned {
+            service,
+            waves,
+            steps,
+            skipped,
+        } => format!(
+            "{service}: planned once its hosts were read, {} in {}, {skipped} skipped",
+            count(*steps, "step"),
+            count(*waves, "wave")
+        ),
+        EventKind::Refused { host, reason } => format!(
+            "REFUSED: {host} cannot be locked ({reason}); no new step starts"
+        ),
         EventKind::ServiceStarted {
             service,
             waves,
@@ -161,6 +174,7 @@ pub fn line(kind: &EventKind) -> Option<String> {
             not_started,
             skipped,
             unreachable,
+            refused,
             ms,
         } => {
             let word = if *converged {
@@ -174,6 +188,9 @@ pub fn line(kind: &EventKind) -> Option<String> {
             }
             if *unreachable > 0 {
                 more.push_str(&format!(", {} unreachable", count(*unreachable, "host")));
+            }
+            if *refused > 0 {
+                more.push_str(&format!(", {} refused", count(*refused, "host")));
             }
             format!(
                 "run {word}: {succeeded} ok, {failed} failed, {not_started} not started{more} \
@@ -263,6 +280,8 @@ impl Sink for Bars {
             }
             EventKind::StepBlocked { .. }
             | EventKind::RunStarted { .. }
+            | EventKind::ServicePlanned { .. }
+            | EventKind::Refused { .. }
             | EventKind::Interrupted { .. } => {
                 let _ = self.multi.println(line(&event.kind).unwrap_or_default());
             }

@@ -9,5 +9,5 @@ mod status;
 pub use diagnostic::{render_diagnostic, Style};
 pub use events::{line as event_line, Bars, Lines, Ndjson};
 pub use graph::{graph_dot, graph_text};
-pub use plan_text::plan_text;
+pub use plan_text::{plan_text, plan_text_with};
 pub use status::{failures_text, status_text};

@@ -7,9 +7,26 @@ use std::fmt::Write;
 
 /// The whole plan as text, deterministic for the same plan.
 pub fn plan_text(plan: &Plan) -> String {
+    plan_text_with(plan, &[])
+}
+
+/// The plan as text when the services `pending` marks (by index) are planned during the run,
+/// once their hosts are read: those are named, not planned.
+pub fn plan_text_with(plan: &Plan, pending: &[bool]) -> String {
     let mut out = String::new();
-    let steps = plan.steps();
-    let skipped: usize = plan.services.iter().map(|s| s.skipped.len()).sum();
+    let is_pending = |i: usize| pending.get(i).copied().unwrap_or(false);
+    let planned = || {
+        plan.services
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| !is_pending(*i))
+            .map(|(_, s)| s)
+    };
+    let steps: usize = planned()
+        .flat_map(|s| &s.waves)
+        .map(|w| w.steps.len())
+        .sum();
+    let skipped: usize = planned().map(|s| s.skipped.len()).sum();
     let _ = writeln!(
         out,
         "Plan for site {} on platform {}: {} hosts, {} services (digest {})",
@@ -26,11 +43,24 @@ pub fn plan_text(plan: &Plan) -> String {
             count(n, "host")
         );
     }
-    for s in &plan.services {
+    for (i, s) in plan.services.iter().enumerate() {
         out.push('\n');
+        if is_pending(i) {
+            let _ = writeln!(
+                out,
+                "{} → {}  (class {}: {} {})\n  planned during the run, once the hosts it is \
+                 planned from are read",
+                s.name,
+                s.version,
+                s.classes.join(", "),
+                s.hosts,
+                plural(s.hosts, "host")
+            );
+            continue;
+        }
         service(&mut out, s);
     }
-    let waves: usize = plan.services.iter().map(|s| s.waves.len()).sum();
+    let waves: usize = planned().map(|s| s.waves.len()).sum();
     let _ = writeln!(
         out,
         "\n{steps} {} in {waves} {}, {skipped} skipped.",
@@ -43,7 +73,26 @@ pub fn plan_text(plan: &Plan) -> String {
         .iter()
         .filter(|h| h.observed == crate::state::Observed::Unread)
         .count();
-    if unread > 0 {
+    let later = pending.iter().filter(|p| **p).count();
+    if later > 0 {
+        let _ = writeln!(
+            out,
+            "\n{} not read before the run: each is locked and read as the run goes, and {} \
+             planned once every host it is planned from is read (--yes, nothing to confirm).",
+            count(unread, "host"),
+            if later == 1 {
+                "its service is".to_string()
+            } else {
+                format!("each of {later} services is")
+            }
+        );
+    } else if unread > 0 && steps == 0 {
+        let _ = writeln!(
+            out,
+            "\n{} not read before the run: no service selected would change there.",
+            count(unread, "host")
+        );
+    } else if unread > 0 {
         let _ = writeln!(
             out,
             "\n{} not read before the run (over --max-connections): each is locked and read \

@@ -33,6 +33,7 @@ fn with_site_settings(fx: Fixture, settings: &str) -> Fixture {
         release: None,
         signal_at_confirm: false,
         lock_at_step: None,
+        planning: Mutex::default(),
     }
 }
 

@@ -5,7 +5,7 @@ use serde::Serialize;
 use std::time::SystemTime;
 
 /// Version of the NDJSON event schema.
-pub const EVENT_SCHEMA: u32 = 1;
+pub const EVENT_SCHEMA: u32 = 2;
 
 /// One event, stamped with the time it happened.
 #[derive(Debug, Clone, Serialize)]
@@ -41,6 +41,18 @@ pub enum EventKind {
         service: String,
         waits_for: Vec<Condition>,
     },
+    /// A service planned during the run, once every host it is planned from was read
+    /// (`deploy apply --yes`, which starts the services whose hosts are read first): its
+    /// steps, waves and hosts left alone. Until then it had no steps of its own.
+    ServicePlanned {
+        service: String,
+        waves: usize,
+        steps: usize,
+        skipped: usize,
+    },
+    /// A host's lock was refused as it was read during the run (another run holds it):
+    /// nothing more starts, and the run ends not converged.
+    Refused { host: String, reason: String },
     ServiceStarted {
         service: String,
         waves: usize,
@@ -133,6 +145,9 @@ pub enum EventKind {
         /// when none).
         #[serde(skip_serializing_if = "is_zero")]
         unreachable: usize,
+        /// Hosts whose lock was refused as they were read during the run (absent when none).
+        #[serde(skip_serializing_if = "is_zero")]
+        refused: usize,
         ms: u64,
     },
 }

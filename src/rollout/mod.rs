@@ -10,6 +10,7 @@ mod hook_run;
 mod ideal;
 mod interrupt;
 mod links;
+mod planning;
 mod schedule;
 mod step;
 mod unread;
@@ -26,6 +27,7 @@ pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
 pub use interrupt::kill_script;
+pub use planning::{Planned, Planning};
 pub use unread::LockAtStep;
 pub use verify::{verify, CheckResult};
 
@@ -67,6 +69,9 @@ pub struct Rollout<T: Transport> {
     /// A host whose lock [`Rollout::release`] must not give back: the run holds it to its
     /// end (a run with unread steps, so that no other run of the site starts meanwhile).
     pub held_to_end: Option<Arc<str>>,
+    /// Services planned during the run, as their hosts are read; `None` when the plan plans
+    /// every service.
+    pub planning: Option<Planning>,
 }
 
 /// How a run ended.
@@ -84,12 +89,17 @@ pub struct Summary {
     pub failures: Vec<(String, String, String)>,
     /// Hosts whose lock went with their last command ([`Rollout::release`]).
     pub released: Vec<String>,
+    /// `(host, why)`: hosts whose lock was refused as they were read during the run.
+    pub refused: Vec<(String, String)>,
 }
 
 impl Summary {
     /// Everything planned was done and every host was reachable.
     pub fn converged(&self) -> bool {
-        self.failed == 0 && self.not_started == 0 && self.unreachable == 0
+        self.failed == 0
+            && self.not_started == 0
+            && self.unreachable == 0
+            && self.refused.is_empty()
     }
 }
 
@@ -100,7 +110,12 @@ pub async fn run<T: Transport>(rollout: Rollout<T>) -> Summary {
 
 /// The record each host starts from: what was observed when planning.
 pub fn initial_record(plan: &Plan, host: usize) -> HostRecord {
-    match &plan.hosts[host].observed {
+    record_of(&plan.hosts[host].observed)
+}
+
+/// The record a host starts from when it was found to run `observed`.
+fn record_of(observed: &crate::state::Observed) -> HostRecord {
+    match observed {
         crate::state::Observed::Running { services } => HostRecord {
             schema: HostRecord::SCHEMA,
             services: services.clone(),

@@ -16,12 +16,15 @@ use tokio::time::Instant as TokioInstant;
 mod ending;
 mod finishing;
 mod flowing;
+mod planned;
 mod starting;
 mod stopping;
 
 /// Per service: where its rollout stands.
 struct Svc {
     job: Arc<ServiceJob>,
+    /// Its steps are known: false while it waits to be planned ([`super::Planning`]).
+    planned: bool,
     started: bool,
     /// The next wave to open.
     next_wave: usize,
@@ -86,11 +89,26 @@ pub struct Scheduler<T: Transport> {
     released: Vec<String>,
     /// Hosts of unread steps that could not be read.
     unreachable_hosts: HashSet<usize>,
+    /// Where services not planned yet get their plan; `None` once it is closed.
+    updates: Option<tokio::sync::mpsc::UnboundedReceiver<super::Planned>>,
+    /// `(host, why)`: locks refused as hosts were read during the run.
+    refused: Vec<(String, String)>,
+}
+
+/// What woke the coordinator.
+enum Woke {
+    Ended(Option<Result<(tokio::task::Id, Ended), tokio::task::JoinError>>),
+    Planned(Option<super::Planned>),
+    Other,
 }
 
 impl<T: Transport> Scheduler<T> {
-    pub fn new(r: Rollout<T>) -> Self {
+    pub fn new(mut r: Rollout<T>) -> Self {
         let plan = r.plan.clone();
+        let (pending, updates) = match r.planning.take() {
+            Some(p) => (p.pending, Some(p.updates)),
+            None => (Vec::new(), None),
+        };
         let host_index: HashMap<Arc<str>, usize> = plan
             .hosts
             .iter()
@@ -118,32 +136,26 @@ impl<T: Transport> Scheduler<T> {
         let svcs = plan
             .services
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(i, s)| {
+                // A service not planned yet counts its placeholders: no host's lock goes with
+                // a command while a step may still come there.
                 for st in s.waves.iter().flat_map(|w| &w.steps) {
                     if let Some(&h) = host_index.get(&st.host) {
                         hosts[h].steps_left += 1;
                     }
                 }
-                let model = r.site.service(&s.name).map(|id| &r.site.services[id]);
-                let healthy = plan.healthy_before(s);
+                let planned = !pending.get(i).copied().unwrap_or(false);
                 Svc {
-                    job: Arc::new(ServiceJob {
-                        name: s.name.clone(),
-                        hooks: model.map(|m| m.hooks.clone()).unwrap_or_default(),
-                        on_failure: s.policy.on_failure,
-                        env: service_env(&r.site, &plan, s),
-                        state_dir: state_dir.clone(),
-                        run: r.run_id.clone(),
-                        secrets: r.secrets.clone(),
-                        cancel: r.cancel.clone(),
-                    }),
+                    job: job_of(&r, &plan, s, &state_dir),
+                    planned,
                     started: false,
                     next_wave: 0,
                     pending: Vec::new(),
                     running: 0,
                     open: Vec::new(),
                     not_before: None,
-                    healthy,
+                    healthy: if planned { plan.healthy_before(s) } else { 0 },
                     succeeded: 0,
                     failed: 0,
                     not_started: 0,
@@ -167,6 +179,8 @@ impl<T: Transport> Scheduler<T> {
             failed_hosts: 0,
             released: Vec::new(),
             unreachable_hosts: HashSet::new(),
+            updates,
+            refused: Vec::new(),
         }
     }
 
@@ -176,7 +190,15 @@ impl<T: Transport> Scheduler<T> {
 
     pub async fn run(mut self) -> Summary {
         let plan = self.r.plan.clone();
-        let steps = plan.steps();
+        // The steps known: a service planned during the run says its own when it is.
+        let steps = plan
+            .services
+            .iter()
+            .zip(&self.svcs)
+            .filter(|(_, svc)| svc.planned)
+            .flat_map(|(s, _)| &s.waves)
+            .map(|w| w.steps.len())
+            .sum();
         // The run's logs are the operator's alone (0700); a failure shows when a log is written.
         let _ = crate::state::private_dir(&self.r.log_dir);
         self.emit(EventKind::RunStarted {
@@ -188,11 +210,9 @@ impl<T: Transport> Scheduler<T> {
             steps,
             log_dir: self.r.log_dir.display().to_string(),
         });
-        for s in plan
-            .services
-            .iter()
-            .filter(|s| !s.waits_for.is_empty() && !s.waves.is_empty())
-        {
+        for (_, s) in plan.services.iter().enumerate().filter(|(i, s)| {
+            self.svcs[*i].planned && !s.waits_for.is_empty() && !s.waves.is_empty()
+        }) {
             self.emit(EventKind::ServiceWaiting {
                 service: s.name.clone(),
                 waits_for: s.waits_for.clone(),
@@ -209,7 +229,9 @@ impl<T: Transport> Scheduler<T> {
                 self.interrupted(level);
             }
             let wake = self.advance();
-            if self.tasks.is_empty() && wake.is_none() {
+            // Services still to be planned are waited for, unless every service is over.
+            let waiting = self.updates.is_some() && self.svcs.iter().any(|s| s.finished.is_none());
+            if self.tasks.is_empty() && wake.is_none() && !waiting {
                 break;
             }
             let timer = async {
@@ -219,10 +241,20 @@ impl<T: Transport> Scheduler<T> {
                 }
             };
             let tasks = &mut self.tasks;
-            let done = tokio::select! {
-                done = tasks.join_next_with_id(), if !tasks.is_empty() => done,
-                _ = timer => None,
-                _ = interrupts.changed() => None,
+            let updates = &mut self.updates;
+            let woke = tokio::select! {
+                done = tasks.join_next_with_id(), if !tasks.is_empty() => Woke::Ended(done),
+                update = next_update(updates), if updates.is_some() => Woke::Planned(update),
+                _ = timer => Woke::Other,
+                _ = interrupts.changed() => Woke::Other,
+            };
+            let done = match woke {
+                Woke::Ended(done) => done,
+                Woke::Planned(update) => {
+                    self.planned(update);
+                    None
+                }
+                Woke::Other => None,
             };
             if let Some(done) = done {
                 self.ended(done).await;
@@ -256,6 +288,13 @@ impl<T: Transport> Scheduler<T> {
                     self.wind_down();
                     return None;
                 }
+                // A host's lock refused during the run: nothing more starts either, and what
+                // was left counts as not started.
+                if let Some((host, why)) = self.refused.first() {
+                    let reason = format!("{host} could not be locked: {why}");
+                    self.leave_unfinished(ServiceOutcome::Halted, &reason);
+                    return None;
+                }
                 if self.svcs[s].finished.is_some() {
                     continue;
                 }
@@ -282,6 +321,9 @@ impl<T: Transport> Scheduler<T> {
 
     /// Starts service `s` once its runtime needs hold; blocks it if they never can.
     fn try_start(&mut self, s: usize) -> bool {
+        if !self.svcs[s].planned {
+            return false;
+        }
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
         let mut unmet = None;
@@ -453,6 +495,33 @@ impl<T: Transport> Scheduler<T> {
         }
         launched
     }
+}
+
+/// The next plan or refusal, `None` once the channel is closed.
+async fn next_update(
+    updates: &mut Option<tokio::sync::mpsc::UnboundedReceiver<super::Planned>>,
+) -> Option<super::Planned> {
+    updates.as_mut()?.recv().await
+}
+
+/// What every step of service `s` shares: its hooks, policy, env.
+fn job_of<T: Transport>(
+    r: &Rollout<T>,
+    plan: &crate::plan::Plan,
+    s: &crate::plan::ServicePlan,
+    state_dir: &str,
+) -> Arc<ServiceJob> {
+    let model = r.site.service(&s.name).map(|id| &r.site.services[id]);
+    Arc::new(ServiceJob {
+        name: s.name.clone(),
+        hooks: model.map(|m| m.hooks.clone()).unwrap_or_default(),
+        on_failure: s.policy.on_failure,
+        env: service_env(&r.site, plan, s),
+        state_dir: state_dir.into(),
+        run: r.run_id.clone(),
+        secrets: r.secrets.clone(),
+        cancel: r.cancel.clone(),
+    })
 }
 
 fn target(plan: &crate::plan::Plan, h: usize) -> Target {

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 mod flow;
 mod ideal;
+mod planning;
 mod pool;
 mod stopping;
 mod unread;
@@ -385,6 +386,8 @@ struct Fixture {
     signal_at_confirm: bool,
     /// [`Rollout::lock_at_step`] for the runs (the fixture's [`unread::FakeLock`]).
     lock_at_step: Option<Arc<unread::FakeLock>>,
+    /// [`Rollout::planning`] for the next run (`tests/planning.rs`).
+    planning: Mutex<Option<super::Planning>>,
 }
 
 /// The address of the `i`th host given to [`fixture`].
@@ -500,6 +503,7 @@ fn fixture_unread(
                 stop_at: Mutex::default(),
             })
         }),
+        planning: Mutex::default(),
     }
 }
 
@@ -592,6 +596,7 @@ impl Fixture {
                 .clone()
                 .map(|l| l as Arc<dyn super::LockAtStep<FakeLink>>),
             held_to_end: None,
+            planning: self.planning.lock().unwrap().take(),
         };
         // Only a deadlock guard: generous, so a loaded CI machine never trips it.
         let summary = tokio::time::timeout(Duration::from_secs(60), run(rollout))

@@ -182,6 +182,9 @@ impl Journaled {
                 failed,
                 not_started,
             },
+            EventKind::ServicePlanned { service, steps, .. } => {
+                Entry::ServicePlanned { service, steps }
+            }
             _ => return None,
         })
     }
@@ -196,7 +199,8 @@ impl Sink for Journaled {
                 // A step that ran nothing changed nothing: no carrying on depends on it.
                 Entry::HookStarted { .. }
                 | Entry::HookFinished { .. }
-                | Entry::StepSkipped { .. } => self.journal.note(&event.time, entry),
+                | Entry::StepSkipped { .. }
+                | Entry::ServicePlanned { .. } => self.journal.note(&event.time, entry),
                 _ => self.journal.append(&event.time, entry),
             };
             if let Err(e) = written {
@@ -313,6 +317,7 @@ mod tests {
             not_started: 0,
             skipped: 0,
             unreachable: 0,
+            refused: 0,
             ms: 1,
         }));
         let text = std::fs::read_to_string(sink.path()).unwrap();

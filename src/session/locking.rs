@@ -125,15 +125,58 @@ impl Session {
         // Over the cap, nothing to confirm first and no run to carry on: the hosts that may
         // be are left unread until their first step, but the cap's worth stepped first (read
         // now, their links kept for their steps).
-        let streaming = self.stream
+        // `--break-lock` is for locks found before the run: a lock met as the run goes is never
+        // broken (the operator was not shown its holder), so every host is read first.
+        let may_stream = self.stream
+            && !self.break_lock
             && self.shared.get().is_none()
             && matches!(unfinished, Ok(None))
-            && hosts.hosts.len() > self.max_connections
             && !site
                 .services
                 .iter()
                 .any(|s| matches!(s.policy.pause, crate::site::Pause::Confirm));
+        let streaming = may_stream && hosts.hosts.len() > self.max_connections;
         let mut anchor = None;
+        // Under the cap, with nothing to confirm first and no run to carry on: the hosts the
+        // first service is planned from are read before the run (and the first host by name,
+        // held to the end, as below); the others are read as the run goes on, and each
+        // service is planned once its hosts are ([`Session::plan_as_read`]).
+        if may_stream && !streaming {
+            let first_host = (0..hosts.hosts.len())
+                .min_by(|a, b| hosts.hosts[*a].name.cmp(&hosts.hosts[*b].name));
+            let first_service = site.order.iter().copied().find(|&sid| {
+                hosts
+                    .of_classes(&site.services[sid].classes)
+                    .into_iter()
+                    .any(|h| selection.has(sid, h))
+            });
+            if let (Some(h), Some(sid)) = (first_host, first_service) {
+                let mut first: HashSet<HostId> = crate::plan::planned_from(site, hosts, sid)
+                    .into_iter()
+                    .collect();
+                first.insert(h);
+                // A host no service is planned from is read before the run, as always.
+                let mut of_some = vec![false; hosts.hosts.len()];
+                for sid in 0..site.services.len() {
+                    for h in crate::plan::planned_from(site, hosts, sid) {
+                        of_some[h] = true;
+                    }
+                }
+                first.extend((0..hosts.hosts.len()).filter(|&h| !of_some[h]));
+                anchor = Some(hosts.hosts[h].name.to_string());
+                let mut unread = 0;
+                for (h, k) in known.iter_mut().enumerate() {
+                    if !first.contains(&h) && k.is_none() {
+                        *k = Some(Observed::Unread);
+                        unread += 1;
+                    }
+                }
+                self.unread
+                    .store(unread, std::sync::atomic::Ordering::SeqCst);
+                self.plans_as_read
+                    .store(unread > 0, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
         if streaming {
             let selected = crate::plan::first_hosts(site, hosts, selection);
             let mut first: HashSet<HostId> = selected
@@ -222,6 +265,8 @@ impl Session {
                 }
             }
             self.unread.store(0, std::sync::atomic::Ordering::SeqCst);
+            self.plans_as_read
+                .store(false, std::sync::atomic::Ordering::SeqCst);
         }
         // Links kept from here on are those the lock parked: no stage after it parks more.
         transport.stop_keeping();
@@ -567,7 +612,7 @@ fn targets_where(
 
 /// What the operator is told of the locks `broken` (taken over from a dead holder, or broken
 /// with `--break-lock`): a line per holder, with the places its locks were.
-fn broken_lines(broken: &[Broken]) -> Vec<String> {
+pub(super) fn broken_lines(broken: &[Broken]) -> Vec<String> {
     let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
     for b in broken {
         match seen

@@ -22,9 +22,11 @@
 
 mod journaled;
 mod locking;
+mod reading;
 mod shared;
 
 pub use journaled::{Journaled, RunContext};
+pub use reading::Planner;
 use shared::Shared;
 
 use crate::plan::Plan;
@@ -129,6 +131,11 @@ pub struct Session {
     stream: bool,
     /// Hosts left unread until their first step (see [`Options::stream`]).
     unread: std::sync::atomic::AtomicUsize,
+    /// Hosts were left unread for the run to read as it goes, planning each service once its
+    /// hosts are read ([`Session::plan_as_read`]), rather than at their steps.
+    plans_as_read: std::sync::atomic::AtomicBool,
+    /// What reads them ([`Session::plan_as_read`]); waited for before the locks go back.
+    reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When streaming: the hosts whose services stand alone (`plan::deferrable`).
     alone: Mutex<std::collections::HashSet<String>>,
     held: Mutex<Held>,
@@ -216,6 +223,8 @@ impl Session {
             read_hosts: options.read_hosts,
             stream: options.stream,
             unread: std::sync::atomic::AtomicUsize::new(0),
+            plans_as_read: std::sync::atomic::AtomicBool::new(false),
+            reader: Mutex::new(None),
             alone: Mutex::default(),
             shared: OnceLock::new(),
             known: Mutex::new(Vec::new()),
@@ -331,6 +340,7 @@ impl Session {
     /// After the rollout: `Some` when it was interrupted or its journal failed; otherwise the
     /// run is finished and no longer the site's unfinished one.
     pub fn finish(&self, summary: &Summary) -> Option<Ended> {
+        self.reader_done();
         if let Some(fleet) = &self.held().fleet {
             fleet.released(&summary.released);
         }
@@ -378,6 +388,7 @@ impl Session {
 impl Drop for Session {
     /// Gives the locks back: the hosts' first, then the controller's.
     fn drop(&mut self) {
+        self.reader_done();
         let held = std::mem::replace(
             &mut *self.held(),
             Held {

@@ -89,6 +89,8 @@ pub enum Entry {
         host: String,
         reason: String,
     },
+    /// A service planned during the run, once its hosts were read: its steps join the run's.
+    ServicePlanned { service: String, steps: usize },
     /// An unread step that ran nothing once its host was read (`skip`: `at-version` or
     /// `unreachable`).
     StepSkipped {
@@ -463,6 +465,7 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
                 }
             }
             Entry::StepBlocked { .. } => rec.blocked += 1,
+            Entry::ServicePlanned { steps, .. } => rec.steps += steps,
             Entry::StepSkipped { .. } => {}
             Entry::Interrupted { .. } => {
                 rec.state = "interrupted".into();

@@ -130,6 +130,7 @@ impl<T: Transport> Scheduler<T> {
         let plan = &self.r.plan;
         let mut sum = Summary {
             released: self.released.clone(),
+            refused: self.refused.clone(),
             ..Summary::default()
         };
         for (s, svc) in self.svcs.iter().enumerate() {
@@ -185,6 +186,7 @@ impl<T: Transport> Scheduler<T> {
             not_started: sum.not_started,
             skipped: sum.skipped,
             unreachable: sum.unreachable,
+            refused: sum.refused.len(),
             ms,
         });
         sum

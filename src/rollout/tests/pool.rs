@@ -52,6 +52,7 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
         release: None,
         signal_at_confirm: false,
         lock_at_step: None,
+        planning: Mutex::default(),
     }
 }
 
