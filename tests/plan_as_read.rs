@@ -73,20 +73,7 @@ fn apply(fleet: &Fleet, site: &Path, json: bool) -> (Option<i32>, String, String
     if json {
         cmd.arg("--json");
     }
-    let out = cmd.output().expect("run deploy");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn events(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("event").is_some())
-        .collect()
+    support::cli::outcome(&mut cmd)
 }
 
 /// The position of the first event of `kind` about `service` (or `host`).
@@ -96,30 +83,9 @@ fn first(events: &[Value], kind: &str, key: &str, value: &str) -> Option<usize> 
         .position(|e| e["event"] == kind && e[key] == value)
 }
 
-/// Connections each host's sshd accepted so far.
-fn accepted(fleet: &Fleet) -> Vec<usize> {
-    fleet
-        .names()
-        .into_iter()
-        .map(|h| {
-            std::fs::read_to_string(fleet.host_root(h).join("sshd.log"))
-                .unwrap_or_default()
-                .matches("Accepted publickey")
-                .count()
-        })
-        .collect()
-}
-
+/// The lines the hooks wrote on `host`.
 fn hooks(fleet: &Fleet, host: &str) -> Vec<String> {
-    std::fs::read_to_string(fleet.host_root(host).join("var-lib/hooks"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn lock_dir(fleet: &Fleet, host: &str) -> PathBuf {
-    fleet.host_root(host).join("var-lib/drover/lock")
+    fleet.lines(host, "var-lib/hooks")
 }
 
 fn version_on(fleet: &Fleet, host: &str, service: &str) -> Option<String> {
@@ -138,7 +104,7 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
     let site_1 = site(&fleet, "1.0");
 
     // A fresh fleet: the plan shown names api and web as planned during the run.
-    let before = accepted(&fleet);
+    let before = fleet.logins();
     let (code, stdout, stderr) = apply(&fleet, &site_1, false);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(
@@ -153,12 +119,12 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
         stderr.contains("web: planned once its hosts were read, 1 step in 1 wave"),
         "{stderr}"
     );
-    let after = accepted(&fleet);
+    let after = fleet.logins();
     let once: Vec<usize> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     assert_eq!(once, vec![1; 5], "each host connected once");
     for host in fleet.names() {
         assert!(
-            !lock_dir(&fleet, host).exists(),
+            !fleet.lock_dir(host).exists(),
             "{host}: its lock given back"
         );
     }
@@ -168,7 +134,7 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
     let site_2 = site(&fleet, "2.0");
     let (code, stdout, stderr) = apply(&fleet, &site_2, true);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    let ev = events(&stdout);
+    let ev = support::cli::events(&stdout);
     let db_started = first(&ev, "step-started", "service", "db").expect("db started");
     let web_planned = first(&ev, "service-planned", "service", "web").expect("web planned");
     let api_planned = first(&ev, "service-planned", "service", "api").expect("api planned");
@@ -210,7 +176,7 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
             "{host}"
         );
         assert!(
-            !lock_dir(&fleet, host).exists(),
+            !fleet.lock_dir(host).exists(),
             "{host}: its lock given back"
         );
     }
@@ -228,13 +194,13 @@ fn a_lock_another_run_holds_on_a_later_tier_stops_the_run_there() {
     let fleet = fleet(&tmp.path().join("slow-sh"));
     let site_1 = site(&fleet, "1.0");
     // Another controller's run holds w1.
-    let held = lock_dir(&fleet, "w1");
+    let held = fleet.lock_dir("w1");
     std::fs::create_dir_all(&held).expect("lock dir");
     let holder = r#"{"user":"ops","controller":"elsewhere","boot":"b","machine":"m","pid":4242,"since":"2026-11-27T00:00:00Z","run":"other-run","site":"tiers"}"#;
     std::fs::write(held.join("holder.json"), format!("{holder}\n")).expect("holder");
     let (code, stdout, stderr) = apply(&fleet, &site_1, true);
     assert_eq!(code, Some(1), "not converged:\n{stdout}\n{stderr}");
-    let ev = events(&stdout);
+    let ev = support::cli::events(&stdout);
     let refused = first(&ev, "refused", "host", "w1").expect("refused");
     assert!(
         ev[refused]["reason"]
@@ -258,7 +224,7 @@ fn a_lock_another_run_holds_on_a_later_tier_stops_the_run_there() {
             "{host}: its record says what ran ({ran:?}, {recorded:?})"
         );
         assert!(
-            !lock_dir(&fleet, host).exists(),
+            !fleet.lock_dir(host).exists(),
             "{host}: this run's lock given back"
         );
     }
@@ -297,7 +263,7 @@ fn a_lock_another_run_holds_on_a_later_tier_stops_the_run_there() {
     assert!(!text.contains("planned during the run"), "{text}");
     assert_eq!(hooks(&fleet, "w1").len(), 2, "w1 installed");
     for host in fleet.names() {
-        assert!(!lock_dir(&fleet, host).exists(), "{host}: no lock left");
+        assert!(!fleet.lock_dir(host).exists(), "{host}: no lock left");
     }
 }
 

@@ -59,21 +59,7 @@ fn apply(fleet: &Fleet, site: &Path, json: bool) -> (Option<i32>, String, String
     if json {
         cmd.arg("--json");
     }
-    let out = cmd.output().expect("run deploy");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The events of a `--json` run.
-fn events(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("event").is_some())
-        .collect()
+    support::cli::outcome(&mut cmd)
 }
 
 /// Hosts with an event `kind` (and, for `step-skipped`, that skip).
@@ -88,35 +74,13 @@ fn hosts_with(events: &[Value], kind: &str, skip: Option<&str>) -> Vec<String> {
     hosts
 }
 
-/// Connections each host's sshd accepted so far.
-fn accepted(fleet: &Fleet) -> Vec<usize> {
-    fleet
-        .names()
-        .into_iter()
-        .map(|h| {
-            std::fs::read_to_string(fleet.host_root(h).join("sshd.log"))
-                .unwrap_or_default()
-                .matches("Accepted publickey")
-                .count()
-        })
-        .collect()
-}
-
 fn since(now: &[usize], before: &[usize]) -> Vec<usize> {
     now.iter().zip(before).map(|(a, b)| a - b).collect()
 }
 
 /// The lines the hooks wrote on `host`.
 fn hooks(fleet: &Fleet, host: &str) -> Vec<String> {
-    std::fs::read_to_string(fleet.host_root(host).join("var-lib/hooks"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn lock_dir(fleet: &Fleet, host: &str) -> PathBuf {
-    fleet.host_root(host).join("var-lib/drover/lock")
+    fleet.lines(host, "var-lib/hooks")
 }
 
 #[test]
@@ -127,7 +91,7 @@ fn hosts_over_the_cap_are_read_at_their_step_each_connected_once() {
     // A fresh fleet: the four hosts stepped first are read before the run, the two others
     // at their step; each is connected once, and every one is installed. (n1, locked first,
     // keeps its connection, one of the four, until its lock is given back at the end.)
-    let before = accepted(&fleet);
+    let before = fleet.logins();
     let (code, stdout, stderr) = apply(&fleet, &site_1, false);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(
@@ -135,7 +99,7 @@ fn hosts_over_the_cap_are_read_at_their_step_each_connected_once() {
         "the plan says which hosts are read at their step:\n{stdout}"
     );
     assert_eq!(
-        since(&accepted(&fleet), &before),
+        since(&fleet.logins(), &before),
         vec![1; HOSTS],
         "each host connected once"
     );
@@ -146,25 +110,25 @@ fn hosts_over_the_cap_are_read_at_their_step_each_connected_once() {
             "{host}: a fresh install"
         );
         assert!(
-            !lock_dir(&fleet, host).exists(),
+            !fleet.lock_dir(host).exists(),
             "{host}: its lock given back"
         );
     }
 
     // Nothing changed: the hosts read at their step are found converged and left alone, the
     // run converged, each host connected once again.
-    let before = accepted(&fleet);
+    let before = fleet.logins();
     let (code, stdout, stderr) = apply(&fleet, &site_1, true);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    let ev = events(&stdout);
+    let ev = support::cli::events(&stdout);
     let skipped = hosts_with(&ev, "step-skipped", Some("at-version"));
     assert_eq!(skipped.len(), 2, "{stdout}");
     assert!(hosts_with(&ev, "step-started", None).is_empty(), "{stdout}");
-    assert_eq!(since(&accepted(&fleet), &before), vec![1; HOSTS]);
+    assert_eq!(since(&fleet.logins(), &before), vec![1; HOSTS]);
     for host in fleet.names() {
         assert_eq!(hooks(&fleet, host).len(), 2, "{host}: no hook ran");
         assert!(
-            !lock_dir(&fleet, host).exists(),
+            !fleet.lock_dir(host).exists(),
             "{host}: its lock given back"
         );
     }
@@ -193,13 +157,13 @@ fn a_host_locked_by_another_run_fails_its_step_and_keeps_that_runs_lock() {
     let fleet = fleet();
     let site_1 = site(&fleet, "1.0");
     // n6 is stepped last: read at its step. Another controller's run holds its lock.
-    let held = lock_dir(&fleet, "n6");
+    let held = fleet.lock_dir("n6");
     std::fs::create_dir_all(&held).expect("lock dir");
     let holder = r#"{"user":"ops","controller":"elsewhere","boot":"b","machine":"m","pid":4242,"since":"2026-11-27T00:00:00Z","run":"other-run","site":"farm"}"#;
     std::fs::write(held.join("holder.json"), format!("{holder}\n")).expect("holder");
     let (code, stdout, stderr) = apply(&fleet, &site_1, true);
     assert_ne!(code, Some(0), "{stdout}\n{stderr}");
-    let ev = events(&stdout);
+    let ev = support::cli::events(&stdout);
     let failed: Vec<&Value> = ev
         .iter()
         .filter(|e| e["event"] == "step-finished" && e["ok"] == false)
@@ -222,7 +186,7 @@ fn a_host_locked_by_another_run_fails_its_step_and_keeps_that_runs_lock() {
     for host in ["n1", "n2", "n3", "n4", "n5"] {
         assert_eq!(hooks(&fleet, host).len(), 2, "{host} installed");
         assert!(
-            !lock_dir(&fleet, host).exists(),
+            !fleet.lock_dir(host).exists(),
             "{host}: this run's lock given back"
         );
     }
@@ -236,7 +200,7 @@ fn a_host_that_does_not_answer_at_its_step_is_left_alone_as_unreachable() {
     let (code, stdout, stderr) = apply(&fleet, &site_1, true);
     // Not converged (exit 1), but not a failure that halts the rollout: the others install.
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
-    let ev = events(&stdout);
+    let ev = support::cli::events(&stdout);
     assert_eq!(hosts_with(&ev, "step-skipped", Some("unreachable")), ["n5"]);
     assert!(ev
         .iter()
@@ -272,11 +236,11 @@ fn the_first_host_stays_locked_until_the_run_ends_so_a_second_run_is_refused() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     // n1's step ended long ago; its lock is still held, by this run.
-    let holder = std::fs::read_to_string(lock_dir(&fleet, "n1").join("holder.json"))
-        .expect("n1 still locked");
+    let holder =
+        std::fs::read_to_string(fleet.lock_dir("n1").join("holder.json")).expect("n1 still locked");
     assert!(holder.contains("\"site\":\"farm\""), "{holder}");
     assert!(
-        !lock_dir(&fleet, "n2").exists(),
+        !fleet.lock_dir("n2").exists(),
         "n2's lock went with its step"
     );
     // Another controller (its own directory, so its own controller lock) is refused.
@@ -296,7 +260,7 @@ fn the_first_host_stays_locked_until_the_run_ends_so_a_second_run_is_refused() {
     assert_eq!(status.code(), Some(0));
     for host in fleet.names() {
         assert!(
-            !lock_dir(&fleet, host).exists(),
+            !fleet.lock_dir(host).exists(),
             "{host}: its lock given back"
         );
     }
@@ -307,7 +271,7 @@ fn when_the_first_host_does_not_answer_every_host_is_read_before_the_run() {
     let fleet = fleet();
     let site_1 = site(&fleet, "1.0");
     fleet.kill_host("n1");
-    let before = accepted(&fleet);
+    let before = fleet.logins();
     let (code, stdout, stderr) = apply(&fleet, &site_1, false);
     // n1 is left alone (not locked), so the run does not converge.
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
@@ -319,7 +283,7 @@ fn when_the_first_host_does_not_answer_every_host_is_read_before_the_run() {
     assert!(!stdout.contains("read at its step"), "{stdout}");
     // n5 and n6, beyond the cap's worth kept, were read before the run and connected again
     // for their steps (read at their steps, they would have been connected once).
-    let counts = since(&accepted(&fleet), &before);
+    let counts = since(&fleet.logins(), &before);
     assert!(counts[4] >= 2 && counts[5] >= 2, "{counts:?}");
     for host in ["n2", "n3", "n4", "n5", "n6"] {
         assert_eq!(hooks(&fleet, host).len(), 2, "{host} installed");

@@ -34,10 +34,12 @@ impl Session {
     /// was left unread for the run to read as it goes ([`Session::lock`] under
     /// `--max-connections` with `--yes`). Empty when every service is planned.
     pub fn not_planned(&self, site: &Site, hosts: &Hosts, plan: &Plan) -> Vec<bool> {
-        if !self.plans_as_read.load(std::sync::atomic::Ordering::SeqCst)
-            || plan.hosts.len() != hosts.hosts.len()
-        {
+        if !self.plans_as_read.load(std::sync::atomic::Ordering::SeqCst) {
             return Vec::new();
+        }
+        // Not this run's hosts: nothing can be planned from them, and no placeholder may run.
+        if plan.hosts.len() != hosts.hosts.len() {
+            return vec![true; plan.services.len()];
         }
         let pending: Vec<bool> = planned_from(site, hosts, plan)
             .iter()
@@ -55,7 +57,8 @@ impl Session {
 
     /// Starts reading the hosts left unread, in the order of the services planned from them,
     /// and returns where the `pending` services' plans ([`Session::not_planned`]) will come
-    /// from. `None` when none is pending.
+    /// from. `None` when none is pending; never `None` when one is: a pending service's
+    /// placeholders must not run as steps.
     pub fn plan_as_read(
         &self,
         planner: Planner,
@@ -68,14 +71,27 @@ impl Session {
             desired,
             selection,
         } = planner;
-        if !pending.contains(&true) || plan.hosts.len() != hosts.hosts.len() {
+        if !pending.contains(&true) {
             return None;
         }
+        let (tx, updates) = tokio::sync::mpsc::unbounded_channel();
         let observed: Vec<Observed> = plan.hosts.iter().map(|h| h.observed.clone()).collect();
         let from = planned_from(&site, &hosts, plan);
-        if from.len() != pending.len() {
-            return None;
-        }
+        let held = self.held();
+        let (fleet, me) = (held.fleet.clone(), held.holder.clone());
+        drop(held);
+        let transport = self.transport.get().cloned();
+        let (Some(fleet), Some(transport), true, true) = (
+            fleet,
+            transport,
+            from.len() == pending.len(),
+            observed.len() == hosts.hosts.len(),
+        ) else {
+            // Nothing can read them: the services not planned end blocked (the channel is
+            // closed), and their placeholders never run as steps.
+            drop(tx);
+            return Some(Planning { pending, updates });
+        };
         let mut order = Vec::new();
         let mut seen = vec![false; observed.len()];
         for &h in from.iter().flatten() {
@@ -83,12 +99,6 @@ impl Session {
                 order.push(h);
             }
         }
-        let held = self.held();
-        let fleet = held.fleet.clone()?;
-        let me = held.holder.clone();
-        drop(held);
-        let transport = self.transport.get()?.clone();
-        let (tx, updates) = tokio::sync::mpsc::unbounded_channel();
         let reader = Reader {
             site,
             hosts,

@@ -44,3 +44,22 @@ pub fn deploy_in(dir: &std::path::Path) -> Command {
     cmd.current_dir(dir).env("NO_COLOR", "1");
     cmd
 }
+
+/// A finished `deploy`'s exit code, standard output and standard error.
+pub fn outcome(cmd: &mut Command) -> (Option<i32>, String, String) {
+    let out = cmd.output().expect("run deploy");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The events of a `deploy apply --json` run, from its standard output.
+pub fn events(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("event").is_some())
+        .collect()
+}

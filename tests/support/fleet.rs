@@ -246,6 +246,34 @@ impl Fleet {
         self.dir.join("hosts").join(&self.host(host).spec.name)
     }
 
+    /// Logins each host's sshd accepted so far, in [`Fleet::names`] order.
+    pub fn logins(&self) -> Vec<usize> {
+        self.names()
+            .into_iter()
+            .map(|h| {
+                std::fs::read_to_string(self.host_root(h).join("sshd.log"))
+                    .unwrap_or_default()
+                    .matches("Accepted publickey")
+                    .count()
+            })
+            .collect()
+    }
+
+    /// The lines of `path` on `host` (a path under its root, e.g. `var-lib/hooks`); none
+    /// when it does not exist.
+    pub fn lines(&self, host: &str, path: &str) -> Vec<String> {
+        std::fs::read_to_string(self.host_root(host).join(path))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The site's lock directory on `host`, for a state directory of `/var/lib/drover`.
+    pub fn lock_dir(&self, host: &str) -> PathBuf {
+        self.host_root(host).join("var-lib/drover/lock")
+    }
+
     /// `ssh -F <ssh_config>` with stdin closed, for callers that need their own
     /// options; add `host`, then `--` and the command.
     pub fn ssh_command(&self) -> Command {
