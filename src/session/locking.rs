@@ -3,7 +3,7 @@
 //! writes to the store: the part of the [`Session`] around the locks.
 
 use super::{Ended, RunTransport, Session, SessionError, Shared};
-use crate::inventory::{HostId, Hosts};
+use crate::inventory::Hosts;
 use crate::rollout::kill_script;
 use crate::site::Site;
 use crate::state::journal;
@@ -122,11 +122,7 @@ impl Session {
                 ))
             })
             .clone();
-        // Over the cap, nothing to confirm first and no run to carry on: the hosts that may
-        // be are left unread until their first step, but the cap's worth stepped first (read
-        // now, their links kept for their steps).
-        // `--break-lock` is for locks found before the run: a lock met as the run goes is never
-        // broken (the operator was not shown its holder), so every host is read first.
+        // With `--yes`: the hosts read as the run goes, or at their step (`unread.rs`).
         let may_stream = self.stream
             && !self.break_lock
             && self.shared.get().is_none()
@@ -135,83 +131,11 @@ impl Session {
                 .services
                 .iter()
                 .any(|s| matches!(s.policy.pause, crate::site::Pause::Confirm));
-        let streaming = may_stream && hosts.hosts.len() > self.max_connections;
-        let mut anchor = None;
-        // Under the cap, with nothing to confirm first and no run to carry on: the hosts the
-        // first service is planned from are read before the run (and the first host by name,
-        // held to the end, as below); the others are read as the run goes on, and each
-        // service is planned once its hosts are ([`Session::plan_as_read`]).
-        if may_stream && !streaming {
-            let first_host = (0..hosts.hosts.len())
-                .min_by(|a, b| hosts.hosts[*a].name.cmp(&hosts.hosts[*b].name));
-            let first_service = site.order.iter().copied().find(|&sid| {
-                hosts
-                    .of_classes(&site.services[sid].classes)
-                    .into_iter()
-                    .any(|h| selection.has(sid, h))
-            });
-            if let (Some(h), Some(sid)) = (first_host, first_service) {
-                let mut first: HashSet<HostId> = crate::plan::planned_from(site, hosts, sid)
-                    .into_iter()
-                    .collect();
-                first.insert(h);
-                // A host no service is planned from is read before the run, as always.
-                let mut of_some = vec![false; hosts.hosts.len()];
-                for sid in 0..site.services.len() {
-                    for h in crate::plan::planned_from(site, hosts, sid) {
-                        of_some[h] = true;
-                    }
-                }
-                first.extend((0..hosts.hosts.len()).filter(|&h| !of_some[h]));
-                anchor = Some(hosts.hosts[h].name.to_string());
-                let mut unread = 0;
-                for (h, k) in known.iter_mut().enumerate() {
-                    if !first.contains(&h) && k.is_none() {
-                        *k = Some(Observed::Unread);
-                        unread += 1;
-                    }
-                }
-                self.unread
-                    .store(unread, std::sync::atomic::Ordering::SeqCst);
-                self.plans_as_read
-                    .store(unread > 0, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        if streaming {
-            let selected = crate::plan::first_hosts(site, hosts, selection);
-            let mut first: HashSet<HostId> = selected
-                .iter()
-                .copied()
-                .take(self.max_connections)
-                .collect();
-            // The first host by name is always read, and locked first, alone: every run of
-            // the site, whatever its selection, asks for it before any other, and this run
-            // holds it to the end (`Session::held_to_end`), so that no second run starts while
-            // this one locks its other hosts only at their steps.
-            if let Some(h) = (0..hosts.hosts.len())
-                .min_by(|a, b| hosts.hosts[*a].name.cmp(&hosts.hosts[*b].name))
-            {
-                first.insert(h);
-                anchor = Some(hosts.hosts[h].name.to_string());
-            }
-            // Hosts selected for no service are not stepped: read as always.
-            let selected: HashSet<HostId> = selected.into_iter().collect();
-            let mut unread = 0;
-            let mut alone = self.alone.lock().unwrap_or_else(|p| p.into_inner());
-            for (h, may) in crate::plan::deferrable(site, hosts).into_iter().enumerate() {
-                if !may {
-                    continue;
-                }
-                alone.insert(hosts.hosts[h].name.to_string());
-                if !first.contains(&h) && selected.contains(&h) && known[h].is_none() {
-                    known[h] = Some(Observed::Unread);
-                    unread += 1;
-                }
-            }
-            drop(alone);
-            self.unread
-                .store(unread, std::sync::atomic::Ordering::SeqCst);
-        }
+        let anchor = if may_stream {
+            self.leave_unread(site, hosts, selection, &mut known)
+        } else {
+            None
+        };
         let targets = targets_where(hosts, &known, Option::is_none);
         // Every connection at once, before the lock takes its first host alone.
         self.runtime.block_on(transport.warm(&targets));

@@ -24,6 +24,7 @@ mod journaled;
 mod locking;
 mod reading;
 mod shared;
+mod unread;
 
 pub use journaled::{Journaled, RunContext};
 pub use reading::Planner;
