@@ -66,11 +66,7 @@ impl Plan {
 
     /// How many host transitions the plan holds.
     pub fn steps(&self) -> usize {
-        self.services
-            .iter()
-            .flat_map(|s| &s.waves)
-            .map(|w| w.steps.len())
-            .sum()
+        self.services.iter().map(ServicePlan::steps).sum()
     }
 }
 
@@ -100,6 +96,13 @@ pub struct ServicePlan {
     pub addresses_of: Vec<Condition>,
     pub waves: Vec<Wave>,
     pub skipped: Vec<Skip>,
+}
+
+impl ServicePlan {
+    /// The steps of all its waves.
+    pub fn steps(&self) -> usize {
+        self.waves.iter().map(|w| w.steps.len()).sum()
+    }
 }
 
 /// The service's policy with its shares turned into host counts.

@@ -22,10 +22,7 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool]) -> String {
             .filter(move |(i, _)| !is_pending(*i))
             .map(|(_, s)| s)
     };
-    let steps: usize = planned()
-        .flat_map(|s| &s.waves)
-        .map(|w| w.steps.len())
-        .sum();
+    let steps: usize = planned().map(|s| s.steps()).sum();
     let skipped: usize = planned().map(|s| s.skipped.len()).sum();
     let _ = writeln!(
         out,

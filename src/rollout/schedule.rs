@@ -196,8 +196,7 @@ impl<T: Transport> Scheduler<T> {
             .iter()
             .zip(&self.svcs)
             .filter(|(_, svc)| svc.planned)
-            .flat_map(|(s, _)| &s.waves)
-            .map(|w| w.steps.len())
+            .map(|(s, _)| s.steps())
             .sum();
         // The run's logs are the operator's alone (0700); a failure shows when a log is written.
         let _ = crate::state::private_dir(&self.r.log_dir);
@@ -210,9 +209,12 @@ impl<T: Transport> Scheduler<T> {
             steps,
             log_dir: self.r.log_dir.display().to_string(),
         });
-        for (_, s) in plan.services.iter().enumerate().filter(|(i, s)| {
-            self.svcs[*i].planned && !s.waits_for.is_empty() && !s.waves.is_empty()
-        }) {
+        for (s, _) in plan
+            .services
+            .iter()
+            .zip(&self.svcs)
+            .filter(|(s, svc)| svc.planned && !s.waits_for.is_empty() && !s.waves.is_empty())
+        {
             self.emit(EventKind::ServiceWaiting {
                 service: s.name.clone(),
                 waits_for: s.waits_for.clone(),
@@ -348,7 +350,7 @@ impl<T: Transport> Scheduler<T> {
             return false;
         }
         self.svcs[s].started = true;
-        let steps = sp.waves.iter().map(|w| w.steps.len()).sum();
+        let steps = sp.steps();
         if steps > 0 {
             self.emit(EventKind::ServiceStarted {
                 service: sp.name.clone(),

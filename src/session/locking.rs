@@ -443,7 +443,7 @@ struct AtStep {
     say: super::Say,
 }
 
-type RunLink = <Kept<AnyTransport> as Transport>::Link;
+pub(super) type RunLink = <Kept<AnyTransport> as Transport>::Link;
 
 impl crate::rollout::LockAtStep<RunLink> for AtStep {
     fn lock_and_read<'a>(
@@ -536,7 +536,7 @@ fn targets_where(
 
 /// What the operator is told of the locks `broken` (taken over from a dead holder, or broken
 /// with `--break-lock`): a line per holder, with the places its locks were.
-pub(super) fn broken_lines(broken: &[Broken]) -> Vec<String> {
+fn broken_lines(broken: &[Broken]) -> Vec<String> {
     let mut seen: Vec<(&Option<Holder>, bool, Vec<&str>)> = Vec::new();
     for b in broken {
         match seen

@@ -4,15 +4,15 @@
 //! hosts were read before the run start at once; the others' connections and locks overlap
 //! their switch-overs.
 
+use super::locking::RunLink;
 use super::{RunTransport, Session};
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::plan::{Plan, Selection};
-use crate::rollout::{Cancel, Planned, Planning};
+use crate::rollout::{Cancel, LockAtStep, Planned, Planning};
 use crate::site::Site;
-use crate::state::lock::{FleetLock, Holder};
 use crate::state::Observed;
-use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
+use crate::transport::{Link, Target, Transport};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinSet;
@@ -77,13 +77,9 @@ impl Session {
         let (tx, updates) = tokio::sync::mpsc::unbounded_channel();
         let observed: Vec<Observed> = plan.hosts.iter().map(|h| h.observed.clone()).collect();
         let from = planned_from(&site, &hosts, plan);
-        let held = self.held();
-        let (fleet, me) = (held.fleet.clone(), held.holder.clone());
-        drop(held);
-        let transport = self.transport.get().cloned();
-        let (Some(fleet), Some(transport), true, true) = (
-            fleet,
-            transport,
+        let (Some(lock), Some(transport), true, true) = (
+            self.lock_at_step(),
+            self.transport.get().cloned(),
             from.len() == pending.len(),
             observed.len() == hosts.hosts.len(),
         ) else {
@@ -104,8 +100,7 @@ impl Session {
             hosts,
             desired,
             selection,
-            fleet,
-            me,
+            lock,
             transport,
             cancel: self.cancel.clone(),
             say: self.say.clone(),
@@ -145,8 +140,8 @@ struct Reader {
     hosts: Arc<Hosts>,
     desired: Arc<Desired>,
     selection: Selection,
-    fleet: Arc<FleetLock<Kept<AnyTransport>>>,
-    me: Holder,
+    /// Takes this run's lock on a host and reads its state, in one command.
+    lock: Arc<dyn LockAtStep<RunLink>>,
     transport: RunTransport,
     cancel: Cancel,
     say: super::Say,
@@ -251,23 +246,19 @@ impl Reader {
         };
         // Its steps' commands go over this link too (the kept shell).
         link.prepare().await;
-        let taken = self.fleet.lock_at_step(&link, &target, &self.me).await;
+        // The session's lock, as an unread step takes it: a lock taken over is said there.
+        let taken = self.lock.lock_and_read(&link, &target).await;
         match &taken {
-            Ok((Observed::Running { .. } | Observed::Fresh | Observed::Unreadable { .. }, _)) => {
+            Ok(Observed::Running { .. } | Observed::Fresh | Observed::Unreadable { .. }) => {
                 self.transport.park(&target.name, link).await
             }
             _ => link.close().await,
         }
-        let (observed, broken) = taken?;
-        let observed = match observed {
+        Ok(match taken? {
             Observed::Unreachable { reason } => Observed::Unreachable {
                 reason: format!("not locked: {reason}"),
             },
             o => o,
-        };
-        for line in super::locking::broken_lines(broken.as_slice()) {
-            (self.say)(&line);
-        }
-        Ok(observed)
+        })
     }
 }

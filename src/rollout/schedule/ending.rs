@@ -140,8 +140,7 @@ impl<T: Transport> Scheduler<T> {
             sum.skipped += svc.skipped;
             if svc.finished.is_none() {
                 // Its steps not counted yet (each step is counted once, whatever ended it).
-                let steps: usize = plan.services[s].waves.iter().map(|w| w.steps.len()).sum();
-                sum.not_started += steps.saturating_sub(
+                sum.not_started += plan.services[s].steps().saturating_sub(
                     svc.succeeded + svc.failed + svc.not_started + svc.skipped + svc.unreachable,
                 );
             }

@@ -103,7 +103,7 @@ impl<T: Transport> Scheduler<T> {
         self.r.plan = merged.clone();
         for &s in &newly {
             let sp = &merged.services[s];
-            let steps = sp.waves.iter().map(|w| w.steps.len()).sum();
+            let steps = sp.steps();
             // As a service planned before the run, one with nothing to do says nothing.
             if steps == 0 {
                 continue;
