@@ -56,14 +56,7 @@ fn site(fleet: &Fleet, version: &str) -> PathBuf {
         service("api", "    needs \"db\"\n"),
         service("web", "    needs \"api\"\n"),
     );
-    std::fs::write(
-        fleet.dir.join("policy.kdl"),
-        "policy \"default\" { batch 1; max-failed 0 }\n",
-    )
-    .expect("write policy");
-    let path = fleet.dir.join("site.kdl");
-    std::fs::write(&path, text).expect("write site");
-    path
+    fleet.write_site(&text, "policy \"default\" { batch 1; max-failed 0 }\n")
 }
 
 /// `deploy apply SITE --yes` (with `--json`: the events on stdout): exit code, stdout, stderr.
@@ -119,9 +112,11 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
         stderr.contains("web: planned once its hosts were read, 1 step in 1 wave"),
         "{stderr}"
     );
-    let after = fleet.logins();
-    let once: Vec<usize> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-    assert_eq!(once, vec![1; 5], "each host connected once");
+    assert_eq!(
+        fleet.logins_since(&before),
+        vec![1; 5],
+        "each host connected once"
+    );
     for host in fleet.names() {
         assert!(
             !fleet.lock_dir(host).exists(),
@@ -194,10 +189,7 @@ fn a_lock_another_run_holds_on_a_later_tier_stops_the_run_there() {
     let fleet = fleet(&tmp.path().join("slow-sh"));
     let site_1 = site(&fleet, "1.0");
     // Another controller's run holds w1.
-    let held = fleet.lock_dir("w1");
-    std::fs::create_dir_all(&held).expect("lock dir");
-    let holder = r#"{"user":"ops","controller":"elsewhere","boot":"b","machine":"m","pid":4242,"since":"2026-11-27T00:00:00Z","run":"other-run","site":"tiers"}"#;
-    std::fs::write(held.join("holder.json"), format!("{holder}\n")).expect("holder");
+    let holder = fleet.lock_as_another_run("w1", "tiers");
     let (code, stdout, stderr) = apply(&fleet, &site_1, true);
     assert_eq!(code, Some(1), "not converged:\n{stdout}\n{stderr}");
     let ev = support::cli::events(&stdout);
@@ -229,8 +221,8 @@ fn a_lock_another_run_holds_on_a_later_tier_stops_the_run_there() {
         );
     }
     assert_eq!(
-        std::fs::read_to_string(held.join("holder.json")).expect("holder"),
-        format!("{holder}\n"),
+        fleet.holder("w1"),
+        Some(holder),
         "the other run's lock is untouched"
     );
 

@@ -40,14 +40,7 @@ fn site(fleet: &Fleet, version: &str) -> PathBuf {
         hook("install"),
         hook("start"),
     );
-    std::fs::write(
-        fleet.dir.join("policy.kdl"),
-        "policy \"default\" { batch 2; max-failed 0 }\n",
-    )
-    .expect("write policy");
-    let path = fleet.dir.join("site.kdl");
-    std::fs::write(&path, text).expect("write site");
-    path
+    fleet.write_site(&text, "policy \"default\" { batch 2; max-failed 0 }\n")
 }
 
 /// `deploy apply SITE --yes --max-connections 4` (with `--json`: the events on stdout,
@@ -74,10 +67,6 @@ fn hosts_with(events: &[Value], kind: &str, skip: Option<&str>) -> Vec<String> {
     hosts
 }
 
-fn since(now: &[usize], before: &[usize]) -> Vec<usize> {
-    now.iter().zip(before).map(|(a, b)| a - b).collect()
-}
-
 /// The lines the hooks wrote on `host`.
 fn hooks(fleet: &Fleet, host: &str) -> Vec<String> {
     fleet.lines(host, "var-lib/hooks")
@@ -99,7 +88,7 @@ fn hosts_over_the_cap_are_read_at_their_step_each_connected_once() {
         "the plan says which hosts are read at their step:\n{stdout}"
     );
     assert_eq!(
-        since(&fleet.logins(), &before),
+        fleet.logins_since(&before),
         vec![1; HOSTS],
         "each host connected once"
     );
@@ -124,7 +113,7 @@ fn hosts_over_the_cap_are_read_at_their_step_each_connected_once() {
     let skipped = hosts_with(&ev, "step-skipped", Some("at-version"));
     assert_eq!(skipped.len(), 2, "{stdout}");
     assert!(hosts_with(&ev, "step-started", None).is_empty(), "{stdout}");
-    assert_eq!(since(&fleet.logins(), &before), vec![1; HOSTS]);
+    assert_eq!(fleet.logins_since(&before), vec![1; HOSTS]);
     for host in fleet.names() {
         assert_eq!(hooks(&fleet, host).len(), 2, "{host}: no hook ran");
         assert!(
@@ -157,10 +146,7 @@ fn a_host_locked_by_another_run_fails_its_step_and_keeps_that_runs_lock() {
     let fleet = fleet();
     let site_1 = site(&fleet, "1.0");
     // n6 is stepped last: read at its step. Another controller's run holds its lock.
-    let held = fleet.lock_dir("n6");
-    std::fs::create_dir_all(&held).expect("lock dir");
-    let holder = r#"{"user":"ops","controller":"elsewhere","boot":"b","machine":"m","pid":4242,"since":"2026-11-27T00:00:00Z","run":"other-run","site":"farm"}"#;
-    std::fs::write(held.join("holder.json"), format!("{holder}\n")).expect("holder");
+    let holder = fleet.lock_as_another_run("n6", "farm");
     let (code, stdout, stderr) = apply(&fleet, &site_1, true);
     assert_ne!(code, Some(0), "{stdout}\n{stderr}");
     let ev = support::cli::events(&stdout);
@@ -179,8 +165,8 @@ fn a_host_locked_by_another_run_fails_its_step_and_keeps_that_runs_lock() {
     );
     assert!(hooks(&fleet, "n6").is_empty(), "nothing ran on n6");
     assert_eq!(
-        std::fs::read_to_string(held.join("holder.json")).expect("holder"),
-        format!("{holder}\n"),
+        fleet.holder("n6"),
+        Some(holder),
         "the other run's lock is untouched"
     );
     for host in ["n1", "n2", "n3", "n4", "n5"] {
@@ -236,8 +222,7 @@ fn the_first_host_stays_locked_until_the_run_ends_so_a_second_run_is_refused() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     // n1's step ended long ago; its lock is still held, by this run.
-    let holder =
-        std::fs::read_to_string(fleet.lock_dir("n1").join("holder.json")).expect("n1 still locked");
+    let holder = fleet.holder("n1").expect("n1 still locked");
     assert!(holder.contains("\"site\":\"farm\""), "{holder}");
     assert!(
         !fleet.lock_dir("n2").exists(),
@@ -283,7 +268,7 @@ fn when_the_first_host_does_not_answer_every_host_is_read_before_the_run() {
     assert!(!stdout.contains("read at its step"), "{stdout}");
     // n5 and n6, beyond the cap's worth kept, were read before the run and connected again
     // for their steps (read at their steps, they would have been connected once).
-    let counts = since(&fleet.logins(), &before);
+    let counts = fleet.logins_since(&before);
     assert!(counts[4] >= 2 && counts[5] >= 2, "{counts:?}");
     for host in ["n2", "n3", "n4", "n5", "n6"] {
         assert_eq!(hooks(&fleet, host).len(), 2, "{host} installed");

@@ -123,11 +123,7 @@ async fn continue_ignores_the_wave_budget() {
 /// db on db1..db3 and api on app1..app3, one host per wave each, independent; the site's
 /// run budget is `max-failed 1`, each policy allows 5.
 async fn two_services_under_a_run_budget() -> Ran {
-    let body = format!(
-        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\n{}{}",
-        svc("db", "policy \"p.kdl\""),
-        svc("api", "policy \"p.kdl\"")
-    );
+    let body = db_and_api("policy \"p.kdl\"", "policy \"p.kdl\"");
     let mut hs = hosts("db", "db", 3);
     hs.extend(hosts("app", "app", 3));
     let fx = fixture(
@@ -164,11 +160,7 @@ async fn the_run_budget_stops_new_waves_of_every_service() {
 
 #[tokio::test]
 async fn without_a_run_budget_each_service_keeps_its_own() {
-    let body = format!(
-        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\n{}{}",
-        svc("db", "policy \"p.kdl\""),
-        svc("api", "policy \"p.kdl\"")
-    );
+    let body = db_and_api("policy \"p.kdl\"", "policy \"p.kdl\"");
     let mut hs = hosts("db", "db", 3);
     hs.extend(hosts("app", "app", 3));
     let fx = fixture(

@@ -366,6 +366,15 @@ fn svc(name: &str, extra: &str) -> String {
     )
 }
 
+/// Class `db` running `db` and class `app` running `api`, each service with its `extra` lines.
+fn db_and_api(db: &str, api: &str) -> String {
+    format!(
+        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\n{}{}",
+        svc("db", db),
+        svc("api", api)
+    )
+}
+
 /// Class `app` running `api` and `worker`, each service with its `extra` lines.
 fn api_and_worker(api: &str, worker: &str) -> String {
     format!(
@@ -1354,11 +1363,7 @@ async fn dependents_of_a_halted_service_are_blocked() {
 
 #[tokio::test]
 async fn a_partly_healthy_need_that_holds_does_not_block() {
-    let body = format!(
-        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\n{}{}",
-        svc("db", "policy \"cont.kdl\""),
-        svc("api", "needs \"db\" healthy=1")
-    );
+    let body = db_and_api("policy \"cont.kdl\"", "needs \"db\" healthy=1");
     let mut hs = hosts("db", "db", 2);
     hs.extend(hosts("app", "app", 2));
     let fx = fixture(

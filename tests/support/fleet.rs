@@ -259,6 +259,15 @@ impl Fleet {
             .collect()
     }
 
+    /// Logins each host's sshd accepted since `before` ([`Fleet::logins`] then).
+    pub fn logins_since(&self, before: &[usize]) -> Vec<usize> {
+        self.logins()
+            .iter()
+            .zip(before)
+            .map(|(a, b)| a - b)
+            .collect()
+    }
+
     /// The lines of `path` on `host` (a path under its root, e.g. `var-lib/hooks`); none
     /// when it does not exist.
     pub fn lines(&self, host: &str, path: &str) -> Vec<String> {
@@ -272,6 +281,31 @@ impl Fleet {
     /// The site's lock directory on `host`, for a state directory of `/var/lib/drover`.
     pub fn lock_dir(&self, host: &str) -> PathBuf {
         self.host_root(host).join("var-lib/drover/lock")
+    }
+
+    /// What `holder.json` in [`Fleet::lock_dir`] says, if the host is locked.
+    pub fn holder(&self, host: &str) -> Option<String> {
+        std::fs::read_to_string(self.lock_dir(host).join("holder.json")).ok()
+    }
+
+    /// Locks `host` as another controller's run of `site` would (a holder whose liveness this
+    /// machine cannot tell); returns what its `holder.json` says.
+    pub fn lock_as_another_run(&self, host: &str, site: &str) -> String {
+        let dir = self.lock_dir(host);
+        fs::create_dir_all(&dir).expect("lock dir");
+        let holder = format!(
+            r#"{{"user":"ops","controller":"elsewhere","boot":"b","machine":"m","pid":4242,"since":"2026-11-27T00:00:00Z","run":"other-run","site":"{site}"}}"#
+        ) + "\n";
+        fs::write(dir.join("holder.json"), &holder).expect("holder");
+        holder
+    }
+
+    /// Writes `site.kdl` and `policy.kdl` in the fleet's directory; returns the site's path.
+    pub fn write_site(&self, site: &str, policy: &str) -> PathBuf {
+        fs::write(self.dir.join("policy.kdl"), policy).expect("write policy");
+        let path = self.dir.join("site.kdl");
+        fs::write(&path, site).expect("write site");
+        path
     }
 
     /// `ssh -F <ssh_config>` with stdin closed, for callers that need their own

@@ -10,11 +10,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 /// `db` on db1..db2 → `api` on app1..app3 (`needs "db"`); db at 0.9 everywhere; api at 1.0 on
 /// app1 already, 0.9 on app2, fresh on app3. `unread`: the hosts left unread before the run.
 fn tiers(unread: &[&str]) -> Fixture {
-    let body = format!(
-        "class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\n{}{}",
-        svc("db", ""),
-        svc("api", "needs \"db\"")
-    );
+    let body = db_and_api("", "needs \"db\"");
     let mut hs = hosts("db", "db", 2);
     hs.extend(hosts("app", "app", 3));
     fixture_unread(
@@ -134,11 +130,7 @@ async fn a_service_whose_plan_never_comes_ends_blocked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_lock_goes_with_a_step_while_a_service_not_planned_may_step_there() {
     // app1..app2 run api and worker, both unread; api is planned first, worker later.
-    let body = format!(
-        "class \"app\" {{ service \"api\"; service \"worker\" }}\n{}{}",
-        svc("api", ""),
-        svc("worker", "needs \"api\"")
-    );
+    let body = api_and_worker("", "needs \"api\"");
     let hs = hosts("app", "app", 2);
     let make = |unread: &[&str]| fixture_unread(&body, &host_refs(&hs), &[], &[], unread);
     let mut fx = make(&["app1", "app2"]);
