@@ -1,10 +1,12 @@
 //! Services planned as their hosts are read: `deploy apply --yes` under `--max-connections`
 //! reads the hosts the first service is planned from (and the first host by name) before the
 //! run, starts it, and locks and reads the other hosts as the run goes, planning each service
-//! once every host it is planned from is read. On a real sshd fleet of three tiers (db → api
-//! → web), where web's host takes two seconds to log in to: db switches while web's host is
-//! still being read, every host is connected once, and the run converges as one that read
-//! every host first would; a host whose lock another run holds stops the run there, what ran
+//! once every host it is planned from is read, or starting it when its needs hold first, each
+//! host stepped once read. On a real sshd fleet of three tiers (db → api → web), where web's
+//! host takes two seconds to log in to: db switches while web's host is still being read,
+//! every host is connected once, and the run converges as one that read every host first
+//! would; a tier starts on its hosts read while another of its hosts
+//! still logs in; a host whose lock another run holds stops the run there, what ran
 //! recorded (and `--break-lock` reads every host first, to break it there); a host that does
 //! not answer is left alone.
 
@@ -17,17 +19,35 @@ use support::fleet::{Fleet, FleetHost};
 /// d1, d2 run `db`; a1, a2 `api` (needs db); w1 `web` (needs api). root on w1 logs in through
 /// a shell that waits two seconds first: its read ends well after db's hosts are read.
 fn fleet(slow: &Path) -> Fleet {
-    std::fs::write(slow, "#!/bin/sh\nsleep 2\nexec /bin/sh \"$@\"\n").expect("write shell");
-    let mut perms = std::fs::metadata(slow).expect("shell").permissions();
+    login_shell(slow, "sleep 2");
+    tiers_fleet(("w1", slow))
+}
+
+/// Writes an executable login shell at `path` that runs `first`, then `/bin/sh`.
+fn login_shell(path: &Path, first: &str) {
+    std::fs::write(path, format!("#!/bin/sh\n{first}\nexec /bin/sh \"$@\"\n"))
+        .expect("write shell");
+    let mut perms = std::fs::metadata(path).expect("shell").permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(slow, perms).expect("chmod");
+    std::fs::set_permissions(path, perms).expect("chmod");
+}
+
+/// The three tiers' fleet, root on `slow.0` logging in through the shell `slow.1`.
+fn tiers_fleet(slow: (&str, &Path)) -> Fleet {
     let hosts = [
-        FleetHost::new("d1", "db"),
-        FleetHost::new("d2", "db"),
-        FleetHost::new("a1", "app"),
-        FleetHost::new("a2", "app"),
-        FleetHost::new("w1", "web").login_shell(slow.to_str().expect("utf-8")),
-    ];
+        ("d1", "db"),
+        ("d2", "db"),
+        ("a1", "app"),
+        ("a2", "app"),
+        ("w1", "web"),
+    ]
+    .map(|(name, class)| {
+        let host = FleetHost::new(name, class);
+        match name == slow.0 {
+            true => host.login_shell(slow.1.to_str().expect("utf-8")),
+            false => host,
+        }
+    });
     let fleet = Fleet::start(&hosts);
     fleet.write_platform("/var/lib/drover");
     fleet
@@ -108,8 +128,14 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
         stdout.contains("2 hosts not read before the run"),
         "{stdout}"
     );
+    // Planned once w1 was read, or (api done before w1's login ended, as it mostly is)
+    // started before, its step waiting for the read: either way said, with its one step.
     assert!(
-        stderr.contains("web: planned once its hosts were read, 1 step in 1 wave"),
+        stderr.contains("web: planned once its hosts were read, 1 step in 1 wave")
+            || stderr.contains(
+                "web: started before its hosts were all read, 1 step in 1 wave, 0 skipped; \
+                 1 step once its host is read"
+            ),
         "{stderr}"
     );
     assert_eq!(
@@ -142,7 +168,8 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
     // The run's start counted the steps known then: db's.
     assert_eq!(ev[0]["event"], "run-started");
     assert_eq!(ev[0]["steps"], 2, "{stdout}");
-    // Planned as a whole plan would be: api waits for db, web for api.
+    // As a whole plan would run: api after db, web after api; web's step, decided from what
+    // w1 was read to run, is an upgrade from 1.0 (below).
     let done = |service: &str| {
         ev.iter()
             .position(|e| e["event"] == "service-finished" && e["service"] == service)
@@ -275,4 +302,83 @@ fn a_host_that_does_not_answer_when_read_is_left_alone() {
         assert_eq!(hooks(&fleet, host).len(), 2, "{host} installed:\n{stderr}");
     }
     assert!(hooks(&fleet, "a2").is_empty());
+}
+
+#[test]
+fn a_tier_whose_needs_hold_steps_its_hosts_read_while_another_still_logs_in() {
+    // a2's login waits until the test opens its gate (or 30 s have passed: then the run had
+    // waited for a2 to start api at all). a1, first by name, is read before the run.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let gate = tmp.path().join("gate");
+    let gated = tmp.path().join("gated-sh");
+    login_shell(
+        &gated,
+        &format!(
+            "i=0; while [ ! -e '{}' ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+            gate.display()
+        ),
+    );
+    let fleet = tiers_fleet(("a2", &gated));
+    let site_1 = site(&fleet, "1.0");
+    let fallback = gate.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(30));
+        if !fallback.exists() {
+            let _ = std::fs::write(&fallback, "fallback");
+        }
+    });
+    let err = std::fs::File::create(tmp.path().join("stderr")).expect("stderr file");
+    let mut child = support::cli::deploy_in(&fleet.dir)
+        .args(["apply", site_1.to_str().expect("utf-8"), "--yes", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .expect("run deploy");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = Vec::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line.expect("read stdout");
+        let event: Value = serde_json::from_str(&line).unwrap_or_default();
+        let a1_done = event["event"] == "step-finished"
+            && event["service"] == "api"
+            && event["host"] == "a1"
+            && event["ok"] == true;
+        if a1_done && !gate.exists() {
+            std::fs::write(&gate, "a1 switched").expect("open the gate");
+        }
+        lines.push(line);
+    }
+    let status = child.wait().expect("deploy ends");
+    let stdout = lines.join("\n");
+    let stderr = std::fs::read_to_string(tmp.path().join("stderr")).unwrap_or_default();
+    assert_eq!(
+        std::fs::read_to_string(&gate).ok().as_deref(),
+        Some("a1 switched"),
+        "api switched a1 before a2 was read:\n{stdout}\n{stderr}"
+    );
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let ev = support::cli::events(&stdout);
+    let api = first(&ev, "service-planned", "service", "api").expect("api said it started");
+    assert_eq!(ev[api]["unread"], 1, "a2 was still being read");
+    for host in fleet.names() {
+        let service = match &host[..1] {
+            "d" => "db",
+            "a" => "api",
+            _ => "web",
+        };
+        assert_eq!(
+            version_on(&fleet, host, service).as_deref(),
+            Some("1.0"),
+            "{host}"
+        );
+        assert!(
+            !fleet.lock_dir(host).exists(),
+            "{host}: its lock given back"
+        );
+    }
+    assert_eq!(
+        fleet.logins().iter().sum::<usize>(),
+        5,
+        "each host connected once"
+    );
 }

@@ -125,8 +125,9 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
             );
         }
     }
-    // Planned as the hosts were read, and nothing to change after all.
-    let ran = summary.succeeded + summary.failed + summary.not_started + summary.skipped;
+    // Planned as the hosts were read, and nothing to change after all (a step started before
+    // its host was read and found it converged ran nothing).
+    let ran = summary.succeeded + summary.failed + summary.not_started;
     if planned_during && ran == 0 && summary.converged() && !args.json {
         outln!("Nothing to change.");
     }

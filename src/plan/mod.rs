@@ -4,6 +4,7 @@
 //! operator selected. The rollout only carries it out.
 
 mod consistent;
+mod decide;
 mod drift;
 mod expected;
 mod host_order;
@@ -11,13 +12,17 @@ mod host_order;
 mod proptests;
 mod waves;
 
+pub use decide::{decide, unread_waits, Decided};
 pub use drift::drift;
 pub use expected::{deferrable, first_hosts, planned_from};
+pub use host_order::RuntimeClosure;
+
+use decide::{sort, Sorted, Todo};
 
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::site::{ClassId, Flow, OnFailure, Pause, Quota, Round, ServiceId, Site};
-use crate::state::{added_hosts, Observed};
+use crate::state::Observed;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -52,10 +57,21 @@ pub struct Plan {
 impl Plan {
     /// Hosts of `service` healthy before the run: they already run its version with no
     /// recorded failure (what its dependents' conditions count from).
+    /// A host whose step is unread is not counted (its step counts it once it has read it):
+    /// the host may have been read since the plan was made ([`Plan::hosts`] of a plan made
+    /// during the run).
     pub fn healthy_before(&self, service: &ServicePlan) -> usize {
+        let unread: BTreeSet<&str> = service
+            .waves
+            .iter()
+            .flat_map(|w| &w.steps)
+            .filter(|st| st.kind == StepKind::Unread)
+            .map(|st| &*st.host)
+            .collect();
         self.hosts
             .iter()
             .filter(|h| h.classes.iter().any(|c| service.classes.contains(c)))
+            .filter(|h| !unread.contains(&*h.name))
             .filter(|h| {
                 h.observed
                     .service(&service.name)
@@ -127,6 +143,15 @@ pub struct PlannedPolicy {
     /// When a later wave may take a freed slot (plans saved before it was written: `slots`).
     #[serde(default)]
     pub flow: Flow,
+}
+
+impl PlannedPolicy {
+    /// Whether a service under this policy may start before its hosts are read, each stepped
+    /// once read: nothing in it is about which of its hosts change (a canary, a wave's own
+    /// failure budget), as [`deferrable`] asks of a host read at its step.
+    pub fn may_start_unread(&self) -> bool {
+        self.canary == 0 && self.wave_max_failed.is_none()
+    }
 }
 
 /// "`count` of the `of` hosts of `service`".
@@ -320,166 +345,6 @@ pub fn plan(
             .max_failed
             .map(|q| q.of(hosts.hosts.len(), Round::Down)),
     })
-}
-
-/// A service's hosts sorted into those with a step and those left alone.
-struct Sorted {
-    members: Vec<HostId>,
-    /// In host id order.
-    todo: Vec<Todo>,
-    skipped: Vec<Skip>,
-}
-
-/// A host that gets a step.
-struct Todo {
-    host: HostId,
-    from: Option<Arc<str>>,
-    kind: StepKind,
-    reasons: Vec<String>,
-    /// The needed services' hosts this step's host does not list yet: `(service, hosts)`.
-    added: Vec<(ServiceId, Vec<String>)>,
-}
-
-/// What `sid` does on each of its hosts, and why.
-fn sort(
-    site: &Site,
-    hosts: &Hosts,
-    observed: &[Observed],
-    desired: &Desired,
-    selection: &Selection,
-    sid: ServiceId,
-    version: &Arc<str>,
-) -> Sorted {
-    let service = &site.services[sid];
-    let members = service_hosts(site, hosts, sid);
-    // The hosts of each service this one needs, as the inputs list them.
-    let pools = desired.needs(sid);
-    let mut todo = Vec::new();
-    let mut skipped = Vec::new();
-    for &h in &members {
-        let record = observed[h].service(&service.name);
-        let running: Option<Arc<str>> = record.map(|r| {
-            if *r.version == **version {
-                version.clone()
-            } else {
-                Arc::from(r.version.as_str())
-            }
-        });
-        let skip = |reason| Skip {
-            host: hosts.hosts[h].name.clone(),
-            version: running.clone(),
-            reason,
-        };
-        if !selection.has(sid, h) {
-            skipped.push(skip(SkipReason::NotSelected));
-            continue;
-        }
-        if observed[h] == Observed::Unread {
-            todo.push(Todo {
-                host: h,
-                from: None,
-                kind: StepKind::Unread,
-                reasons: Vec::new(),
-                added: Vec::new(),
-            });
-            continue;
-        }
-        if !observed[h].known() {
-            skipped.push(skip(SkipReason::Unreachable));
-            continue;
-        }
-        let mut added = Vec::new();
-        let Some((kind, reasons)) = change(desired, sid, h, record, version) else {
-            skipped.push(skip(SkipReason::AtVersion));
-            continue;
-        };
-        if let Some(was) = record.and_then(|r| r.inputs.as_ref()) {
-            for need in &service.needs {
-                let name = &site.services[need.service].name;
-                let Some(pool) = pools.get(name) else {
-                    continue;
-                };
-                let new = added_hosts(&pool.entry, was.get(&format!("needs:{name}")));
-                if !new.is_empty() && !added.iter().any(|(t, _)| *t == need.service) {
-                    added.push((need.service, new));
-                }
-            }
-        }
-        todo.push(Todo {
-            host: h,
-            from: running,
-            kind,
-            reasons,
-            added,
-        });
-    }
-    Sorted {
-        members,
-        todo,
-        skipped,
-    }
-}
-
-/// What `sid` must do on host `h`, whose record of it is `record`: a step of this kind, for
-/// these reasons, or nothing when the host runs `version` healthy with exactly the desired
-/// inputs.
-fn change(
-    desired: &Desired,
-    sid: ServiceId,
-    h: HostId,
-    record: Option<&crate::state::ServiceRecord>,
-    version: &str,
-) -> Option<(StepKind, Vec<String>)> {
-    Some(match record {
-        None => (StepKind::Install, Vec::new()),
-        Some(r) if *r.version != *version => (StepKind::Upgrade, Vec::new()),
-        Some(r) if !r.healthy() => (StepKind::Retry, Vec::new()),
-        Some(r) => match &r.inputs {
-            None => (
-                StepKind::Reconfigure,
-                vec!["configuration unknown (recorded by an older deploy)".to_string()],
-            ),
-            Some(was) if desired.matches(sid, h, was) => return None,
-            Some(was) => (StepKind::Reconfigure, desired.reasons(sid, h, was)),
-        },
-    })
-}
-
-/// What an unread step (`StepKind::Unread`) of `sid` on host `h` becomes once the host is
-/// read at its step and found to run `observed`: the same decision the plan makes for a host
-/// read before the run. `Ok(None)`: nothing to do. `Err`: the host's state cannot be read.
-/// Only services that need nothing and that nothing needs are planned unread
-/// ([`deferrable`]), so no step of theirs waits for another's.
-pub fn decide(
-    site: &Site,
-    desired: &Desired,
-    sid: ServiceId,
-    h: HostId,
-    observed: &Observed,
-) -> Result<Option<Decided>, String> {
-    let service = &site.services[sid];
-    match observed {
-        Observed::Unreachable { reason } => return Err(format!("does not answer: {reason}")),
-        Observed::Unreadable { reason } => return Err(format!("state unreadable: {reason}")),
-        Observed::Unread => return Err("not read".into()),
-        Observed::Fresh | Observed::Running { .. } => {}
-    }
-    let record = observed.service(&service.name);
-    Ok(
-        change(desired, sid, h, record, &service.version).map(|(kind, reasons)| Decided {
-            from: record.map(|r| Arc::from(r.version.as_str())),
-            kind,
-            reasons,
-        }),
-    )
-}
-
-/// An unread step, once its host is read: what it does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decided {
-    pub from: Option<Arc<str>>,
-    pub kind: StepKind,
-    pub reasons: Vec<String>,
 }
 
 fn service_plan(

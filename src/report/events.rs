@@ -54,10 +54,25 @@ pub fn line(kind: &EventKind) -> Option<String> {
             waves,
             steps,
             skipped,
+            unread: None,
         } => format!(
             "{service}: planned once its hosts were read, {} in {}, {skipped} skipped",
             count(*steps, "step"),
             count(*waves, "wave")
+        ),
+        EventKind::ServicePlanned {
+            service,
+            waves,
+            steps,
+            skipped,
+            unread: Some(unread),
+        } => format!(
+            "{service}: started before its hosts were all read, {} in {}, {skipped} skipped; \
+             {} once {} read",
+            count(*steps, "step"),
+            count(*waves, "wave"),
+            count(*unread, "step"),
+            if *unread == 1 { "its host is" } else { "their hosts are" }
         ),
         EventKind::Refused { host, reason } => format!(
             "REFUSED: {host} cannot be locked ({reason}); no new step starts"

@@ -43,10 +43,15 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool]) -> String {
     for (i, s) in plan.services.iter().enumerate() {
         out.push('\n');
         if is_pending(i) {
+            let early = if s.policy.may_start_unread() {
+                ";\n  if its needs hold first, it starts, each host stepped once it is read"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 out,
                 "{} → {}  (class {}: {} {})\n  planned during the run, once the hosts it is \
-                 planned from are read",
+                 planned from are read{early}",
                 s.name,
                 s.version,
                 s.classes.join(", "),

@@ -43,12 +43,17 @@ pub enum EventKind {
     },
     /// A service planned during the run, once every host it is planned from was read
     /// (`deploy apply --yes`, which starts the services whose hosts are read first): its
-    /// steps, waves and hosts left alone. Until then it had no steps of its own.
+    /// steps, waves and hosts left alone. Until then it had no steps of its own. Or, when its
+    /// needs held first, started under its placeholders (`unread` given): its steps those of
+    /// every host it may change, `unread` of them on hosts still being read; each is decided
+    /// once its host is read, and ends at once if the host needs nothing.
     ServicePlanned {
         service: String,
         waves: usize,
         steps: usize,
         skipped: usize,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        unread: Option<usize>,
     },
     /// A host's lock was refused as it was read during the run (another run holds it):
     /// nothing more starts, and the run ends not converged.

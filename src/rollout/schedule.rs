@@ -25,6 +25,8 @@ struct Svc {
     job: Arc<ServiceJob>,
     /// Its steps are known: false while it waits to be planned ([`super::Planning`]).
     planned: bool,
+    /// Started under its placeholders before it was planned, its needs holding first.
+    early: bool,
     started: bool,
     /// The next wave to open.
     next_wave: usize,
@@ -65,8 +67,15 @@ struct HostState {
     failed: HashSet<usize>,
     record: HostRecord,
     steps_left: usize,
-    /// Its state is known: read before the run, or at its first unread step.
+    /// Its state is known: read before the run, at its first unread step, or by the caller
+    /// during the run ([`super::Planned::Read`]).
     read: bool,
+    /// Left unread for the caller to read during the run ([`super::Planning`]): its unread
+    /// steps wait until it has.
+    awaiting: bool,
+    /// Read during the run and found not to answer, or its state unreadable: its unread steps
+    /// end at once, the host left alone.
+    unread_reason: Option<String>,
 }
 
 /// A step's task's answer: service, wave, step, and how it went.
@@ -93,6 +102,14 @@ pub struct Scheduler<T: Transport> {
     updates: Option<tokio::sync::mpsc::UnboundedReceiver<super::Planned>>,
     /// `(host, why)`: locks refused as hosts were read during the run.
     refused: Vec<(String, String)>,
+    /// Which service (by index) has a step on which host, placeholders included: what an
+    /// unread step's waits are kept to ([`crate::plan::unread_waits`]).
+    stepping: HashSet<(usize, usize)>,
+    /// The services each service needs at runtime.
+    closure: crate::plan::RuntimeClosure,
+    /// Per `(service, host)` of an unread step on a host read during the run: the steps
+    /// (`(service, host)`) it waits for, found once.
+    unread_waits: HashMap<(usize, usize), Vec<(usize, usize)>>,
 }
 
 /// What woke the coordinator.
@@ -109,6 +126,8 @@ impl<T: Transport> Scheduler<T> {
             Some(p) => (p.pending, Some(p.updates)),
             None => (Vec::new(), None),
         };
+        // Hosts planned during the run are read by the caller, never by a step.
+        let reads_for_us = updates.is_some();
         let host_index: HashMap<Arc<str>, usize> = plan
             .hosts
             .iter()
@@ -130,6 +149,8 @@ impl<T: Transport> Scheduler<T> {
                 record: initial_record(&plan, i),
                 steps_left: 0,
                 read: plan.hosts[i].observed != crate::state::Observed::Unread,
+                awaiting: reads_for_us && plan.hosts[i].observed == crate::state::Observed::Unread,
+                unread_reason: None,
             })
             .collect();
         let state_dir = r.site.platform.host_state_dir();
@@ -149,6 +170,7 @@ impl<T: Transport> Scheduler<T> {
                 Svc {
                     job: job_of(&r, &plan, s, &state_dir),
                     planned,
+                    early: false,
                     started: false,
                     next_wave: 0,
                     pending: Vec::new(),
@@ -166,6 +188,8 @@ impl<T: Transport> Scheduler<T> {
             })
             .collect();
         let links = Arc::new(Links::new(r.transport.clone(), r.max_connections));
+        let stepping = planned::stepping(&plan, &host_index);
+        let closure = crate::plan::RuntimeClosure::new(&r.site);
         Scheduler {
             r,
             links,
@@ -181,6 +205,9 @@ impl<T: Transport> Scheduler<T> {
             unreachable_hosts: HashSet::new(),
             updates,
             refused: Vec::new(),
+            stepping,
+            closure,
+            unread_waits: HashMap::new(),
         }
     }
 
@@ -323,7 +350,7 @@ impl<T: Transport> Scheduler<T> {
 
     /// Starts service `s` once its runtime needs hold; blocks it if they never can.
     fn try_start(&mut self, s: usize) -> bool {
-        if !self.svcs[s].planned {
+        if !self.svcs[s].planned && !self.may_start_unplanned(s) {
             return false;
         }
         let plan = self.r.plan.clone();
@@ -336,7 +363,9 @@ impl<T: Transport> Scheduler<T> {
             if self.svcs[t].healthy >= c.count {
                 continue;
             }
-            if self.svcs[t].finished.is_some() {
+            // Over, unless hosts of it still being read may be found healthy (a service
+            // started before it was planned, its hosts left out by `--on`).
+            if self.svcs[t].finished.is_some() && !self.being_read(t) {
                 let reason = format!(
                     "{} has {} of the {} healthy hosts it needs",
                     c.service, self.svcs[t].healthy, c.count
@@ -348,6 +377,9 @@ impl<T: Transport> Scheduler<T> {
         }
         if unmet.is_some() {
             return false;
+        }
+        if !self.svcs[s].planned {
+            self.start_unplanned(s);
         }
         self.svcs[s].started = true;
         let steps = sp.steps();
@@ -411,8 +443,11 @@ impl<T: Transport> Scheduler<T> {
             // The slots this wave's steps take (a flowing service keeps `batch` switching).
             let reserve = sp.policy.batch_hosts.max(wave.steps.len());
             for st in &next.steps {
+                // Not a host the caller is reading: its link comes from that read.
                 if let Some(&h) = self.host_index.get(&st.host) {
-                    self.links.prefetch(target(&plan, h), reserve);
+                    if !self.hosts[h].awaiting {
+                        self.links.prefetch(target(&plan, h), reserve);
+                    }
                 }
             }
         }
@@ -467,6 +502,12 @@ impl<T: Transport> Scheduler<T> {
                 launched = true;
                 continue;
             }
+            // Its host is still being read: the step keeps its place and no slot.
+            let unread = st.kind == crate::plan::StepKind::Unread;
+            if unread && self.hosts[h].awaiting {
+                still.push(i);
+                continue;
+            }
             // Steps on other hosts this one waits for (pool members this run adds) have ended,
             // however they ended.
             let waited = st.waits.iter().all(|w| {
@@ -474,15 +515,15 @@ impl<T: Transport> Scheduler<T> {
                     self.service_index.get(&*w.service),
                     self.host_index.get(&w.host),
                 ) {
-                    (Some(&t), Some(&n)) => {
-                        self.hosts[n].done.contains(&t) || self.hosts[n].broken.contains(&t)
-                    }
+                    (Some(&t), Some(&n)) => self.step_ended(t, n),
                     _ => true,
                 }
-            });
+            }) && (!unread || self.unread_waited(s, h));
             if self.hosts[h].busy
                 || !waited
-                || !after.iter().all(|a| self.hosts[h].done.contains(a))
+                || !after
+                    .iter()
+                    .all(|&a| self.hosts[h].done.contains(&a) || self.no_step(a, h))
                 || self.svcs[s].running >= slots
             {
                 still.push(i);

@@ -148,7 +148,8 @@ struct Reader {
 }
 
 impl Reader {
-    /// Reads `order`, [`READ_AHEAD`] at a time; after each host, plans the services whose
+    /// Reads `order`, [`READ_AHEAD`] at a time; after each host, says what it was read to run
+    /// (a service started before its plan steps it from then on) and plans the services whose
     /// hosts are all read. Stops starting reads once a lock is refused, the run is stopping
     /// or the rollout is over, but lets every read started end: a host it locks is then
     /// known to the fleet's lock.
@@ -188,6 +189,11 @@ impl Reader {
                             this.hosts.hosts[h].name
                         ));
                     }
+                    // A service started before it is planned steps the host from now on.
+                    let _ = tx.send(Planned::Read {
+                        host: this.hosts.hosts[h].name.clone(),
+                        observed: o.clone(),
+                    });
                     observed[h] = o;
                 }
                 Err(reason) => {

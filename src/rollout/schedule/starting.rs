@@ -69,9 +69,15 @@ impl<T: Transport> Scheduler<T> {
             read: self.hosts[h].read,
             lock: self.r.lock_at_step.clone(),
         });
-        // A host that did not answer at an earlier unread step is left alone for the rest of
-        // the run, as one that does not answer before it is.
-        let gone = unread.is_some() && self.unreachable_hosts.contains(&h);
+        // A host that did not answer at an earlier unread step, or when it was read during the
+        // run, is left alone for the rest of the run, as one that does not answer before it is.
+        let gone = match &unread {
+            Some(_) if self.unreachable_hosts.contains(&h) => {
+                Some("it did not answer at an earlier step of this run".to_string())
+            }
+            Some(_) => self.hosts[h].unread_reason.clone(),
+            None => None,
+        };
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
         let cancel = self.r.cancel.clone();
         let service = sp.name.clone();
@@ -91,10 +97,9 @@ impl<T: Transport> Scheduler<T> {
             if !unread_step {
                 started(&job);
             }
-            if gone {
-                let why = "it did not answer at an earlier step of this run";
+            if let Some(why) = gone {
                 step::log_line(&job.log, &format!("== connect: {why}"));
-                return (s, w, i, unread::unreachable(job.record, why.into()));
+                return (s, w, i, unread::unreachable(job.record, why));
             }
             let result = match links.get(&target).await {
                 Ok(link) => {

@@ -1,5 +1,6 @@
 //! Pool changes on the fake transport: a dependent's step that lists hosts this run adds to a
-//! service waits until their steps of that service have ended; no plan deadlocks on it.
+//! service waits until their steps of that service have ended, also when its host was read
+//! during the run; no plan deadlocks on it.
 
 use super::*;
 use proptest::prelude::*;
@@ -301,4 +302,156 @@ proptest! {
             prop_assert!(false, "{}", e);
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_host_was_read_during_the_run_waits_for_the_new_member_too() {
+    let fx = lb_over_api(
+        "port 8080",
+        "needs \"api\" addressable=\"all\"; reload \"hook reload lb\"",
+        (3, 2),
+        &[],
+        &["app3"],
+    );
+    // The lb hosts left for the caller to read: lb's steps are placeholders, with no waits.
+    let resolved = crate::inventory::resolve(&fx.site).expect("inventory");
+    let truth: Vec<(Arc<str>, Observed)> = fx
+        .plan
+        .hosts
+        .iter()
+        .filter(|h| h.name.starts_with("lb"))
+        .map(|h| (h.name.clone(), h.observed.clone()))
+        .collect();
+    let unread: Vec<Observed> = fx
+        .plan
+        .hosts
+        .iter()
+        .map(|h| match h.name.starts_with("lb") {
+            true => Observed::Unread,
+            false => h.observed.clone(),
+        })
+        .collect();
+    let plan = plan::plan(
+        &fx.site,
+        &resolved,
+        &unread,
+        &fx.desired,
+        &Selection::default(),
+    )
+    .expect("plan");
+    let fx = Fixture {
+        plan: Arc::new(plan),
+        ..fx
+    };
+    let lb = fx.service("lb");
+    assert!(lb
+        .waves
+        .iter()
+        .flat_map(|w| &w.steps)
+        .all(|st| st.kind == plan::StepKind::Unread && st.waits.is_empty()));
+    let (tx, updates) = tokio::sync::mpsc::unbounded_channel();
+    let pending = fx.plan.services.iter().map(|s| s.name == "lb").collect();
+    *fx.planning.lock().unwrap() = Some(crate::rollout::Planning { pending, updates });
+    // Read at once; lb needs api for its addresses only, so it starts as they are read.
+    for (host, observed) in truth {
+        let _ = tx.send(crate::rollout::Planned::Read { host, observed });
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(tx);
+    });
+    let ran = fx
+        .run(
+            Rules::default().sleep(Some("app3"), "hook install api", 300),
+            8,
+            true,
+        )
+        .await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(ran.hosts_with("reload", "lb"), ["lb1", "lb2"]);
+    let (api_done, ..) = ran.step_finished("api", "app3");
+    for host in ["lb1", "lb2"] {
+        let first = ran.first_hook("lb", host).expect("lb ran");
+        assert!(
+            api_done < first.start,
+            "{host} listed app3 before it served"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_placeholder_its_plan_drops_is_over() {
+    // app3 joined the inventory already running api 1.0 with its inputs; lb's records do not
+    // list it yet. app3 and the lb hosts are left for the caller to read: api's placeholder on
+    // app3 counts as a change, so lb's steps, once read, wait for it. api's plan (its canary
+    // makes it wait for one) then finds nothing to do on app3.
+    let fx = lb_over_api(
+        "port 8080; policy \"canary.kdl\"",
+        "needs \"api\" addressable=\"all\"; reload \"hook reload lb\"",
+        (3, 2),
+        &[("canary.kdl", "batch 1; canary 1")],
+        &["app3"],
+    );
+    let resolved = crate::inventory::resolve(&fx.site).expect("inventory");
+    let api = fx.site.service("api").expect("api");
+    let app3 = resolved.find("app3").expect("app3");
+    let mut truth: Vec<Observed> = fx.plan.hosts.iter().map(|h| h.observed.clone()).collect();
+    let record = ServiceRecord {
+        version: "1.0".into(),
+        configured: None,
+        validated: None,
+        inputs: Some(fx.desired.inputs(api, app3)),
+    };
+    truth[app3] = Observed::Running {
+        services: [("api".to_string(), record)].into_iter().collect(),
+    };
+    let plan_of = |unread: &[&str]| {
+        let observed: Vec<Observed> = resolved
+            .hosts
+            .iter()
+            .zip(&truth)
+            .map(|(h, o)| match unread.contains(&&*h.name) {
+                true => Observed::Unread,
+                false => o.clone(),
+            })
+            .collect();
+        plan::plan(
+            &fx.site,
+            &resolved,
+            &observed,
+            &fx.desired,
+            &Selection::default(),
+        )
+        .expect("plan")
+    };
+    let full = Arc::new(plan_of(&[]));
+    assert_eq!(full.services[0].steps(), 0, "api has nothing to do");
+    let fx = Fixture {
+        plan: Arc::new(plan_of(&["app3", "lb1", "lb2"])),
+        ..fx
+    };
+    let (tx, updates) = tokio::sync::mpsc::unbounded_channel();
+    let pending = fx.plan.services.iter().map(|_| true).collect();
+    *fx.planning.lock().unwrap() = Some(crate::rollout::Planning { pending, updates });
+    let read = |name: &str| crate::rollout::Planned::Read {
+        host: name.into(),
+        observed: truth[resolved.find(name).expect("host")].clone(),
+    };
+    let (lb1, lb2, app3) = (read("lb1"), read("lb2"), read("app3"));
+    tokio::spawn(async move {
+        let _ = tx.send(lb1);
+        let _ = tx.send(lb2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = tx.send(app3);
+        let _ = tx.send(crate::rollout::Planned::Plan {
+            plan: full,
+            ready: vec![0],
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(tx);
+    });
+    let ran = fx.run(Rules::default(), 8, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    assert_eq!(ran.hosts_with("reload", "lb"), ["lb1", "lb2"]);
+    assert!(ran.touched("api").is_empty());
 }
