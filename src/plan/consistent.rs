@@ -70,7 +70,7 @@ impl Plan {
                     match hosts.get(&*st.host) {
                         None => out.push(format!("{at}: no such host in the plan")),
                         Some(h) => {
-                            if !h.classes.iter().any(|c| s.classes.contains(c)) {
+                            if !s.runs_on(h) {
                                 out.push(format!(
                                     "{at}: the host is of no class that runs {}",
                                     s.name

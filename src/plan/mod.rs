@@ -70,13 +70,8 @@ impl Plan {
             .collect();
         self.hosts
             .iter()
-            .filter(|h| h.classes.iter().any(|c| service.classes.contains(c)))
-            .filter(|h| !unread.contains(&*h.name))
-            .filter(|h| {
-                h.observed
-                    .service(&service.name)
-                    .is_some_and(|rec| *rec.version == *service.version && rec.healthy())
-            })
+            .filter(|h| service.runs_on(h) && !unread.contains(&*h.name))
+            .filter(|h| service.healthy_in(h.observed.service(&service.name)))
             .count()
     }
 
@@ -118,6 +113,16 @@ impl ServicePlan {
     /// The steps of all its waves.
     pub fn steps(&self) -> usize {
         self.waves.iter().map(|w| w.steps.len()).sum()
+    }
+
+    /// Whether `host` is of a class that runs the service.
+    pub fn runs_on(&self, host: &PlannedHost) -> bool {
+        host.classes.iter().any(|c| self.classes.contains(c))
+    }
+
+    /// Whether a host whose record of the service is `record` runs its version healthy.
+    pub fn healthy_in(&self, record: Option<&crate::state::ServiceRecord>) -> bool {
+        record.is_some_and(|r| *r.version == *self.version && r.healthy())
     }
 }
 

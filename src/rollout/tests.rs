@@ -517,6 +517,22 @@ fn fixture_unread(
 }
 
 impl Fixture {
+    /// The fixture's site planned for `selection` with each host running what `truth` says
+    /// (by host id), but those named in `unread`, left unread.
+    fn plan_unread(&self, truth: &[Observed], unread: &[&str], selection: &Selection) -> Plan {
+        let resolved = crate::inventory::resolve(&self.site).expect("inventory");
+        let observed: Vec<Observed> = resolved
+            .hosts
+            .iter()
+            .zip(truth)
+            .map(|(h, o)| match unread.contains(&&*h.name) {
+                true => Observed::Unread,
+                false => o.clone(),
+            })
+            .collect();
+        plan::plan(&self.site, &resolved, &observed, &self.desired, selection).expect("plan")
+    }
+
     fn service(&self, name: &str) -> &plan::ServicePlan {
         self.plan
             .services

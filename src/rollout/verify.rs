@@ -63,11 +63,7 @@ async fn check_host<T: Transport>(
     secrets: &Secrets,
 ) -> Vec<CheckResult> {
     let host = &plan.hosts[h];
-    let services: Vec<_> = plan
-        .services
-        .iter()
-        .filter(|s| host.classes.iter().any(|c| s.classes.contains(c)))
-        .collect();
+    let services: Vec<_> = plan.services.iter().filter(|s| s.runs_on(host)).collect();
     let link = match transport.connect(target).await {
         Ok(l) => l,
         Err(e) => {

@@ -85,24 +85,14 @@ impl<T: Transport> Scheduler<T> {
     /// Once none of its own hosts is left to read, its plan is on its way (or waits only for
     /// the hosts of what it needs): it waits for that plan.
     pub(super) fn may_start_unplanned(&self, s: usize) -> bool {
-        let sp = &self.r.plan.services[s];
         self.updates.as_ref().is_some_and(|u| !u.is_closed())
-            && sp.policy.may_start_unread()
-            && sp.waves.iter().flat_map(|w| &w.steps).any(|st| {
-                st.kind == StepKind::Unread
-                    && self
-                        .host_index
-                        .get(&st.host)
-                        .is_some_and(|&h| self.hosts[h].awaiting)
-            })
+            && self.r.plan.services[s].policy.may_start_unread()
+            && self.awaiting_steps(s) > 0
     }
 
-    /// Service `s` starts before it is planned: its placeholders are its steps, each decided
-    /// once its host is read; said as a plan is.
-    pub(super) fn start_unplanned(&mut self, s: usize) {
-        let plan = self.r.plan.clone();
-        let sp = &plan.services[s];
-        let unread = sp
+    /// How many of service `s`'s steps are placeholders on hosts the caller still reads.
+    fn awaiting_steps(&self, s: usize) -> usize {
+        self.r.plan.services[s]
             .waves
             .iter()
             .flat_map(|w| &w.steps)
@@ -113,7 +103,15 @@ impl<T: Transport> Scheduler<T> {
                         .get(&st.host)
                         .is_some_and(|&h| self.hosts[h].awaiting)
             })
-            .count();
+            .count()
+    }
+
+    /// Service `s` starts before it is planned: its placeholders are its steps, each decided
+    /// once its host is read; said as a plan is.
+    pub(super) fn start_unplanned(&mut self, s: usize) {
+        let plan = self.r.plan.clone();
+        let sp = &plan.services[s];
+        let unread = self.awaiting_steps(s);
         // Its hosts read since the plan was made, with no step of it (not selected): counted
         // from what they were read to run, as a plan made now would.
         let read_since = (0..self.hosts.len())
@@ -139,15 +137,10 @@ impl<T: Transport> Scheduler<T> {
     /// this run: one more healthy host for what needs `s`.
     fn healthy_here(&self, s: usize, h: usize) -> bool {
         let sp = &self.r.plan.services[s];
-        let host = &self.r.plan.hosts[h];
         self.hosts[h].read
             && !self.stepping.contains(&(s, h))
-            && host.classes.iter().any(|c| sp.classes.contains(c))
-            && self.hosts[h]
-                .record
-                .services
-                .get(&sp.name)
-                .is_some_and(|r| *r.version == *sp.version && r.healthy())
+            && sp.runs_on(&self.r.plan.hosts[h])
+            && sp.healthy_in(self.hosts[h].record.services.get(&sp.name))
     }
 
     /// Whether the unread step of service `s` on host `h` may start: once its host is read,
@@ -290,18 +283,14 @@ impl<T: Transport> Scheduler<T> {
     /// Whether service `t`, started before it was planned, has a host still being read by the
     /// caller with no step of it there: found healthy, it would count ([`Self::host_read`]).
     pub(super) fn being_read(&self, t: usize) -> bool {
-        let classes = &self.r.plan.services[t].classes;
+        let sp = &self.r.plan.services[t];
         self.svcs[t].early
             && self
                 .hosts
                 .iter()
                 .zip(&self.r.plan.hosts)
                 .enumerate()
-                .any(|(n, (h, p))| {
-                    h.awaiting
-                        && !self.stepping.contains(&(t, n))
-                        && p.classes.iter().any(|c| classes.contains(c))
-                })
+                .any(|(n, (h, p))| h.awaiting && !self.stepping.contains(&(t, n)) && sp.runs_on(p))
     }
 
     /// Whether service `t` is planned with no step on host `n`: a step planned before the run

@@ -335,21 +335,18 @@ async fn hosts_left_out_and_read_during_the_run_count_as_healthy() {
     let running = [("app2", "api", "1.0"), ("app3", "api", "1.0")];
     let unread = ["app2", "app3", "app4"];
     let fx = fixture_unread(&body, &host_refs(&hs), &[], &running, &unread);
-    let resolved = crate::inventory::resolve(&fx.site).expect("inventory");
     let lock = fx.lock_at_step.as_ref().expect("unread hosts");
-    let observed: Vec<Observed> = resolved
+    let states: Vec<Observed> = fx
+        .plan
         .hosts
         .iter()
-        .map(|h| match unread.contains(&&*h.name) {
-            true => Observed::Unread,
-            false => lock.truth[&*h.name].clone(),
-        })
+        .map(|h| lock.truth[&*h.name].clone())
         .collect();
     let selection = Selection {
         services: None,
         hosts: Some([0, 3, 4].into_iter().collect()),
     };
-    let plan = plan::plan(&fx.site, &resolved, &observed, &fx.desired, &selection).expect("plan");
+    let plan = fx.plan_unread(&states, &unread, &selection);
     assert_eq!(plan.services[0].steps(), 2, "api steps app1 and app4 alone");
     let fx = Fixture {
         plan: Arc::new(plan),

@@ -314,7 +314,7 @@ async fn a_step_whose_host_was_read_during_the_run_waits_for_the_new_member_too(
         &["app3"],
     );
     // The lb hosts left for the caller to read: lb's steps are placeholders, with no waits.
-    let resolved = crate::inventory::resolve(&fx.site).expect("inventory");
+    let observed: Vec<Observed> = fx.plan.hosts.iter().map(|h| h.observed.clone()).collect();
     let truth: Vec<(Arc<str>, Observed)> = fx
         .plan
         .hosts
@@ -322,23 +322,7 @@ async fn a_step_whose_host_was_read_during_the_run_waits_for_the_new_member_too(
         .filter(|h| h.name.starts_with("lb"))
         .map(|h| (h.name.clone(), h.observed.clone()))
         .collect();
-    let unread: Vec<Observed> = fx
-        .plan
-        .hosts
-        .iter()
-        .map(|h| match h.name.starts_with("lb") {
-            true => Observed::Unread,
-            false => h.observed.clone(),
-        })
-        .collect();
-    let plan = plan::plan(
-        &fx.site,
-        &resolved,
-        &unread,
-        &fx.desired,
-        &Selection::default(),
-    )
-    .expect("plan");
+    let plan = fx.plan_unread(&observed, &["lb1", "lb2"], &Selection::default());
     let fx = Fixture {
         plan: Arc::new(plan),
         ..fx
@@ -405,29 +389,10 @@ async fn a_wait_for_a_placeholder_its_plan_drops_is_over() {
     truth[app3] = Observed::Running {
         services: [("api".to_string(), record)].into_iter().collect(),
     };
-    let plan_of = |unread: &[&str]| {
-        let observed: Vec<Observed> = resolved
-            .hosts
-            .iter()
-            .zip(&truth)
-            .map(|(h, o)| match unread.contains(&&*h.name) {
-                true => Observed::Unread,
-                false => o.clone(),
-            })
-            .collect();
-        plan::plan(
-            &fx.site,
-            &resolved,
-            &observed,
-            &fx.desired,
-            &Selection::default(),
-        )
-        .expect("plan")
-    };
-    let full = Arc::new(plan_of(&[]));
+    let full = Arc::new(fx.plan_unread(&truth, &[], &Selection::default()));
     assert_eq!(full.services[0].steps(), 0, "api has nothing to do");
     let fx = Fixture {
-        plan: Arc::new(plan_of(&["app3", "lb1", "lb2"])),
+        plan: Arc::new(fx.plan_unread(&truth, &["app3", "lb1", "lb2"], &Selection::default())),
         ..fx
     };
     let (tx, updates) = tokio::sync::mpsc::unbounded_channel();
