@@ -486,6 +486,14 @@ impl<T: Transport> Scheduler<T> {
                 .iter()
                 .filter_map(|a| self.service_index.get(&**a).copied())
                 .collect();
+            // An unread step whose host was found not answering is left alone as such, not
+            // blocked by the service before it there, left alone the same way.
+            let unread = st.kind == crate::plan::StepKind::Unread;
+            if unread && self.unreachable_hosts.contains(&h) {
+                self.spawn_step(s, w, i, h);
+                launched = true;
+                continue;
+            }
             if let Some(broken) = after.iter().find(|a| self.hosts[h].broken.contains(a)) {
                 let reason = format!(
                     "{} did not switch on this host",
@@ -503,7 +511,6 @@ impl<T: Transport> Scheduler<T> {
                 continue;
             }
             // Its host is still being read: the step keeps its place and no slot.
-            let unread = st.kind == crate::plan::StepKind::Unread;
             if unread && self.hosts[h].awaiting {
                 still.push(i);
                 continue;

@@ -308,6 +308,10 @@ pub struct RunRecord {
     pub succeeded: usize,
     pub failed: usize,
     pub blocked: usize,
+    /// Steps of hosts read during the run that found nothing to do (`at-version`), and that
+    /// found their host not answering (`unreachable`, left alone).
+    pub skipped: usize,
+    pub unreachable: usize,
     /// Steps begun and never ended, in the order they began.
     pub in_flight: Vec<InFlight>,
 }
@@ -325,15 +329,19 @@ impl RunRecord {
             "running" => "still running",
             _ => "stopped without finishing (its process is gone)",
         };
+        // A step that found its host at the desired state is done as much as one that ran.
         let mut text = format!(
             "{} (started {}{who}), {state} at {}: {} of {} steps done, {} failed",
             self.run,
             self.started.as_deref().unwrap_or("?"),
             self.last.as_deref().unwrap_or("?"),
-            self.succeeded,
+            self.succeeded + self.skipped,
             self.steps,
             self.failed
         );
+        if self.unreachable > 0 {
+            text.push_str(&format!(", {} left alone (no answer)", self.unreachable));
+        }
         if self.in_flight.is_empty() {
             text.push_str(", none in flight");
         } else {
@@ -397,6 +405,8 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
         succeeded: 0,
         failed: 0,
         blocked: 0,
+        skipped: 0,
+        unreachable: 0,
         in_flight: Vec::new(),
     };
     let mut open: BTreeMap<(String, String), (usize, InFlight)> = BTreeMap::new();
@@ -466,7 +476,8 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
             }
             Entry::StepBlocked { .. } => rec.blocked += 1,
             Entry::ServicePlanned { steps, .. } => rec.steps += steps,
-            Entry::StepSkipped { .. } => {}
+            Entry::StepSkipped { skip, .. } if skip == "unreachable" => rec.unreachable += 1,
+            Entry::StepSkipped { .. } => rec.skipped += 1,
             Entry::Interrupted { .. } => {
                 rec.state = "interrupted".into();
             }
@@ -490,4 +501,61 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
     in_flight.sort_by_key(|(o, _)| *o);
     rec.in_flight = in_flight.into_iter().map(|(_, s)| s).collect();
     rec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(entry: Entry) -> String {
+        let line = Line {
+            time: "2026-11-28T07:00:00.000Z".into(),
+            entry,
+        };
+        serde_json::to_string(&line).expect("serializes")
+    }
+
+    fn skipped(host: &str, skip: &str) -> String {
+        line(Entry::StepSkipped {
+            service: "api".into(),
+            host: host.into(),
+            skip: skip.into(),
+            reason: None,
+        })
+    }
+
+    #[test]
+    fn steps_that_found_their_host_at_the_version_count_as_done() {
+        let text = [
+            line(Entry::ServicePlanned {
+                service: "api".into(),
+                steps: 4,
+            }),
+            line(Entry::StepIntent {
+                service: "api".into(),
+                host: "a1".into(),
+                from: Some("1".into()),
+                to: "2".into(),
+            }),
+            line(Entry::StepResult {
+                service: "api".into(),
+                host: "a1".into(),
+                ok: true,
+                failed_hook: None,
+                rolled_back: false,
+                reason: None,
+            }),
+            skipped("a2", "at-version"),
+            skipped("a3", "unreachable"),
+        ]
+        .join("\n");
+        let rec = read("r1", "j", &text);
+        assert_eq!((rec.steps, rec.succeeded, rec.skipped), (4, 1, 1));
+        assert_eq!(rec.unreachable, 1);
+        let said = rec.describe();
+        assert!(
+            said.contains(": 2 of 4 steps done, 0 failed, 1 left alone (no answer), none"),
+            "{said}"
+        );
+    }
 }

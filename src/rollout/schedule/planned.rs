@@ -87,11 +87,11 @@ impl<T: Transport> Scheduler<T> {
     pub(super) fn may_start_unplanned(&self, s: usize) -> bool {
         self.updates.as_ref().is_some_and(|u| !u.is_closed())
             && self.r.plan.services[s].policy.may_start_unread()
-            && self.awaiting_steps(s) > 0
+            && self.awaiting_steps(s).next().is_some()
     }
 
-    /// How many of service `s`'s steps are placeholders on hosts the caller still reads.
-    fn awaiting_steps(&self, s: usize) -> usize {
+    /// Service `s`'s steps that are placeholders on hosts the caller still reads.
+    fn awaiting_steps(&self, s: usize) -> impl Iterator<Item = &crate::plan::Step> {
         self.r.plan.services[s]
             .waves
             .iter()
@@ -103,7 +103,6 @@ impl<T: Transport> Scheduler<T> {
                         .get(&st.host)
                         .is_some_and(|&h| self.hosts[h].awaiting)
             })
-            .count()
     }
 
     /// Service `s` starts before it is planned: its placeholders are its steps, each decided
@@ -111,7 +110,7 @@ impl<T: Transport> Scheduler<T> {
     pub(super) fn start_unplanned(&mut self, s: usize) {
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
-        let unread = self.awaiting_steps(s);
+        let unread = self.awaiting_steps(s).count();
         // Its hosts read since the plan was made, with no step of it (not selected): counted
         // from what they were read to run, as a plan made now would.
         let read_since = (0..self.hosts.len())

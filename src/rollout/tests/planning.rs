@@ -372,3 +372,67 @@ async fn hosts_left_out_and_read_during_the_run_count_as_healthy() {
     assert_eq!(ran.touched("web"), ["web1"]);
     assert!(ran.summary.converged(), "{:?}", ran.summary);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_found_not_answering_leaves_its_later_services_skipped_not_blocked() {
+    // api and worker on the same hosts, worker after api there; both start before their plan
+    // (worker once api is healthy on half its hosts, app4 still being read). app2 is found
+    // not answering when read: both its steps are left alone as unreachable, as they would be
+    // had it been read before the run, not worker's blocked by api's.
+    let body = "class \"app\" { service \"api\"; service \"worker\" }\n".to_string()
+        + &svc("api", "")
+        + &svc("worker", "needs \"api\" healthy=\"50%\"");
+    let hs = hosts("app", "app", 4);
+    let running: Vec<(&str, &str, &str)> = ["app1", "app2", "app3", "app4"]
+        .into_iter()
+        .flat_map(|h| [(h, "api", "0.9"), (h, "worker", "0.9")])
+        .collect();
+    let unread = ["app1", "app2", "app3", "app4"];
+    let fx = fixture_unread(&body, &host_refs(&hs), &[], &running, &unread);
+    let (tx, updates) = unbounded_channel();
+    let pending = fx.plan.services.iter().map(|_| true).collect();
+    *fx.planning.lock().unwrap() = Some(crate::rollout::Planning { pending, updates });
+    let (app1, app3, app4) = (truth(&fx, "app1"), truth(&fx, "app3"), truth(&fx, "app4"));
+    tokio::spawn(async move {
+        let app2 = Planned::Read {
+            host: "app2".into(),
+            observed: Observed::Unreachable {
+                reason: "connection refused".into(),
+            },
+        };
+        for read in [app2, app1, app3] {
+            let _ = tx.send(read);
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let _ = tx.send(app4);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        drop(tx);
+    });
+    let ran = fx.run(Rules::default(), 64, true).await;
+    let early = |service: &str| {
+        ran.events.iter().any(|(_, _, e)| {
+            matches!(e, EventKind::ServicePlanned { service: s, unread: Some(_), .. } if s == service)
+        })
+    };
+    assert!(early("api") && early("worker"), "{:?}", ran.events);
+    assert_eq!(ran.touched("api"), ["app1", "app3", "app4"]);
+    assert_eq!(ran.touched("worker"), ["app1", "app3", "app4"]);
+    for service in ["api", "worker"] {
+        let skipped: Vec<(String, plan::SkipReason)> = skips(&ran, service)
+            .into_iter()
+            .map(|(_, h, r)| (h, r))
+            .collect();
+        assert_eq!(
+            skipped,
+            [("app2".to_string(), plan::SkipReason::Unreachable)],
+            "{service}"
+        );
+    }
+    let blocked = ran
+        .events
+        .iter()
+        .any(|(_, _, e)| matches!(e, EventKind::StepBlocked { .. }));
+    assert!(!blocked, "no step blocked: {:?}", ran.events);
+    assert_eq!(ran.summary.unreachable, 1);
+    assert_eq!(ran.summary.not_started, 0, "{:?}", ran.summary);
+}
