@@ -486,12 +486,19 @@ impl<T: Transport> Scheduler<T> {
                 .iter()
                 .filter_map(|a| self.service_index.get(&**a).copied())
                 .collect();
-            // An unread step whose host was found not answering is left alone as such, not
-            // blocked by the service before it there, left alone the same way.
+            // An unread step whose host was found not answering (or its state unreadable) is
+            // left alone as such, not blocked by the service before it there, left alone the
+            // same way: as every step of a host found so before the run.
             let unread = st.kind == crate::plan::StepKind::Unread;
-            if unread && self.unreachable_hosts.contains(&h) {
-                self.spawn_step(s, w, i, h);
-                launched = true;
+            let gone = self.unreachable_hosts.contains(&h) || self.hosts[h].unread_reason.is_some();
+            if unread && gone {
+                // Not while another step runs there: a step's end frees its host.
+                if self.hosts[h].busy {
+                    still.push(i);
+                } else {
+                    self.spawn_step(s, w, i, h);
+                    launched = true;
+                }
                 continue;
             }
             if let Some(broken) = after.iter().find(|a| self.hosts[h].broken.contains(a)) {

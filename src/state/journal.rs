@@ -309,7 +309,8 @@ pub struct RunRecord {
     pub failed: usize,
     pub blocked: usize,
     /// Steps of hosts read during the run that found nothing to do (`at-version`), and that
-    /// found their host not answering (`unreachable`, left alone).
+    /// left their host alone (`unreachable`: it did not answer, its state could not be read,
+    /// or the run stopped before reading it).
     pub skipped: usize,
     pub unreachable: usize,
     /// Steps begun and never ended, in the order they began.
@@ -340,7 +341,7 @@ impl RunRecord {
             self.failed
         );
         if self.unreachable > 0 {
-            text.push_str(&format!(", {} left alone (no answer)", self.unreachable));
+            text.push_str(&format!(", {} left alone (unreachable)", self.unreachable));
         }
         if self.in_flight.is_empty() {
             text.push_str(", none in flight");
@@ -554,7 +555,7 @@ mod tests {
         assert_eq!(rec.unreachable, 1);
         let said = rec.describe();
         assert!(
-            said.contains(": 2 of 4 steps done, 0 failed, 1 left alone (no answer), none"),
+            said.contains(": 2 of 4 steps done, 0 failed, 1 left alone (unreachable), none"),
             "{said}"
         );
     }
