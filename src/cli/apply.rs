@@ -48,7 +48,8 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     let steps = plan.steps();
     if !args.json {
         let shown = if steps == 0 { &[][..] } else { &pending[..] };
-        out!("{}", report::plan_text_with(&plan, shown));
+        let early = plan::may_start_early(&site, &plan);
+        out!("{}", report::plan_text_with(&plan, shown, &early));
     }
     let unreachable = plan
         .hosts

@@ -82,6 +82,57 @@ pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
         .collect()
 }
 
+/// Per service: whether its steps may wait for the steps of a service whose steps may wait
+/// for its own in turn. A step waits for the steps of a service it needs on the hosts that
+/// service's pool adds to it, unless that service needs it at runtime ([`super::unread_waits`],
+/// [`super::Step::waits`]); needs for addresses may go both ways, and so may such waits. The
+/// planner puts the steps that wait in waves after those that do not, so that no wave waits
+/// for one that waits for it; a service started under its placeholders, whose waits are only
+/// known as its hosts are read, cannot: a service on such a cycle waits for its plan.
+pub fn waits_back(site: &Site) -> Vec<bool> {
+    let closure = super::RuntimeClosure::new(site);
+    let next: Vec<Vec<ServiceId>> = site
+        .services
+        .iter()
+        .enumerate()
+        .map(|(sid, s)| {
+            s.needs
+                .iter()
+                .map(|n| n.service)
+                .filter(|&x| x != sid && !closure.needs(x, sid))
+                .collect()
+        })
+        .collect();
+    (0..site.services.len())
+        .map(|sid| {
+            // Whether `sid` is reached again from what it may wait for.
+            let mut seen = vec![false; site.services.len()];
+            let mut stack = next[sid].clone();
+            while let Some(x) = stack.pop() {
+                if x == sid {
+                    return true;
+                }
+                if !std::mem::replace(&mut seen[x], true) {
+                    stack.extend(&next[x]);
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+/// Per service of `plan`: whether it may start before it is planned, under its placeholders,
+/// once its needs hold: its policy is not about which hosts change
+/// ([`super::PlannedPolicy::may_start_unread`]), and its steps cannot wait for a service that
+/// may wait for it in turn ([`waits_back`]).
+pub fn may_start_early(site: &Site, plan: &super::Plan) -> Vec<bool> {
+    let back = waits_back(site);
+    plan.services
+        .iter()
+        .map(|s| s.policy.may_start_unread() && site.service(&s.name).is_some_and(|sid| !back[sid]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +253,34 @@ mod tests {
         // Alone, but with a canary, or a wave's own failure budget: no.
         assert_eq!(want("c1"), Some(false));
         assert_eq!(want("m1"), Some(false));
+    }
+
+    #[test]
+    fn only_services_whose_waits_may_come_back_to_them_wait_for_their_plan() {
+        // The shop: db is handed front's addresses, but front needs db at runtime (through
+        // app), so db's steps never wait for front's: no cycle.
+        let (_dir, site, _) = site();
+        assert_eq!(waits_back(&site), [false, false, false]);
+        // Two services handed each other's addresses, and one that lists the first.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w =
+            |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        w(
+            "platform.kdl",
+            "platform \"p\" { transport \"local\"; inventory \"static\" {\n\
+             host \"a1\" address=\"10.0.0.1\" class=\"a\"\n} }",
+        );
+        w(
+            "site.kdl",
+            "site \"s\" { version \"1\"; platform \"platform.kdl\" }\n\
+             class \"a\" { service \"x\"; service \"y\"; service \"z\" }\n\
+             service \"x\" { port 80; start \"run\"; needs \"y\" addressable=\"all\" }\n\
+             service \"y\" { port 81; start \"run\"; needs \"x\" addressable=\"all\" }\n\
+             service \"z\" { port 82; start \"run\"; needs \"x\" addressable=\"all\" }\n",
+        );
+        let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
+        let back = |name: &str| waits_back(&site)[site.service(name).expect("service")];
+        assert!(back("x") && back("y"));
+        assert!(!back("z"), "z waits for x, which never waits for z");
     }
 }

@@ -14,7 +14,7 @@ mod waves;
 
 pub use decide::{decide, unread_waits, Decided};
 pub use drift::drift;
-pub use expected::{deferrable, first_hosts, planned_from};
+pub use expected::{deferrable, first_hosts, may_start_early, planned_from, waits_back};
 pub use host_order::RuntimeClosure;
 
 use decide::{sort, Sorted, Todo};

@@ -7,12 +7,13 @@ use std::fmt::Write;
 
 /// The whole plan as text, deterministic for the same plan.
 pub fn plan_text(plan: &Plan) -> String {
-    plan_text_with(plan, &[])
+    plan_text_with(plan, &[], &[])
 }
 
 /// The plan as text when the services `pending` marks (by index) are planned during the run,
-/// once their hosts are read: those are named, not planned.
-pub fn plan_text_with(plan: &Plan, pending: &[bool]) -> String {
+/// once their hosts are read: those are named, not planned, and those `early` marks said to
+/// start before their plan if their needs hold first.
+pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
     let mut out = String::new();
     let is_pending = |i: usize| pending.get(i).copied().unwrap_or(false);
     let planned = || {
@@ -43,7 +44,7 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool]) -> String {
     for (i, s) in plan.services.iter().enumerate() {
         out.push('\n');
         if is_pending(i) {
-            let early = if s.policy.may_start_unread() {
+            let early = if early.get(i).copied().unwrap_or(false) {
                 ";\n  if its needs hold first, it starts, each host stepped once it is read"
             } else {
                 ""

@@ -105,6 +105,8 @@ pub struct Scheduler<T: Transport> {
     /// Which service (by index) has a step on which host, placeholders included: what an
     /// unread step's waits are kept to ([`crate::plan::unread_waits`]).
     stepping: HashSet<(usize, usize)>,
+    /// Per service: whether it may start before it is planned ([`crate::plan::may_start_early`]).
+    early: Vec<bool>,
     /// The services each service needs at runtime.
     closure: crate::plan::RuntimeClosure,
     /// Per `(service, host)` of an unread step on a host read during the run: the steps
@@ -189,6 +191,7 @@ impl<T: Transport> Scheduler<T> {
             .collect();
         let links = Arc::new(Links::new(r.transport.clone(), r.max_connections));
         let stepping = planned::stepping(&plan, &host_index);
+        let early = crate::plan::may_start_early(&r.site, &plan);
         let closure = crate::plan::RuntimeClosure::new(&r.site);
         Scheduler {
             r,
@@ -206,6 +209,7 @@ impl<T: Transport> Scheduler<T> {
             updates,
             refused: Vec::new(),
             stepping,
+            early,
             closure,
             unread_waits: HashMap::new(),
         }

@@ -17,6 +17,7 @@ mod flow;
 mod ideal;
 mod planning;
 mod pool;
+mod reading;
 mod stopping;
 mod unread;
 

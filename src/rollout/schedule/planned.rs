@@ -80,13 +80,15 @@ impl<T: Transport> Scheduler<T> {
 
     /// Whether service `s`, not planned yet, may start under its placeholders once its needs
     /// hold: its hosts are still being read (a caller that cannot read them closes the
-    /// channel at once: nothing may run then), and its policy allows it
-    /// ([`crate::plan::PlannedPolicy::may_start_unread`]).
+    /// channel at once: nothing may run then), and its policy and needs allow it
+    /// ([`crate::plan::may_start_early`]: not when its steps may wait for a service that may
+    /// wait for it in turn, since its placeholders' waves are not ordered by what they wait
+    /// for, which is only known once read).
     /// Once none of its own hosts is left to read, its plan is on its way (or waits only for
     /// the hosts of what it needs): it waits for that plan.
     pub(super) fn may_start_unplanned(&self, s: usize) -> bool {
         self.updates.as_ref().is_some_and(|u| !u.is_closed())
-            && self.r.plan.services[s].policy.may_start_unread()
+            && self.early[s]
             && self.awaiting_steps(s).next().is_some()
     }
 

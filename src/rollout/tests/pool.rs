@@ -78,7 +78,7 @@ fn lb_over_api(
 
 /// Every waiting step started only after each step it waits for had finished (or was given up
 /// without running).
-fn waits_kept(fx: &Fixture, ran: &Ran) -> Result<(), String> {
+pub(super) fn waits_kept(fx: &Fixture, ran: &Ran) -> Result<(), String> {
     for s in &fx.plan.services {
         for st in s.waves.iter().flat_map(|w| &w.steps) {
             let Some(first) = ran.first_hook(&s.name, &st.host) else {
@@ -202,20 +202,20 @@ async fn no_wait_when_the_new_members_service_needs_this_one() {
 /// A random fleet: services in a chain of data needs both ways (pools that list each other),
 /// some runtime needs forward, hosts added to any class, some hooks failing.
 #[derive(Debug, Clone)]
-struct Case {
-    services: usize,
+pub(super) struct Case {
+    pub(super) services: usize,
     /// `data[i][j]`: service i needs j's addresses.
-    data: Vec<Vec<bool>>,
+    pub(super) data: Vec<Vec<bool>>,
     /// `runtime[i]`: service i needs service i-1 at runtime.
-    runtime: Vec<bool>,
+    pub(super) runtime: Vec<bool>,
     /// Per class (one per service), how many hosts, and how many of them are new.
-    hosts: Vec<(usize, usize)>,
-    batch: usize,
-    fail: Vec<(usize, usize)>,
-    continue_on_failure: bool,
+    pub(super) hosts: Vec<(usize, usize)>,
+    pub(super) batch: usize,
+    pub(super) fail: Vec<(usize, usize)>,
+    pub(super) continue_on_failure: bool,
 }
 
-fn case() -> impl Strategy<Value = Case> {
+pub(super) fn case() -> impl Strategy<Value = Case> {
     (2usize..=4)
         .prop_flat_map(|n| {
             (
@@ -241,55 +241,69 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
+/// The fleet of `c` planned with every host read, and the rules that fail its hooks.
+pub(super) fn case_fixture(c: &Case) -> (Fixture, Rules) {
+    let name = |i: usize| format!("s{i}");
+    let mut body = String::new();
+    for i in 0..c.services {
+        body.push_str(&format!("class \"c{i}\" {{ service \"{}\" }}\n", name(i)));
+    }
+    for i in 0..c.services {
+        let mut extra = format!("port {}; policy \"p.kdl\"", 8000 + i);
+        for j in (0..c.services).filter(|j| c.data[i][*j] && *j != i) {
+            extra.push_str(&format!("; needs \"{}\" addressable=\"all\"", name(j)));
+        }
+        if i > 0 && c.runtime[i] {
+            extra.push_str(&format!("; needs \"{}\" healthy=1", name(i - 1)));
+        }
+        if i % 2 == 0 {
+            extra.push_str(&format!("; reload \"hook reload {}\"", name(i)));
+        }
+        body.push_str(&svc(&name(i), &extra));
+    }
+    let mut hs: Vec<(String, &'static str)> = Vec::new();
+    let mut added: Vec<String> = Vec::new();
+    const CLASSES: [&str; 4] = ["c0", "c1", "c2", "c3"];
+    for (i, (n, new)) in c.hosts.iter().enumerate() {
+        for k in 0..*n {
+            let host = format!("h{i}x{k}");
+            if k >= n - new {
+                added.push(host.clone());
+            }
+            hs.push((host, CLASSES[i]));
+        }
+    }
+    let policy = format!(
+        "batch {}; max-failed 0{}",
+        c.batch,
+        if c.continue_on_failure {
+            "; on-failure \"continue\""
+        } else {
+            ""
+        }
+    );
+    let added_refs: Vec<&str> = added.iter().map(String::as_str).collect();
+    let fx = grown(&body, &host_refs(&hs), &[("p.kdl", &policy)], &added_refs);
+    let mut rules = Rules::default().sleep(None, "hook install", 3);
+    for (s, h) in &c.fail {
+        let host = hs
+            .iter()
+            .filter(|(_, cl)| *cl == CLASSES[*s])
+            .nth(*h)
+            .map(|(n, _)| n.clone());
+        if let Some(host) = host {
+            rules = rules.fail(Some(&host), &format!("hook check {}", name(*s)));
+        }
+    }
+    (fx, rules)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]
     fn every_plan_with_pool_changes_runs_to_the_end(c in case()) {
-        let name = |i: usize| format!("s{i}");
-        let mut body = String::new();
-        for i in 0..c.services {
-            body.push_str(&format!("class \"c{i}\" {{ service \"{}\" }}\n", name(i)));
-        }
-        for i in 0..c.services {
-            let mut extra = format!("port {}; policy \"p.kdl\"", 8000 + i);
-            for j in (0..c.services).filter(|j| c.data[i][*j] && *j != i) {
-                extra.push_str(&format!("; needs \"{}\" addressable=\"all\"", name(j)));
-            }
-            if i > 0 && c.runtime[i] {
-                extra.push_str(&format!("; needs \"{}\" healthy=1", name(i - 1)));
-            }
-            if i % 2 == 0 {
-                extra.push_str(&format!("; reload \"hook reload {}\"", name(i)));
-            }
-            body.push_str(&svc(&name(i), &extra));
-        }
-        let mut hs: Vec<(String, &'static str)> = Vec::new();
-        let mut added: Vec<String> = Vec::new();
-        const CLASSES: [&str; 4] = ["c0", "c1", "c2", "c3"];
-        for (i, (n, new)) in c.hosts.iter().enumerate() {
-            for k in 0..*n {
-                let host = format!("h{i}x{k}");
-                if k >= n - new {
-                    added.push(host.clone());
-                }
-                hs.push((host, CLASSES[i]));
-            }
-        }
-        let policy = format!(
-            "batch {}; max-failed 0{}",
-            c.batch,
-            if c.continue_on_failure { "; on-failure \"continue\"" } else { "" }
-        );
-        let added_refs: Vec<&str> = added.iter().map(String::as_str).collect();
-        let fx = grown(&body, &host_refs(&hs), &[("p.kdl", &policy)], &added_refs);
-        let mut rules = Rules::default().sleep(None, "hook install", 3);
-        for (s, h) in &c.fail {
-            let host = hs.iter().filter(|(_, cl)| *cl == CLASSES[*s]).nth(*h).map(|(n, _)| n.clone());
-            if let Some(host) = host {
-                rules = rules.fail(Some(&host), &format!("hook check {}", name(*s)));
-            }
-        }
+        let (fx, rules) = case_fixture(&c);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         // `run` panics if the rollout does not finish (its deadlock guard).
         let ran = runtime.block_on(fx.run(rules, 16, true));
