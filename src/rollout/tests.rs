@@ -759,6 +759,22 @@ impl Ran {
     }
 
     /// `(outcome, succeeded, failed, not_started)` of the service's end.
+    /// Services that ended because their steps waited for steps that could never run (the
+    /// engine's stall guard): a plan whose waits go round.
+    fn stalled(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .filter_map(|(_, _, e)| match e {
+                EventKind::ServiceFinished {
+                    service,
+                    reason: Some(r),
+                    ..
+                } if r.contains("can never run") => Some(service.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn outcome(&self, service: &str) -> (ServiceOutcome, usize, usize, usize) {
         self.events
             .iter()

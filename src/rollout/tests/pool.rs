@@ -43,17 +43,20 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
             Observed::Running { services }
         })
         .collect();
-    let desired = crate::desired::resolve(&site, &full, &secrets).expect("desired");
-    let plan = plan::plan(&site, &full, &observed, &desired, &Selection::default()).expect("plan");
+    planned(fx, &observed)
+}
+
+/// `fx` planned with every host read to run `observed`.
+fn planned(fx: Fixture, observed: &[Observed]) -> Fixture {
+    let full = crate::inventory::resolve(&fx.site).expect("inventory");
+    let secrets = crate::secrets::Secrets::none();
+    let desired = crate::desired::resolve(&fx.site, &full, &secrets).expect("desired");
+    let plan =
+        plan::plan(&fx.site, &full, observed, &desired, &Selection::default()).expect("plan");
     Fixture {
-        dir: fx.dir,
-        site,
         plan: Arc::new(plan),
         desired: Arc::new(desired),
-        release: None,
-        signal_at_confirm: false,
-        lock_at_step: None,
-        planning: Mutex::default(),
+        ..fx
     }
 }
 
@@ -307,6 +310,7 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         // `run` panics if the rollout does not finish (its deadlock guard).
         let ran = runtime.block_on(fx.run(rules, 16, true));
+        prop_assert!(ran.stalled().is_empty(), "stalled: {:?}", ran.stalled());
         let (ok, failed, not_started) = ran.counts();
         prop_assert_eq!(ok + failed + not_started, fx.plan.steps(), "every step accounted for");
         if c.fail.is_empty() {
@@ -433,4 +437,100 @@ async fn a_wait_for_a_placeholder_its_plan_drops_is_over() {
     assert!(ran.summary.converged(), "{:?}", ran.summary);
     assert_eq!(ran.hosts_with("reload", "lb"), ["lb1", "lb2"]);
     assert!(ran.touched("api").is_empty());
+}
+
+/// Plans `body` on `hosts`, every host running each of its services at 1.0 with the inputs
+/// it had when the hosts `missing` names for it were not in the inventory (all of them for a
+/// host not named): what runs with `--on` or stopped partway leave behind; `old` hosts run
+/// 0.9 of their service.
+fn recorded(
+    body: &str,
+    hosts: &[(&str, &str)],
+    policies: &[(&str, &str)],
+    missing: &[(&str, &[&str])],
+    older: &[&str],
+) -> Fixture {
+    let fx = fixture(body, hosts, policies, &[]);
+    let site = fx.site.clone();
+    let full = crate::inventory::resolve(&site).expect("inventory");
+    let secrets = crate::secrets::Secrets::none();
+    let observed: Vec<Observed> = full
+        .hosts
+        .iter()
+        .map(|h| {
+            let gone: &[&str] = missing
+                .iter()
+                .find(|(n, _)| *n == &*h.name)
+                .map_or(&[], |(_, g)| g);
+            let kept = (0..full.hosts.len())
+                .filter(|i| !gone.contains(&&*full.hosts[*i].name))
+                .collect();
+            let before = full.subset(&kept, site.classes.len());
+            let old = crate::desired::resolve(&site, &before, &secrets).expect("desired");
+            let b = before.find(&h.name).expect("the host itself");
+            let services = h
+                .classes
+                .iter()
+                .flat_map(|c| site.classes[*c].services.iter().copied())
+                .map(|sid| {
+                    let version = match older.contains(&&*h.name) {
+                        true => "0.9".to_string(),
+                        false => site.services[sid].version.clone(),
+                    };
+                    let mut r = ServiceRecord::at(version);
+                    r.inputs = Some(old.inputs(sid, b));
+                    (site.services[sid].name.clone(), r)
+                })
+                .collect();
+            Observed::Running { services }
+        })
+        .collect();
+    planned(fx, &observed)
+}
+
+#[tokio::test]
+async fn pool_waits_that_would_go_round_do_not_stall_the_run() {
+    // s and x are handed each other's addresses. Runs with `--on` left h1 not listing n, n
+    // not listing h2, and h2 not listing n2: s on h1 waits for x on n, which waits for s on
+    // h2, which waits for x on n2 (upgraded from 0.9), in s's wave after h1's.
+    let body = "class \"cs\" { service \"s\" }\nclass \"cx\" { service \"x\" }\n".to_string()
+        + &svc(
+            "s",
+            "port 80; needs \"x\" addressable=\"all\"; policy \"p.kdl\"",
+        )
+        + &svc(
+            "x",
+            "port 81; needs \"s\" addressable=\"all\"; policy \"p.kdl\"",
+        );
+    let hs = [("h1", "cs"), ("h2", "cs"), ("n", "cx"), ("n2", "cx")];
+    let missing: [(&str, &[&str]); 3] = [("h1", &["n"]), ("n", &["h2"]), ("h2", &["n2"])];
+    let fx = recorded(&body, &hs, &[("p.kdl", "batch 1")], &missing, &["n2"]);
+    // What a step waits for never waits in turn.
+    let steps: Vec<(&str, &plan::Step)> = fx
+        .plan
+        .services
+        .iter()
+        .flat_map(|s| {
+            s.waves
+                .iter()
+                .flat_map(|w| &w.steps)
+                .map(|st| (&*s.name, st))
+        })
+        .collect();
+    for (_, st) in &steps {
+        for w in &st.waits {
+            let (_, target) = steps
+                .iter()
+                .find(|(s, t)| *s == &*w.service && t.host == w.host)
+                .expect("a step of the plan");
+            assert!(target.waits.is_empty(), "{} on {} waits", w.service, w.host);
+        }
+    }
+    assert!(
+        steps.iter().any(|(_, st)| !st.waits.is_empty()),
+        "s on h2 still waits"
+    );
+    let ran = fx.run(Rules::default(), 8, true).await;
+    assert!(ran.stalled().is_empty(), "stalled: {:?}", ran.events);
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
 }
