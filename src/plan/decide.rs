@@ -125,9 +125,6 @@ fn added(
 /// read and its record of `sid` found to be `record`, as [`Step::waits`] is for a host read
 /// before the run: per needed service (not one that needs `sid` at runtime), the hosts its
 /// pool adds to the host. The caller keeps those of them on which that service has a step.
-/// Unlike the plan's, these may name a step that waits in turn (whether it does is only
-/// known once its host is read): a service whose waits could come back to it does not start
-/// under such steps ([`super::waits_back`]), so they never go round.
 pub fn unread_waits(
     site: &Site,
     desired: &Desired,

@@ -307,24 +307,6 @@ pub fn plan(
         sorted[sid] = Some(s);
     }
     let after = host_order::RuntimeClosure::new(site);
-    // The steps that would wait for another (`waits_of` below with none left out): a step
-    // waits only for steps that do not, so that waits never chain, and never go round.
-    let mut waiting = host_order::Changing::new(hosts.hosts.len());
-    for &sid in &site.order {
-        for t in sorted[sid].iter().flat_map(|s| &s.todo) {
-            let waits = t.added.iter().any(|(x, added)| {
-                *x != sid
-                    && !after.needs(*x, sid)
-                    && added
-                        .iter()
-                        .filter_map(|name| hosts.find(name))
-                        .any(|n| changing.has(n, *x))
-            });
-            if waits {
-                waiting.add(t.host, sid);
-            }
-        }
-    }
     let mut services = Vec::with_capacity(site.services.len());
     for &sid in &site.order {
         let Some(s) = sorted[sid].take() else {
@@ -336,7 +318,7 @@ pub fn plan(
             sid,
             &versions[sid],
             s,
-            (&changing, &waiting),
+            &changing,
             &after,
         ));
     }
@@ -376,7 +358,7 @@ fn service_plan(
     sid: ServiceId,
     version: &Arc<str>,
     sorted: Sorted,
-    (changing, waiting): (&host_order::Changing, &host_order::Changing),
+    changing: &host_order::Changing,
     closure: &host_order::RuntimeClosure,
 ) -> ServicePlan {
     let service = &site.services[sid];
@@ -386,9 +368,7 @@ fn service_plan(
         skipped,
     } = sorted;
     // A step waits for the needed service's steps on the hosts it adds, unless that service
-    // needs this one at runtime (it could then never start first), or that step waits in turn
-    // (`waiting`: a host added to a pool is mostly new, and a new host's step never waits;
-    // one left behind by earlier runs may, and such waits could go round and stall the run).
+    // needs this one at runtime (it could then never start first).
     let waits_of = |t: &Todo| -> Vec<HostStep> {
         let mut out = Vec::new();
         for (x, added) in &t.added {
@@ -397,7 +377,7 @@ fn service_plan(
             }
             for name in added {
                 if let Some(n) = hosts.find(name) {
-                    if changing.has(n, *x) && !waiting.has(n, *x) {
+                    if changing.has(n, *x) {
                         out.push(HostStep {
                             service: closure.name(*x),
                             host: hosts.hosts[n].name.clone(),
@@ -410,7 +390,7 @@ fn service_plan(
     };
     let waits: Vec<Vec<HostStep>> = todo.iter().map(waits_of).collect();
     // Steps that wait go in waves after every step that does not: what they wait for never
-    // waits in turn (`waiting`), so no wave can hold up the wave it waits on.
+    // waits in turn, so no wave can hold up the wave it waits on.
     let plain: Vec<HostId> = todo
         .iter()
         .zip(&waits)

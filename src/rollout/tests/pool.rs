@@ -488,7 +488,12 @@ fn recorded(
     planned(fx, &observed)
 }
 
+/// A known stall, kept as its reproducer: waits that go round through records that runs with
+/// `--on` leave behind (book: desired-state.md, "Known limit"). Dropping a wait whose target
+/// waits in turn fixes this case but not those that go round through `after` and runtime
+/// needs, and makes a service's plan depend on hosts it is not planned from.
 #[tokio::test]
+#[ignore = "known stall, not fixed yet: pool waits that go round (book: desired-state.md)"]
 async fn pool_waits_that_would_go_round_do_not_stall_the_run() {
     // s and x are handed each other's addresses. Runs with `--on` left h1 not listing n, n
     // not listing h2, and h2 not listing n2: s on h1 waits for x on n, which waits for s on
