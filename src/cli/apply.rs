@@ -223,8 +223,7 @@ fn stepped(plan: &Plan, hosts: &crate::inventory::Hosts) -> plan::Selection {
     let ids = plan
         .services
         .iter()
-        .flat_map(|s| &s.waves)
-        .flat_map(|w| &w.steps)
+        .flat_map(|s| s.each_step())
         .filter_map(|step| hosts.find(&step.host))
         .collect();
     plan::Selection {

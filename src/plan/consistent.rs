@@ -37,12 +37,7 @@ impl Plan {
         let steps: HashSet<(&str, &str)> = self
             .services
             .iter()
-            .flat_map(|s| {
-                s.waves
-                    .iter()
-                    .flat_map(|w| &w.steps)
-                    .map(|st| (s.name.as_str(), &*st.host))
-            })
+            .flat_map(|s| s.each_step().map(|st| (s.name.as_str(), &*st.host)))
             .collect();
         let mut seen = HashSet::new();
         for (i, s) in self.services.iter().enumerate() {

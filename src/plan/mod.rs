@@ -62,9 +62,7 @@ impl Plan {
     /// during the run).
     pub fn healthy_before(&self, service: &ServicePlan) -> usize {
         let unread: BTreeSet<&str> = service
-            .waves
-            .iter()
-            .flat_map(|w| &w.steps)
+            .each_step()
             .filter(|st| st.kind == StepKind::Unread)
             .map(|st| &*st.host)
             .collect();
@@ -113,6 +111,11 @@ impl ServicePlan {
     /// The steps of all its waves.
     pub fn steps(&self) -> usize {
         self.waves.iter().map(|w| w.steps.len()).sum()
+    }
+
+    /// Each step of its waves, in wave order.
+    pub fn each_step(&self) -> impl Iterator<Item = &Step> {
+        self.waves.iter().flat_map(|w| &w.steps)
     }
 
     /// Whether `host` is of a class that runs the service.

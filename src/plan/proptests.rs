@@ -505,7 +505,7 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
     // Which services have a step on which host.
     let mut steps_on: BTreeSet<(ServiceId, HostId)> = BTreeSet::new();
     for (sid, sp) in services.iter().enumerate() {
-        for st in sp.waves.iter().flat_map(|w| &w.steps) {
+        for st in sp.each_step() {
             steps_on.insert((sid, id_of[&*st.host]));
         }
     }
@@ -537,7 +537,7 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
         // Each host of the service exactly once in waves ∪ skipped, and nothing else.
         let mut seen: BTreeMap<HostId, usize> = BTreeMap::new();
         let mut in_waves: BTreeSet<HostId> = BTreeSet::new();
-        for st in sp.waves.iter().flat_map(|w| &w.steps) {
+        for st in sp.each_step() {
             let h = id_of[&*st.host];
             *seen.entry(h).or_default() += 1;
             in_waves.insert(h);
@@ -634,7 +634,7 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
         }
 
         // Same-host ordering: `after` is exactly the runtime needs changing on this host.
-        for st in sp.waves.iter().flat_map(|w| &w.steps) {
+        for st in sp.each_step() {
             let h = id_of[&*st.host];
             let want: BTreeSet<&str> = hosts.hosts[h]
                 .classes
@@ -807,11 +807,7 @@ fn check_unread(b: &Built) -> Result<(), TestCaseError> {
             continue;
         }
         let step_of = |sp: &super::ServicePlan, name: &str| {
-            sp.waves
-                .iter()
-                .flat_map(|w| &w.steps)
-                .find(|st| &*st.host == name)
-                .cloned()
+            sp.each_step().find(|st| &*st.host == name).cloned()
         };
         for &h in &members {
             let name = &*hosts.hosts[h].name;
@@ -936,9 +932,7 @@ fn same_host_after_names_the_need() {
     let second = &p.services[1];
     assert_eq!(second.name, b.site.services[b.site.order[1]].name);
     assert!(second
-        .waves
-        .iter()
-        .flat_map(|w| &w.steps)
+        .each_step()
         .all(|st| st.after.len() == 1 && *st.after[0] == *p.services[0].name));
 }
 

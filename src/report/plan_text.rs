@@ -165,7 +165,7 @@ fn service(out: &mut String, s: &ServicePlan) {
     // Steps of a service mostly name the same services: look at each distinct list once.
     let mut after: BTreeSet<&str> = BTreeSet::new();
     let mut last: &[std::sync::Arc<str>] = &[];
-    for st in s.waves.iter().flat_map(|w| &w.steps) {
+    for st in s.each_step() {
         if st.after != last {
             after.extend(st.after.iter().map(|a| &**a));
             last = &st.after;

@@ -163,7 +163,7 @@ impl<T: Transport> Scheduler<T> {
             .map(|(i, s)| {
                 // A service not planned yet counts its placeholders: no host's lock goes with
                 // a command while a step may still come there.
-                for st in s.waves.iter().flat_map(|w| &w.steps) {
+                for st in s.each_step() {
                     if let Some(&h) = host_index.get(&st.host) {
                         hosts[h].steps_left += 1;
                     }

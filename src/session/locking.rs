@@ -291,8 +291,7 @@ impl Session {
         let stepped: HashSet<&str> = plan
             .services
             .iter()
-            .flat_map(|s| &s.waves)
-            .flat_map(|w| &w.steps)
+            .flat_map(|s| s.each_step())
             .map(|st| &*st.host)
             .collect();
         let alone = self.alone.lock().unwrap_or_else(|p| p.into_inner()).clone();

@@ -80,12 +80,7 @@ impl<T: Transport> Scheduler<T> {
     /// `s` can never start: every step is left undone.
     pub(super) fn block(&mut self, s: usize, reason: String) {
         let sp = &self.r.plan.services[s];
-        let left: Vec<Arc<str>> = sp
-            .waves
-            .iter()
-            .flat_map(|w| &w.steps)
-            .map(|st| st.host.clone())
-            .collect();
+        let left: Vec<Arc<str>> = sp.each_step().map(|st| st.host.clone()).collect();
         self.give_up(s, &left);
         self.svcs[s].started = true;
         self.end_service(s, ServiceOutcome::Blocked, Some(reason));

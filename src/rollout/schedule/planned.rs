@@ -94,17 +94,13 @@ impl<T: Transport> Scheduler<T> {
 
     /// Service `s`'s steps that are placeholders on hosts the caller still reads.
     fn awaiting_steps(&self, s: usize) -> impl Iterator<Item = &crate::plan::Step> {
-        self.r.plan.services[s]
-            .waves
-            .iter()
-            .flat_map(|w| &w.steps)
-            .filter(|st| {
-                st.kind == StepKind::Unread
-                    && self
-                        .host_index
-                        .get(&st.host)
-                        .is_some_and(|&h| self.hosts[h].awaiting)
-            })
+        self.r.plan.services[s].each_step().filter(|st| {
+            st.kind == StepKind::Unread
+                && self
+                    .host_index
+                    .get(&st.host)
+                    .is_some_and(|&h| self.hosts[h].awaiting)
+        })
     }
 
     /// Service `s` starts before it is planned: its placeholders are its steps, each decided
@@ -232,13 +228,13 @@ impl<T: Transport> Scheduler<T> {
         let state_dir = self.r.site.platform.host_state_dir();
         for &s in &newly {
             // Its placeholders give way to its steps, host by host.
-            for st in old.services[s].waves.iter().flat_map(|w| &w.steps) {
+            for st in old.services[s].each_step() {
                 if let Some(&h) = self.host_index.get(&st.host) {
                     self.hosts[h].steps_left = self.hosts[h].steps_left.saturating_sub(1);
                 }
             }
             let sp = &merged.services[s];
-            for st in sp.waves.iter().flat_map(|w| &w.steps) {
+            for st in sp.each_step() {
                 if let Some(&h) = self.host_index.get(&st.host) {
                     self.hosts[h].steps_left += 1;
                 }
@@ -309,7 +305,7 @@ pub(super) fn stepping(
 ) -> HashSet<(usize, usize)> {
     let mut out = HashSet::new();
     for (s, sp) in plan.services.iter().enumerate() {
-        for st in sp.waves.iter().flat_map(|w| &w.steps) {
+        for st in sp.each_step() {
             if let Some(&h) = host_index.get(&st.host) {
                 out.insert((s, h));
             }

@@ -57,12 +57,7 @@ impl<T: Transport> Scheduler<T> {
                         .map(|st| st.host.clone()),
                 );
             } else {
-                left.extend(
-                    sp.waves
-                        .iter()
-                        .flat_map(|w| &w.steps)
-                        .map(|st| st.host.clone()),
-                );
+                left.extend(sp.each_step().map(|st| st.host.clone()));
             }
             // Every step ran, but for unread steps left not started as the run stopped: those
             // leave the service interrupted, not done.

@@ -83,7 +83,7 @@ fn lb_over_api(
 /// without running).
 pub(super) fn waits_kept(fx: &Fixture, ran: &Ran) -> Result<(), String> {
     for s in &fx.plan.services {
-        for st in s.waves.iter().flat_map(|w| &w.steps) {
+        for st in s.each_step() {
             let Some(first) = ran.first_hook(&s.name, &st.host) else {
                 continue;
             };
@@ -121,7 +121,7 @@ async fn the_load_balancer_lists_a_new_member_only_after_its_step_ended() {
         &["app3"],
     );
     let lb = fx.service("lb");
-    let steps: Vec<&plan::Step> = lb.waves.iter().flat_map(|w| &w.steps).collect();
+    let steps: Vec<&plan::Step> = lb.each_step().collect();
     assert_eq!(steps.len(), 2, "both lb hosts are reconfigured");
     for st in &steps {
         assert_eq!(st.kind, plan::StepKind::Reconfigure);
@@ -347,9 +347,7 @@ async fn a_step_whose_host_was_read_during_the_run_waits_for_the_new_member_too(
     };
     let lb = fx.service("lb");
     assert!(lb
-        .waves
-        .iter()
-        .flat_map(|w| &w.steps)
+        .each_step()
         .all(|st| st.kind == plan::StepKind::Unread && st.waits.is_empty()));
     let (tx, updates) = tokio::sync::mpsc::unbounded_channel();
     let pending = fx.plan.services.iter().map(|s| s.name == "lb").collect();
@@ -515,12 +513,7 @@ async fn pool_waits_that_would_go_round_do_not_stall_the_run() {
         .plan
         .services
         .iter()
-        .flat_map(|s| {
-            s.waves
-                .iter()
-                .flat_map(|w| &w.steps)
-                .map(|st| (&*s.name, st))
-        })
+        .flat_map(|s| s.each_step().map(|st| (&*s.name, st)))
         .collect();
     for (_, st) in &steps {
         for w in &st.waits {

@@ -115,9 +115,7 @@ async fn an_unread_step_is_decided_by_what_its_host_runs_once_read() {
     let fx = farm();
     let kinds: Vec<(String, StepKind)> = fx
         .service("api")
-        .waves
-        .iter()
-        .flat_map(|w| &w.steps)
+        .each_step()
         .map(|st| (st.host.to_string(), st.kind))
         .collect();
     assert_eq!(
