@@ -494,8 +494,7 @@ impl<T: Transport> Scheduler<T> {
             // left alone as such, not blocked by the service before it there, left alone the
             // same way: as every step of a host found so before the run.
             let unread = st.kind == crate::plan::StepKind::Unread;
-            let gone = self.unreachable_hosts.contains(&h) || self.hosts[h].unread_reason.is_some();
-            if unread && gone {
+            if unread && self.left_alone(h).is_some() {
                 // Not while another step runs there: a step's end frees its host.
                 if self.hosts[h].busy {
                     still.push(i);

@@ -69,15 +69,10 @@ impl<T: Transport> Scheduler<T> {
             read: self.hosts[h].read,
             lock: self.r.lock_at_step.clone(),
         });
-        // A host that did not answer at an earlier unread step, or when it was read during the
-        // run, is left alone for the rest of the run, as one that does not answer before it is.
-        let gone = match &unread {
-            Some(_) if self.unreachable_hosts.contains(&h) => {
-                Some("it did not answer at an earlier step of this run".to_string())
-            }
-            Some(_) => self.hosts[h].unread_reason.clone(),
-            None => None,
-        };
+        let gone = unread
+            .as_ref()
+            .and_then(|_| self.left_alone(h))
+            .map(str::to_string);
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
         let cancel = self.r.cancel.clone();
         let service = sp.name.clone();
@@ -154,6 +149,16 @@ impl<T: Transport> Scheduler<T> {
             (s, w, i, result)
         });
         self.task_steps.insert(task.id(), (s, w, i));
+    }
+
+    /// Why host `h`'s unread steps are left alone: it did not answer at an earlier unread
+    /// step, or when it was read during the run (or its state could not be read then), and is
+    /// left alone for the rest of the run, as one found so before it is.
+    pub(super) fn left_alone(&self, h: usize) -> Option<&str> {
+        if self.unreachable_hosts.contains(&h) {
+            return Some("it did not answer at an earlier step of this run");
+        }
+        self.hosts[h].unread_reason.as_deref()
     }
 }
 
