@@ -119,9 +119,17 @@ service "lb" {{
     }
 
     fn deploy(&self, args: &[&str]) -> Output {
-        support::cli::deploy_in(&self.fleet.dir)
-            .args(args)
-            .env("CONF_TOKEN", &self.token)
+        self.deploy_with(args, Some(&self.token))
+    }
+
+    /// `deploy ARGS…` with the secret's variable set to `token`, or unset.
+    fn deploy_with(&self, args: &[&str], token: Option<&str>) -> Output {
+        let mut cmd = support::cli::deploy_in(&self.fleet.dir);
+        match token {
+            Some(t) => cmd.env("CONF_TOKEN", t),
+            None => cmd.env_remove("CONF_TOKEN"),
+        };
+        cmd.args(args)
             .env("HOME", self.home.path())
             .env_remove("XDG_CONFIG_HOME")
             .env_remove("DROVER_FINGERPRINT_KEY")
@@ -343,6 +351,75 @@ fn grep(root: &Path, needle: &[u8]) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A secret this controller cannot read (its variable unset) is taken as the hosts recorded it:
+/// `plan`, `status` and `verify` find the converged site converged and name the secret once on
+/// stderr; `apply`, whose steps would need its value, refuses before touching a host.
+#[test]
+fn an_unreadable_secret_is_taken_as_the_hosts_recorded_it() {
+    let s = Site::start(1, 2);
+    let c = Conf::default();
+    s.apply_ok(&c);
+    let before = s.events().len();
+    let site = s.write(&c);
+    let site = site.to_str().unwrap();
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let named_once = |what: &str, out: &Output| {
+        let err = stderr(out);
+        assert_eq!(
+            err.matches("CONF_TOKEN").count(),
+            1,
+            "{what} names the unreadable secret once on stderr:\n{}",
+            text(out)
+        );
+        assert!(err.contains("TOKEN"), "{err}");
+    };
+
+    let plan = s.deploy_with(&["plan", site], None);
+    assert_eq!(plan.status.code(), Some(0), "{}", text(&plan));
+    let out = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        !out.contains("reconfigure") && out.contains("skipped, converged: lb1, lb2"),
+        "nothing to do:\n{}",
+        text(&plan)
+    );
+    named_once("plan", &plan);
+
+    let status = s.deploy_with(&["status", site], None);
+    assert_eq!(status.status.code(), Some(0), "{}", text(&status));
+    let out = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        !out.contains("diverged") && out.contains("converged"),
+        "every host converged:\n{}",
+        text(&status)
+    );
+    named_once("status", &status);
+
+    let verify = s.deploy_with(&["verify", site], None);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
+    assert!(
+        String::from_utf8_lossy(&verify.stdout).starts_with("verified:"),
+        "{}",
+        text(&verify)
+    );
+    named_once("verify", &verify);
+
+    // The checks ran (verify reads the hosts), nothing else did.
+    let ran = since(&s.events(), before);
+    assert!(
+        ran.iter().all(|e| e.ends_with(" checked")) && ran.len() == 3,
+        "verify ran only the checks: {ran:?}"
+    );
+
+    // A step would need the value: apply refuses before touching a host.
+    std::fs::write(s.fleet.dir.join("static.txt"), "static two\n").expect("static");
+    let before = s.events().len();
+    let apply = s.deploy_with(&["apply", site, "--yes"], None);
+    assert_eq!(apply.status.code(), Some(5), "{}", text(&apply));
+    assert!(stderr(&apply).contains("CONF_TOKEN"), "{}", text(&apply));
+    assert_eq!(s.events().len(), before, "no hook ran");
+    assert_eq!(s.file("lb1", "srv/lb/static.txt"), "static one\n");
 }
 
 #[test]

@@ -351,12 +351,30 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
     }
 }
 
-/// The secrets a command that only looks can read (`plan`, `status`): one that cannot be read
-/// is said on stderr, and whether it changed is not shown (`apply` reads them all, or stops).
-pub(crate) fn readable_secrets(site: &crate::site::Site) -> crate::secrets::Secrets {
+/// The secrets a command that only looks can read (`plan`, `status`, `verify`): one that
+/// cannot be read is said once on stderr, and taken as each host records it (`apply` reads them
+/// all, or stops); `verify`'s checks run without it (`checks`), and need the fingerprint key.
+pub(crate) fn readable_secrets(
+    site: &crate::site::Site,
+    checks: bool,
+) -> Result<crate::secrets::Secrets, crate::secrets::SecretError> {
+    use crate::secrets::SecretError;
     let (secrets, errors) = crate::secrets::Secrets::load_available(site);
-    for e in &errors {
-        errln!("warning: {e}; whether it changed is not shown (`deploy apply` reads every secret)");
+    let also = if checks {
+        ", and the checks run without it"
+    } else {
+        ""
+    };
+    for e in errors {
+        match e {
+            SecretError::Key { .. } if checks => return Err(e),
+            SecretError::Key { .. } => errln!(
+                "warning: {e}; whether the secrets changed is not shown (`deploy apply` needs the key)"
+            ),
+            _ => errln!(
+                "warning: {e}; it is taken as each host records it{also} (`deploy apply` reads every secret)"
+            ),
+        }
     }
-    secrets
+    Ok(secrets)
 }

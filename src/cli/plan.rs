@@ -16,7 +16,7 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let on = selector(&args.on)?;
     let hosts = super::resolve(&site)?;
     selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
-    let secrets = super::readable_secrets(&site);
+    let secrets = super::readable_secrets(&site, false)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let observed = if args.offline {
         observe(&site, &hosts, true, args.max_connections)?

@@ -13,7 +13,7 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     let on = super::plan::selector(&args.on)?;
     let all = super::resolve(&site)?;
     // Desired over every host (a service's `needs` lists them all), asked by name.
-    let secrets = super::readable_secrets(&site);
+    let secrets = super::readable_secrets(&site, false)?;
     let desired = crate::desired::resolve(&site, &all, &secrets)?;
     let hosts = match super::plan::on_hosts(on.as_ref(), &site, &all)? {
         Some(ids) => all.subset(&ids, site.classes.len()),

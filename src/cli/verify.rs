@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     let site = site::load(&args.site)?;
-    // The checks get the site's secrets, as during apply.
-    let secrets = Arc::new(crate::secrets::Secrets::load(&site)?);
+    // The checks get the site's secrets, as during apply; one that cannot be read here is
+    // taken as each host records it, as by `plan` and `status`.
+    let secrets = Arc::new(super::readable_secrets(&site, true)?);
     let hosts = super::resolve(&site)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;

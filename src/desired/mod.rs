@@ -40,8 +40,9 @@ struct ServiceInputs {
     rendered: HashMap<HostId, Vec<(String, Arc<str>)>>,
     /// Per needed service, its hosts in name order.
     needs: Arc<BTreeMap<String, Pool>>,
-    /// Keys that cannot be known here (a secret not readable by this command, and the
-    /// templates that render secrets): taken as the host records them.
+    /// Keys that cannot be known here (a secret not readable by this command, the templates
+    /// that render secrets, and `key` when no secret of the service could be read): taken as
+    /// the host records them.
     unknown: Vec<String>,
 }
 
@@ -206,6 +207,10 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
             );
         }
         let own = secrets.for_service(&service.name);
+        if !unknown.is_empty() && own.is_empty() {
+            // Which key the host's secrets were recorded under is known only with one of them.
+            unknown.push("key".into());
+        }
         for (name, value) in &own {
             common.insert(
                 format!("secret:{name}"),
