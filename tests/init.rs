@@ -82,7 +82,7 @@ fn the_starter_converges_at_once_then_verifies_and_upgrades() {
     assert!(
         apply
             .stderr
-            .contains("run converged: 4 ok, 0 failed, 0 not started"),
+            .contains("run converged: 4 ok (4 installed), 0 failed, 0 not started"),
         "{}",
         apply.stderr
     );
@@ -149,7 +149,9 @@ fn the_starter_converges_at_once_then_verifies_and_upgrades() {
     let upgrade = run_in(dir, &["apply", "--yes", "starter/site.kdl"]);
     ok(&upgrade, "the upgrade");
     assert!(
-        upgrade.stderr.contains("run converged: 2 ok, 0 failed"),
+        upgrade
+            .stderr
+            .contains("run converged: 2 ok (2 upgraded), 0 failed"),
         "{}",
         upgrade.stderr
     );

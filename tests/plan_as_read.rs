@@ -56,6 +56,11 @@ fn tiers_fleet(slow: (&str, &Path)) -> Fleet {
 /// Writes site.kdl at `version` (every service; batch 1); returns its path. Each hook
 /// appends `<service> <hook> <old> <new>` to the host's /var/lib/hooks.
 fn site(fleet: &Fleet, version: &str) -> PathBuf {
+    site_with(fleet, version, "")
+}
+
+/// As [`site`], with `extra` (nodes such as `env "MODE" "a"`) in every service.
+fn site_with(fleet: &Fleet, version: &str, extra: &str) -> PathBuf {
     let service = |name: &str, needs: &str| {
         let hook = |hook: &str| {
             format!(
@@ -63,7 +68,7 @@ fn site(fleet: &Fleet, version: &str) -> PathBuf {
             )
         };
         format!(
-            "service \"{name}\" {{\n{needs}{}{}{}}}\n",
+            "service \"{name}\" {{\n{needs}{extra}{}{}{}}}\n",
             hook("stop"),
             hook("install"),
             hook("start")
@@ -208,6 +213,88 @@ fn later_tiers_are_read_and_planned_while_the_first_switches() {
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("Nothing to change."), "{stdout}");
     assert_eq!(hooks(&fleet, "w1").len(), 5);
+}
+
+#[test]
+fn steps_decided_as_hosts_are_read_are_said_with_what_they_do_and_why() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fleet = fleet(&tmp.path().join("slow-sh"));
+    let (code, stdout, stderr) = apply(&fleet, &site(&fleet, "1.0"), false);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+
+    // Every service's env changes: db's steps are in the plan shown (its hosts read before
+    // the run), api's and web's are decided as their hosts are read, each said as it starts.
+    let site_2 = site_with(&fleet, "1.0", "    env \"MODE\" \"b\"\n");
+    let (code, stdout, stderr) = apply(&fleet, &site_2, false);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("2 steps in 2 waves planned now, 0 skipped."),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("reconfigure 1.0 (env: MODE): d1"),
+        "db's steps in the plan shown, with why:\n{stdout}"
+    );
+    let mut said: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(_, text)| text))
+        .filter(|text| text.ends_with(", decided once read"))
+        .collect();
+    said.sort_unstable();
+    let last = stderr
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(_, text)| text))
+        .find(|text| text.starts_with("run converged"))
+        .map(|text| text.rsplit_once(" in ").map_or(text, |(head, _)| head));
+    insta::assert_snapshot!(
+        "decided-text",
+        format!(
+            "{}\n{}",
+            said.join("\n"),
+            last.unwrap_or("(no closing line)")
+        )
+    );
+    // What ran on the hosts: the whole switch-over at 1.0 (no `reload`), each once.
+    for host in ["d1", "a1", "a2", "w1"] {
+        let lines = hooks(&fleet, host);
+        let tail: Vec<&str> = lines[lines.len() - 3..]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            tail[1].split(' ').nth(1),
+            Some("install"),
+            "{host}: {lines:?}"
+        );
+        assert!(tail[1].ends_with(" 1.0 1.0"), "{host}: {lines:?}");
+    }
+
+    // The same as events: each step-started says its kind and reasons, `decided` where it was
+    // not in the plan shown; the closing event counts the steps by kind.
+    let site_3 = site_with(&fleet, "1.0", "    env \"MODE\" \"c\"\n");
+    let (code, stdout, stderr) = apply(&fleet, &site_3, true);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let ev = support::cli::events(&stdout);
+    let mut started: Vec<Value> = ev
+        .iter()
+        .filter(|e| e["event"] == "step-started")
+        .map(|e| {
+            let mut e = e.clone();
+            if let Some(o) = e.as_object_mut() {
+                o.remove("time");
+            }
+            e
+        })
+        .collect();
+    started.sort_by_key(|e| (e["service"].to_string(), e["host"].to_string()));
+    let finished = ev
+        .iter()
+        .find(|e| e["event"] == "run-finished")
+        .map(|e| e["kinds"].clone());
+    insta::assert_json_snapshot!(
+        "decided-events",
+        serde_json::json!({ "started": started, "kinds": finished })
+    );
 }
 
 #[test]

@@ -96,6 +96,17 @@ pub fn line(kind: &EventKind) -> Option<String> {
             if *canary { " (canary)" } else { "" },
             hosts.join(", ")
         ),
+        // A step decided once its host was read: what it does, and why, as the plan shows
+        // for the hosts read before the run.
+        EventKind::StepStarted {
+            service,
+            host,
+            from,
+            to,
+            kind,
+            reasons,
+            decided: true,
+        } => decided_line(service, host, from.as_deref(), to, *kind, reasons),
         EventKind::StepStarted { .. }
         | EventKind::HookStarted { .. }
         | EventKind::HookFinished { .. } => return None,
@@ -190,6 +201,7 @@ pub fn line(kind: &EventKind) -> Option<String> {
             skipped,
             unreachable,
             refused,
+            kinds,
             ms,
         } => {
             let word = if *converged {
@@ -198,6 +210,10 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 "NOT converged"
             };
             let mut more = String::new();
+            let done = match kinds.text() {
+                Some(kinds) => format!("{succeeded} ok ({kinds})"),
+                None => format!("{succeeded} ok"),
+            };
             if *skipped > 0 {
                 more.push_str(&format!(", {skipped} found converged"));
             }
@@ -208,12 +224,37 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 more.push_str(&format!(", {} refused", count(*refused, "host")));
             }
             format!(
-                "run {word}: {succeeded} ok, {failed} failed, {not_started} not started{more} \
+                "run {word}: {done}, {failed} failed, {not_started} not started{more} \
                  in {:.1}s",
                 *ms as f64 / 1000.0
             )
         }
     })
+}
+
+/// A step decided during the run: `api: app3 reconfigure 2.0 (env: MODE), decided as read`.
+fn decided_line(
+    service: &str,
+    host: &str,
+    from: Option<&str>,
+    to: &str,
+    kind: crate::plan::StepKind,
+    reasons: &[String],
+) -> String {
+    use crate::plan::StepKind;
+    let what = match kind {
+        StepKind::Install => format!("install {to}"),
+        StepKind::Upgrade => format!("upgrade {} → {to}", from.unwrap_or("?")),
+        StepKind::Retry => format!("retry {to}"),
+        StepKind::Reconfigure => format!("reconfigure {to}"),
+        StepKind::Unread => format!("step {to}"),
+    };
+    let why = if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", reasons.join("; "))
+    };
+    format!("{service}: {host} {what}{why}, decided once read")
 }
 
 /// One bar per service (hosts done of hosts planned), with failures and notable lines above.
@@ -293,7 +334,8 @@ impl Sink for Bars {
                     let _ = self.multi.println(line(&event.kind).unwrap_or_default());
                 }
             }
-            EventKind::StepBlocked { .. }
+            EventKind::StepStarted { decided: true, .. }
+            | EventKind::StepBlocked { .. }
             | EventKind::RunStarted { .. }
             | EventKind::ServicePlanned { .. }
             | EventKind::Refused { .. }

@@ -64,11 +64,13 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
         service(&mut out, s);
     }
     let waves: usize = planned().map(|s| s.waves.len()).sum();
+    let later = pending.iter().filter(|p| **p).count();
     let _ = writeln!(
         out,
-        "\n{steps} {} in {waves} {}, {skipped} skipped.",
+        "\n{steps} {} in {waves} {}{}, {skipped} skipped.",
         plural(steps, "step"),
-        plural(waves, "wave")
+        plural(waves, "wave"),
+        if later > 0 { " planned now" } else { "" }
     );
     unknown_hosts(&mut out, plan);
     let unread = plan
@@ -76,12 +78,12 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
         .iter()
         .filter(|h| h.observed == crate::state::Observed::Unread)
         .count();
-    let later = pending.iter().filter(|p| **p).count();
     if later > 0 {
         let _ = writeln!(
             out,
             "\n{} not read before the run: each is locked and read as the run goes, and {} \
-             planned once every host it is planned from is read (--yes, nothing to confirm).",
+             planned once every host it is planned from is read (--yes, nothing to confirm); \
+             each step decided then is printed with what it does and why as it starts.",
             count(unread, "host"),
             if later == 1 {
                 "its service is".to_string()
@@ -100,7 +102,8 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
             out,
             "\n{} not read before the run (over --max-connections): each is locked and read \
              in the command before its first step, which does nothing if it already runs what \
-             the site says.",
+             the site says; each step decided then is printed with what it does and why as it \
+             starts.",
             count(unread, "host")
         );
     }

@@ -74,6 +74,17 @@ pub enum EventKind {
         host: String,
         from: Option<String>,
         to: String,
+        /// What the step does: `install`, `upgrade`, `retry`, `reconfigure`, … (for a host
+        /// read at its step, what was decided once it was read).
+        kind: crate::plan::StepKind,
+        /// Why a reconfigure (as in the plan; absent when none).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        reasons: Vec<String>,
+        /// Decided during the run, once its host was read at its step (`deploy apply --yes`
+        /// over `--max-connections`, or a service planned as its hosts are read): the plan
+        /// shown before the run did not hold this step's kind and reasons (absent when false).
+        #[serde(skip_serializing_if = "is_false")]
+        decided: bool,
     },
     /// A hook is about to run on its host (written to the run journal before it runs).
     HookStarted {
@@ -153,12 +164,65 @@ pub enum EventKind {
         /// Hosts whose lock was refused as they were read during the run (absent when none).
         #[serde(skip_serializing_if = "is_zero")]
         refused: usize,
+        /// The steps that succeeded, by what they did.
+        kinds: Kinds,
         ms: u64,
     },
 }
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Steps that succeeded, counted by what they did (an unread step by what it was decided to
+/// be once its host was read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Kinds {
+    pub installed: usize,
+    pub upgraded: usize,
+    pub retried: usize,
+    pub reconfigured: usize,
+}
+
+impl Kinds {
+    /// Counts one succeeded step of `kind` (an unread step that ran nothing is not one).
+    pub fn add(&mut self, kind: crate::plan::StepKind) {
+        use crate::plan::StepKind;
+        match kind {
+            StepKind::Install => self.installed += 1,
+            StepKind::Upgrade => self.upgraded += 1,
+            StepKind::Retry => self.retried += 1,
+            StepKind::Reconfigure => self.reconfigured += 1,
+            StepKind::Unread => {}
+        }
+    }
+
+    /// Adds `other`'s counts.
+    pub fn add_all(&mut self, other: &Kinds) {
+        self.installed += other.installed;
+        self.upgraded += other.upgraded;
+        self.retried += other.retried;
+        self.reconfigured += other.reconfigured;
+    }
+
+    /// `2 installed, 1 reconfigured` (kinds with none left out), or `None` when none.
+    pub fn text(&self) -> Option<String> {
+        let parts: Vec<String> = [
+            (self.installed, "installed"),
+            (self.upgraded, "upgraded"),
+            (self.retried, "retried"),
+            (self.reconfigured, "reconfigured"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, word)| format!("{n} {word}"))
+        .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
 }
 
 /// How a service's rollout ended.

@@ -23,7 +23,7 @@ mod tests;
 
 pub use budget::{flowing, Flowing};
 pub use cancel::{Cancel, Level};
-pub use event::{Event, EventKind, Gate, ServiceOutcome, Sink, EVENT_SCHEMA};
+pub use event::{Event, EventKind, Gate, Kinds, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
 pub use interrupt::kill_script;
@@ -91,6 +91,8 @@ pub struct Summary {
     pub released: Vec<String>,
     /// `(host, why)`: hosts whose lock was refused as they were read during the run.
     pub refused: Vec<(String, String)>,
+    /// The steps that succeeded, by what they did.
+    pub kinds: Kinds,
 }
 
 impl Summary {

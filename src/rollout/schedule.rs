@@ -25,6 +25,9 @@ struct Svc {
     job: Arc<ServiceJob>,
     /// Its steps are known: false while it waits to be planned ([`super::Planning`]).
     planned: bool,
+    /// Planned before the run (its steps were in the plan shown): false for one planned during
+    /// it, whose steps are said as they start ([`EventKind::StepStarted`]'s `decided`).
+    shown: bool,
     /// Started under its placeholders before it was planned, its needs holding first.
     early: bool,
     started: bool,
@@ -46,6 +49,8 @@ struct Svc {
     skipped: usize,
     /// Unread steps whose host could not be read.
     unreachable: usize,
+    /// Its steps that succeeded, by what they did.
+    kinds: super::event::Kinds,
     finished: Option<ServiceOutcome>,
 }
 
@@ -172,6 +177,7 @@ impl<T: Transport> Scheduler<T> {
                 Svc {
                     job: job_of(&r, &plan, s, &state_dir),
                     planned,
+                    shown: planned,
                     early: false,
                     started: false,
                     next_wave: 0,
@@ -185,6 +191,7 @@ impl<T: Transport> Scheduler<T> {
                     not_started: 0,
                     skipped: 0,
                     unreachable: 0,
+                    kinds: Default::default(),
                     finished: None,
                 }
             })

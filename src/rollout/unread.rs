@@ -87,6 +87,7 @@ impl<L: Link> Unread<L> {
                 job.env = step_env(&job.service.env, host, d.from.as_deref(), &job.to);
                 job.from = d.from.map(|f| f.to_string());
                 job.kind = d.kind;
+                job.reasons = d.reasons;
                 Ok(job)
             }
             Ok(None) => {
@@ -151,5 +152,6 @@ fn ended(
         released,
         skipped,
         not_started: false,
+        ran: None,
     }
 }

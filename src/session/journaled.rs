@@ -76,6 +76,7 @@ impl Journaled {
                 host,
                 from,
                 to,
+                ..
             } => Entry::StepIntent {
                 service,
                 host,
@@ -239,6 +240,9 @@ mod tests {
             host: host.into(),
             from: Some("1.0".into()),
             to: "2.0".into(),
+            kind: crate::plan::StepKind::Upgrade,
+            reasons: Vec::new(),
+            decided: false,
         }
     }
 
@@ -318,6 +322,7 @@ mod tests {
             skipped: 0,
             unreachable: 0,
             refused: 0,
+            kinds: Default::default(),
             ms: 1,
         }));
         let text = std::fs::read_to_string(sink.path()).unwrap();

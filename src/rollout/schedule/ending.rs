@@ -133,6 +133,7 @@ impl<T: Transport> Scheduler<T> {
             sum.failed += svc.failed;
             sum.not_started += svc.not_started;
             sum.skipped += svc.skipped;
+            sum.kinds.add_all(&svc.kinds);
             if svc.finished.is_none() {
                 // Its steps not counted yet (each step is counted once, whatever ended it).
                 sum.not_started += plan.services[s].steps().saturating_sub(
@@ -181,6 +182,7 @@ impl<T: Transport> Scheduler<T> {
             skipped: sum.skipped,
             unreachable: sum.unreachable,
             refused: sum.refused.len(),
+            kinds: sum.kinds,
             ms,
         });
         sum

@@ -47,6 +47,7 @@ impl<T: Transport> Scheduler<T> {
             released: false,
             skipped: None,
             not_started: false,
+            ran: None,
         }
     }
 
@@ -62,6 +63,7 @@ impl<T: Transport> Scheduler<T> {
         };
         let skipped = result.skipped.clone();
         let ok = result.ok();
+        let ran = result.ran;
         match skipped.clone() {
             // Never said to have started: nothing to say of its end either.
             _ if result.not_started => {}
@@ -124,6 +126,9 @@ impl<T: Transport> Scheduler<T> {
             }
             None if ok => {
                 svc.succeeded += 1;
+                if let Some(kind) = ran {
+                    svc.kinds.add(kind);
+                }
                 // A host reconfigured at its version was counted healthy already.
                 if st.kind != StepKind::Reconfigure {
                     svc.healthy += 1;

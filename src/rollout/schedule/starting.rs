@@ -55,6 +55,7 @@ impl<T: Transport> Scheduler<T> {
                 .log_dir
                 .join(&*host.name)
                 .join(format!("{}.log", sp.name)),
+            reasons: st.reasons.clone(),
             release: (self.hosts[h].steps_left == 1
                 && self.r.held_to_end.as_deref() != Some(&*host.name))
             .then(|| self.r.release.as_deref().map(Arc::from))
@@ -76,6 +77,9 @@ impl<T: Transport> Scheduler<T> {
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
         let cancel = self.r.cancel.clone();
         let service = sp.name.clone();
+        let unread_step = unread.is_some();
+        // Not in the plan shown before the run: said with its kind and reasons as it starts.
+        let decided = unread_step || !self.svcs[s].shown;
         let task = self.tasks.spawn(async move {
             let started = |job: &StepJob| {
                 sink.emit(Event::now(EventKind::StepStarted {
@@ -83,12 +87,14 @@ impl<T: Transport> Scheduler<T> {
                     host: job.host.clone(),
                     from: job.from.clone(),
                     to: job.to.clone(),
+                    kind: job.kind,
+                    reasons: job.reasons.clone(),
+                    decided,
                 }))
             };
             // Emitted by the step itself, before its first command: the journal syncs the
             // intents of a wave's steps together instead of one after another. An unread
             // step's is emitted once its host is read: until then it is not known to run.
-            let unread_step = unread.is_some();
             if !unread_step {
                 started(&job);
             }
@@ -115,6 +121,7 @@ impl<T: Transport> Scheduler<T> {
                                 released: false,
                                 skipped: None,
                                 not_started: true,
+                                ran: None,
                             }
                         }
                         Ok(job) => {
@@ -142,6 +149,7 @@ impl<T: Transport> Scheduler<T> {
                         released: false,
                         skipped: None,
                         not_started: false,
+                        ran: None,
                     }
                 }
             };

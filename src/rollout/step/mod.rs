@@ -51,6 +51,8 @@ pub struct StepJob {
     /// The host's last step: this shell text ends its last command if every hook passes (for a
     /// step that lets go of replaced files, the command after it that does).
     pub release: Option<Arc<str>>,
+    /// Why a reconfigure (the plan's, or decided once an unread step's host was read).
+    pub reasons: Vec<String>,
 }
 
 /// How it went; `record` is the host's record as now written.
@@ -67,6 +69,9 @@ pub struct StepResult {
     /// An unread step whose host was locked and read as the run was being stopped: nothing
     /// ran, and it counts as not started (its lock is given back with the run's).
     pub not_started: bool,
+    /// What the step ran as (an unread step: what it was decided to be once its host was
+    /// read); `None` when it ran nothing.
+    pub ran: Option<StepKind>,
 }
 
 impl StepResult {
@@ -106,6 +111,7 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
                 released: step.released,
                 skipped: None,
                 not_started: false,
+                ran: Some(step.job.kind),
             }
         }
         Err((hook, reason)) => step.fail(hook, reason).await,
@@ -574,6 +580,7 @@ impl<L: Link> Running<'_, L> {
             released: false,
             skipped: None,
             not_started: false,
+            ran: Some(self.job.kind),
         }
     }
 }
