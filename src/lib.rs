@@ -18,3 +18,4 @@ pub mod session;
 pub mod site;
 pub mod state;
 pub mod transport;
+pub mod words;

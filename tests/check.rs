@@ -12,14 +12,20 @@ use support::cli::{deploy, Run};
 const FIXTURES: &str = "tests/fixtures/check";
 const INVALID: i32 = 3;
 const OK: i32 = 0;
+/// Valid (exit 0), with warnings on stderr.
+const WARNED: i32 = -1;
 
 fn check(site: &str) -> Run {
     deploy(&["check", site])
 }
 
-/// The diagnostics of a report, split at each `  × ` headline.
+/// The diagnostics of a report, split at each `  × ` (error) or `  ⚠ ` (warning) headline.
 fn diagnostics(stderr: &str) -> Vec<&str> {
-    let starts: Vec<usize> = stderr.match_indices("\n  × ").map(|(i, _)| i).collect();
+    let mut starts: Vec<usize> = ["\n  × ", "\n  ⚠ "]
+        .iter()
+        .flat_map(|m| stderr.match_indices(m).map(|(i, _)| i))
+        .collect();
+    starts.sort_unstable();
     starts
         .iter()
         .enumerate()
@@ -31,6 +37,21 @@ fn diagnostics(stderr: &str) -> Vec<&str> {
 fn fixture(name: &str, code: i32) -> Run {
     let path = format!("{FIXTURES}/{name}.kdl");
     let run = check(&path);
+    if code == WARNED {
+        assert_eq!(run.code, OK, "stderr:\n{}", run.stderr);
+        let found = diagnostics(&run.stderr);
+        assert!(!found.is_empty(), "no warning in:\n{}", run.stderr);
+        for d in &found {
+            assert!(d.starts_with("\n  ⚠ "), "not a warning:\n{d}");
+            assert!(
+                d.contains(&format!("╭─[{FIXTURES}/")),
+                "warning without a file:\n{d}"
+            );
+            assert!(d.contains("  help: "), "warning without help:\n{d}");
+        }
+        insta::assert_snapshot!(name, format!("{}\n--- stderr\n{}", run.stdout, run.stderr));
+        return run;
+    }
     assert_eq!(
         run.code, code,
         "exit code of `deploy check {path}`\nstdout:\n{}\nstderr:\n{}",
@@ -122,6 +143,8 @@ fixtures! {
     service_template_problems => INVALID,
     include_problems => INVALID,
     every_error_at_once => INVALID,
+    policy_problems => INVALID,
+    spread_typo => WARNED,
     templated => OK,
 }
 
@@ -249,6 +272,25 @@ fn problems_are_reported_file_by_file_in_line_order() {
     let mut sorted = locations.clone();
     sorted.sort_by_key(|(f, line, column)| (grouped.iter().position(|g| g == f), *line, *column));
     assert_eq!(locations, sorted, "problems in line order within each file");
+}
+
+#[test]
+fn every_policy_problem_is_reported_in_one_run() {
+    let run = check(&format!("{FIXTURES}/policy-problems.kdl"));
+    for e in [
+        "bad value for the batch size: a batch of 0 never finishes",
+        "bad value for `flow`: `lockstep` is not a choice",
+        "bad value for `on-failure`: `abort` is not a choice",
+        "unknown node `canery` in `policy`",
+        "help: did you mean `canary`?",
+    ] {
+        assert!(
+            run.stderr.contains(e),
+            "`{e}` not reported in:\n{}",
+            run.stderr
+        );
+    }
+    assert_eq!(diagnostics(&run.stderr).len(), 4, "{}", run.stderr);
 }
 
 #[test]

@@ -231,6 +231,26 @@ fn a_class_without_hosts_is_an_error_or_a_warning() {
 }
 
 #[test]
+fn a_spread_tag_no_host_carries_is_refused_when_planning() {
+    // `deploy check` cannot know the hosts of a program: it says nothing.
+    let site = site("command-spread-typo");
+    let check = deploy(&["check", &site]);
+    assert_eq!(check.code, 0, "stderr:\n{}", check.stderr);
+    assert!(check.stderr.is_empty(), "stderr:\n{}", check.stderr);
+    // Planning knows them: the policy's line, the tag, the classes and the tags the hosts
+    // carry, the near one first.
+    let stderr = fails("command-spread-typo", INVALID);
+    assert!(
+        stderr.contains(
+            "tests/fixtures/inventory/shared/spread-typo.kdl:4: policy spread-typo spreads over"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("did you mean `zone`?"), "{stderr}");
+    insta::assert_snapshot!("command-spread-typo", stderr);
+}
+
+#[test]
 fn a_slow_command_is_killed_with_its_children() {
     let dir = tempfile::tempdir().expect("temp dir");
     let pids_file = dir.path().join("pids");

@@ -202,7 +202,7 @@ fn locked(
     choose: impl FnOnce(&Site, &crate::inventory::Hosts) -> Result<plan::Selection, Error>,
 ) -> Result<(Locked, plan::Selection), Error> {
     let secrets = Secrets::load(&site)?;
-    let hosts = super::resolve(&site)?;
+    let hosts = super::resolve_for_plan(&site)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let selection = choose(&site, &hosts)?;
     let transport = session.lock(&site, &hosts, &selection, &desired)?;

@@ -2,10 +2,18 @@
 
 use super::{code, Error};
 use crate::site;
+use std::io::IsTerminal;
 use std::path::Path;
 
 pub fn run(path: &Path) -> Result<u8, Error> {
-    let site = site::load(path)?;
+    let (site, warnings) = site::check(path)?;
+    let style = crate::report::Style {
+        color: std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+        ..crate::report::Style::PLAIN
+    };
+    for w in &warnings {
+        errln!("{}", crate::report::render_diagnostic(w, style));
+    }
     let hosts = match &site.platform.inventory {
         crate::site::InventorySpec::Static { hosts } => format!("{} hosts", hosts.len()),
         _ => "hosts resolved when planning".to_string(),

@@ -299,6 +299,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Site(_)
+            | Error::Plan(PlanError::SpreadTags(_))
             | Error::BadPlan { .. }
             | Error::Inconsistent { .. }
             | Error::Desired(_) => code::INVALID,
@@ -333,6 +334,14 @@ fn resolve(site: &crate::site::Site) -> Result<crate::inventory::Hosts, Error> {
     for w in &hosts.warnings {
         errln!("warning: {w}");
     }
+    Ok(hosts)
+}
+
+/// The site's hosts as [`resolve`] gives them, for a command that plans: a policy's `spread`
+/// tag that no host of its class carries stops it before any host is read.
+fn resolve_for_plan(site: &crate::site::Site) -> Result<crate::inventory::Hosts, Error> {
+    let hosts = resolve(site)?;
+    crate::plan::check_spread(site, &hosts).map_err(PlanError::from)?;
     Ok(hosts)
 }
 

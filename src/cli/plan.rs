@@ -14,7 +14,7 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let site = site::load(&args.site)?;
     let mut selection = selection(&site, &args.only)?;
     let on = selector(&args.on)?;
-    let hosts = super::resolve(&site)?;
+    let hosts = super::resolve_for_plan(&site)?;
     selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
     let secrets = super::readable_secrets(&site, false)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;

@@ -10,12 +10,14 @@ mod expected;
 mod host_order;
 #[cfg(test)]
 mod proptests;
+mod spread;
 mod waves;
 
 pub use decide::{decide, unread_waits, Decided};
 pub use drift::drift;
 pub use expected::{deferrable, first_hosts, may_start_early, planned_from, waits_back};
 pub use host_order::RuntimeClosure;
+pub use spread::{check as check_spread, SpreadTagError, SpreadTagErrors};
 
 use decide::{sort, Sorted, Todo};
 
@@ -268,6 +270,10 @@ pub enum PlanError {
     #[error("observed state has {got} entries for {want} hosts")]
     #[diagnostic(code(drover::plan::observed))]
     ObservedMismatch { got: usize, want: usize },
+    /// A policy spreads over a tag no host of its service's class carries.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    SpreadTags(#[from] SpreadTagErrors),
 }
 
 /// Plans the change from what `observed` runs to what `site` and `desired` declare, for

@@ -247,6 +247,7 @@ fn build(spec: &Spec) -> Built {
                 canary: p.canary,
                 pause: Pause::Wait(Duration::ZERO),
                 spread: p.spread.then(|| ZONE.to_string()),
+                spread_at: None,
                 on_failure: OnFailure::Rollback,
                 flow: Default::default(),
             }),

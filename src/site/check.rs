@@ -21,7 +21,11 @@ use std::time::Duration;
 pub struct Checker {
     pub sources: Sources,
     pub errors: Vec<SiteError>,
+    /// What is worth a word but not wrong (said by `deploy check` only).
+    pub warnings: Vec<SiteError>,
     policies: HashMap<PathBuf, Option<Arc<Policy>>>,
+    /// Where each policy's `spread` is written.
+    spreads: super::spread::Written,
 }
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,7 +37,9 @@ impl Checker {
         Checker {
             sources: Sources::default(),
             errors: Vec::new(),
+            warnings: Vec::new(),
             policies: HashMap::new(),
+            spreads: Vec::new(),
         }
     }
 
@@ -90,7 +96,7 @@ impl Checker {
             }
         }
         let order = cycle::order(&services);
-        Some(Site {
+        let site = Site {
             name: name.value,
             file: path.to_path_buf(),
             digest: self.sources.digest(),
@@ -100,7 +106,9 @@ impl Checker {
             order,
             max_failed: raw.max_failed.as_ref().map(|m| m.value),
             secrets,
-        })
+        };
+        self.warnings = super::spread::warnings(&site, &self.spreads);
+        Some(site)
     }
 
     fn classes(&mut self, raw: &RawSite) -> (Vec<Class>, Classes) {
@@ -161,6 +169,7 @@ impl Checker {
             }),
             &mut self.errors,
         );
+        let mut spread = None;
         let policy = loaded.and_then(|(psrc, doc)| {
             let raw = raw::policy(
                 &mut Reader {
@@ -169,6 +178,7 @@ impl Checker {
                 },
                 &doc,
             );
+            spread = raw.spread.as_ref().map(|s| (psrc.clone(), s.span));
             policy_model(
                 &mut Reader {
                     src: &psrc,
@@ -178,6 +188,9 @@ impl Checker {
             )
         });
         let policy = policy.map(Arc::new);
+        if let (Some(p), Some((psrc, span))) = (&policy, spread) {
+            self.spreads.push((p.clone(), psrc, span));
+        }
         self.policies.insert(path, policy.clone());
         policy
     }
@@ -325,6 +338,7 @@ impl Default for Checker {
     }
 }
 
+/// The checked policy, every problem in it reported (none stops the others being found).
 fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
     let defaults = Policy::default();
     let Some(name) = raw.name else {
@@ -337,7 +351,7 @@ fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
         }
         return None;
     };
-    let name = name.value;
+    let mut valid = true;
     if let Some(b) = &raw.batch {
         if b.value == Quota::Count(0) || b.value == Quota::Percent(0) {
             r.bad(
@@ -346,47 +360,27 @@ fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
                 "a batch of 0 never finishes".into(),
                 "use at least 1 host or a percentage above 0%".into(),
             );
-            return None;
+            valid = false;
         }
     }
     let on_failure = match raw.on_failure {
-        None => defaults.on_failure,
-        Some(s) => match s.value.as_str() {
-            "rollback" => OnFailure::Rollback,
-            "stop" => OnFailure::Stop,
-            "continue" => OnFailure::Continue,
-            other => {
-                let help = suggest::help(other, "choice", &["rollback", "stop", "continue"]);
-                r.bad(
-                    s.span,
-                    "`on-failure`".into(),
-                    format!("`{other}` is not a choice"),
-                    help,
-                );
-                return None;
-            }
-        },
+        None => Some(defaults.on_failure),
+        Some(s) => choice(r, &s, "`on-failure`", &OnFailure::ALL),
     };
     let flow = match raw.flow {
-        None => defaults.flow,
-        Some(s) => match Flow::ALL.iter().find(|(n, _)| *n == s.value) {
-            Some((_, f)) => *f,
-            None => {
-                let names: Vec<&str> = Flow::ALL.iter().map(|(n, _)| *n).collect();
-                let help = suggest::help(&s.value, "choice", &names);
-                r.bad(
-                    s.span,
-                    "`flow`".into(),
-                    format!("`{}` is not a choice", s.value),
-                    help,
-                );
-                return None;
-            }
-        },
+        None => Some(defaults.flow),
+        Some(s) => choice(r, &s, "`flow`", &Flow::ALL),
     };
+    let spread_at = raw
+        .spread
+        .as_ref()
+        .map(|s| format!("{}:{}", r.src.name(), super::error::line_of(r.src, s.span)));
+    if !valid {
+        return None;
+    }
     Some(Policy {
-        name,
-        flow,
+        name: name.value,
+        flow: flow?,
         batch: raw.batch.map_or(defaults.batch, |b| b.value),
         max_failed: raw.max_failed.map_or(defaults.max_failed, |m| m.value),
         wave_max_failed: raw.wave_max_failed.map(|m| m.value),
@@ -397,8 +391,29 @@ fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
             Some(Spanned { value: None, .. }) => Pause::Confirm,
         },
         spread: raw.spread.map(|s| s.value),
-        on_failure,
+        spread_at,
+        on_failure: on_failure?,
     })
+}
+
+/// The value of `choices` named by `written`, or a problem reported with the near name.
+fn choice<T: Copy>(
+    r: &mut Reader<'_>,
+    written: &Spanned<String>,
+    what: &str,
+    choices: &[(&str, T)],
+) -> Option<T> {
+    if let Some((_, v)) = choices.iter().find(|(n, _)| *n == written.value) {
+        return Some(*v);
+    }
+    let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+    r.bad(
+        written.span,
+        what.into(),
+        format!("`{}` is not a choice", written.value),
+        suggest::help(&written.value, "choice", &names),
+    );
+    None
 }
 
 fn transport_model(

@@ -181,6 +181,23 @@ pub enum SiteError {
         help: String,
     },
 
+    /// A policy's `spread` tag that no host of a class it rolls out carries (a warning: only
+    /// said of a static inventory; when planning, where every inventory's hosts are known, an
+    /// error).
+    #[error("no host of {classes} carries the tag `{tag}` to spread over")]
+    #[diagnostic(code(drover::site::spread_tag), severity(Warning))]
+    SpreadTagNowhere {
+        tag: String,
+        /// "class `app`", "classes `app`, `db`".
+        classes: String,
+        #[source_code]
+        src: Src,
+        #[label("no host of {classes} has {tag}=…")]
+        span: SourceSpan,
+        #[help]
+        help: String,
+    },
+
     /// Runtime dependencies that go round in a circle.
     #[error("runtime dependency cycle: {cycle}")]
     #[diagnostic(
@@ -253,6 +270,7 @@ impl SiteError {
             | UnknownName { src, span, .. }
             | OrphanService { src, span, .. }
             | EmptyClass { src, span, .. }
+            | SpreadTagNowhere { src, span, .. }
             | Template { src, span, .. }
             | DuplicateElsewhere { src, span, .. }
             | CycleEdge { src, span, .. }

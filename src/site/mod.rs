@@ -14,6 +14,7 @@ mod raw_inventory;
 mod raw_store;
 mod read;
 mod source;
+mod spread;
 pub(crate) mod suggest;
 mod template;
 #[cfg(test)]
@@ -23,6 +24,7 @@ pub mod value;
 pub use check_files::{template_error, TEMPLATE_VARIABLES};
 pub use error::{SiteError, SiteErrors};
 pub use model::*;
+pub use spread::{classes_words, help as spread_help};
 pub use value::{format_duration, parse_duration, Quota, Round};
 
 use std::path::Path;
@@ -30,9 +32,14 @@ use std::path::Path;
 /// Reads the site at `path`, its platform and its policies, and checks them all,
 /// reporting every problem at once.
 pub fn load(path: &Path) -> Result<Site, SiteErrors> {
+    check(path).map(|(site, _)| site)
+}
+
+/// As [`load`], with what is worth a word but not wrong (`deploy check` says it).
+pub fn check(path: &Path) -> Result<(Site, Vec<SiteError>), SiteErrors> {
     let mut checker = check::Checker::new();
     match checker.site(path) {
-        Some(site) if checker.errors.is_empty() => Ok(site),
+        Some(site) if checker.errors.is_empty() => Ok((site, checker.warnings)),
         _ => {
             // File by file in the order read (the site first), each in line order.
             let files = checker.sources.files();

@@ -161,6 +161,8 @@ pub struct Policy {
     pub canary: u64,
     pub pause: Pause,
     pub spread: Option<String>,
+    /// `file:line` of the `spread` node, for a tag found on no host once the hosts are known.
+    pub spread_at: Option<String>,
     pub on_failure: OnFailure,
     /// Whether the next wave's hosts may take a freed slot before the open wave has ended.
     pub flow: Flow,
@@ -178,6 +180,7 @@ impl Default for Policy {
             canary: 0,
             pause: Pause::Wait(Duration::ZERO),
             spread: None,
+            spread_at: None,
             on_failure: OnFailure::Rollback,
             flow: Flow::Slots,
         }
@@ -198,6 +201,14 @@ pub enum Flow {
     Budget,
     /// Each wave waits for the whole one before it.
     Waves,
+}
+
+impl OnFailure {
+    pub const ALL: [(&'static str, OnFailure); 3] = [
+        ("rollback", OnFailure::Rollback),
+        ("stop", OnFailure::Stop),
+        ("continue", OnFailure::Continue),
+    ];
 }
 
 impl Flow {
