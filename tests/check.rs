@@ -138,6 +138,7 @@ fixtures! {
     direct_above_bad => INVALID,
     file_problems => INVALID,
     shared_path => INVALID,
+    state_dir_file => INVALID,
     template_problems => INVALID,
     store_problems => INVALID,
     service_template_problems => INVALID,

@@ -502,3 +502,81 @@ service "api" { secret "API-KEY" env="Y" }
         assert!(all.contains(want), "no `{want}` in:\n{all}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The controller's environment
+
+/// On the `local` transport a hook runs as a child of `deploy`: it is given what the site gives
+/// it and a login's basics, never `deploy`'s own environment (the fingerprint key, a store's
+/// password, another service's secret, anything else set where `deploy` runs).
+#[test]
+fn a_local_hook_is_given_nothing_of_the_controllers_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("platform.kdl"),
+        "platform \"p\" { transport \"local\"; inventory \"static\" { host \"a1\" address=\"127.0.0.1\" class=\"app\" } }\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("policy.kdl"), "policy \"p\" { batch 1 }\n").unwrap();
+    let site = dir.path().join("site.kdl");
+    std::fs::write(
+        &site,
+        r####"site "s" {
+    version "1"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}
+class "app" { service "db"; service "api" }
+service "db" {
+    secret "DB_TOKEN" env="DROVER_TEST_DB_TOKEN"
+    install #"env > "$DEPLOY_SERVICE.env""#
+}
+service "api" {
+    env "MODE" "blue"
+    install #"env > "$DEPLOY_SERVICE.env""#
+}
+"####,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_deploy"))
+        .args(["apply", site.to_str().unwrap(), "--yes"])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .env("DROVER_FINGERPRINT_KEY", "fingerprint-key-never-on-a-host")
+        .env("ETCD_PASSWORD", "etcd-password-never-on-a-host")
+        .env("DROVER_TEST_DB_TOKEN", "db-token-only-for-db")
+        .env("UNRELATED_CONTROLLER_VAR", "controller-only")
+        .output()
+        .expect("run deploy");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let env_of = |service: &str| {
+        std::fs::read_to_string(dir.path().join(format!("hosts/a1/{service}.env")))
+            .unwrap_or_else(|e| panic!("{service}'s hook wrote no env: {e}\n{}", text(&out)))
+    };
+    let (db, api) = (env_of("db"), env_of("api"));
+    for (service, env) in [("db", &db), ("api", &api)] {
+        for leaked in [
+            "fingerprint-key-never-on-a-host",
+            "etcd-password-never-on-a-host",
+            "controller-only",
+        ] {
+            assert!(
+                !env.contains(leaked),
+                "{service}'s hook got {leaked}:\n{env}"
+            );
+        }
+        assert!(env.contains("DEPLOY_SERVICE="), "{service}: {env}");
+        assert!(
+            env.lines().any(|l| l.starts_with("PATH=")),
+            "{service}: {env}"
+        );
+    }
+    // Each service's own: db its secret, api its env, neither the other's.
+    assert!(db.contains("DB_TOKEN=db-token-only-for-db"), "{db}");
+    assert!(
+        !api.contains("db-token-only-for-db"),
+        "api got db's secret:\n{api}"
+    );
+    assert!(api.contains("MODE=blue"), "{api}");
+    assert!(!db.contains("MODE="), "{db}");
+}

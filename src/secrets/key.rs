@@ -37,6 +37,7 @@ impl Key {
             return Ok(Key(v.into_encoded_bytes()));
         }
         let path = key_file().ok_or("neither XDG_CONFIG_HOME nor HOME is set")?;
+        private(&path)?;
         match std::fs::read(&path) {
             Ok(bytes) if bytes.len() >= 16 => return Ok(Key(bytes)),
             Ok(_) => return Err(format!("{} is shorter than 16 bytes", path.display())),
@@ -67,6 +68,24 @@ impl Key {
     pub fn id(&self) -> String {
         self.mac(&[b"drover fingerprint key id"])
     }
+}
+
+/// Refuses a key file that others may read or write (as ssh refuses such a private key): a key
+/// others can read lets them test guesses of every secret against the HMACs hosts record.
+fn private(path: &std::path::Path) -> Result<(), String> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} is readable or writable by others (mode {mode:04o}): \
+             run `chmod 600 {}` (or give the key in {KEY_VAR})",
+            path.display(),
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Lowercase hex of `bytes`.
@@ -140,5 +159,23 @@ mod tests {
         assert_eq!(first.len(), 32);
         let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("drover/fingerprint.key");
+        make(&path).expect("made");
+        assert_eq!(private(&path), Ok(()));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let err = private(&path).expect_err("refused");
+        assert!(
+            err.contains("mode 0644") && err.contains("chmod 600"),
+            "{err}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).expect("chmod");
+        assert!(private(&path).is_err());
+        // A missing file is made later, private.
+        assert_eq!(private(&dir.path().join("none")), Ok(()));
     }
 }

@@ -71,11 +71,18 @@ impl Checker {
             },
             &raw.env,
         );
+        let state_dir = platform.as_ref().map(|(p, _, _)| {
+            p.state_dir
+                .as_ref()
+                .map_or("/var/lib/drover", |s| s.value.as_str())
+                .to_string()
+        });
         let services = self.services(Context {
             raw: &raw,
             classes: &class_ids,
             default_policy,
             site_env: &site_env,
+            state_dir: state_dir.as_deref(),
         });
         let platform = platform.and_then(|p| self.platform_model(p, &class_ids));
         let secrets = secrets(

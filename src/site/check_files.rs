@@ -229,6 +229,40 @@ pub struct Place {
     pub span: SourceSpan,
 }
 
+/// A `file` delivered into the platform's `state-dir` (where each host keeps its record, its
+/// lock, its fencing token and the files' own store) could overwrite what `deploy` trusts the
+/// host to say: refused, once per place.
+pub fn outside_state_dir(state_dir: &str, places: &[Vec<Place>], errors: &mut Vec<SiteError>) {
+    let dir = state_dir.trim_end_matches('/');
+    let mut seen: HashSet<(String, usize)> = HashSet::new();
+    for p in places.iter().flatten() {
+        let inside = dir.is_empty()
+            || p.to == dir
+            || p.to
+                .strip_prefix(dir)
+                .is_some_and(|rest| rest.starts_with('/'));
+        if !inside || !seen.insert((p.src.name().to_string(), p.span.offset())) {
+            continue;
+        }
+        Reader {
+            src: &p.src,
+            errors,
+        }
+        .bad(
+            p.span,
+            "`to`".into(),
+            format!(
+                "{} is inside the platform's state-dir {state_dir}, where each host keeps its \
+                 record, lock and fencing token",
+                p.to
+            ),
+            format!(
+                "deliver the file outside {state_dir}, or give the platform another `state-dir`"
+            ),
+        );
+    }
+}
+
 /// Two services of one class delivering one path: each puts back what it replaced when its
 /// own step fails, so on every host of the class they would undo each other. `places[sid]`:
 /// service `sid`'s files, templates' included. One diagnostic per class and path, at two of

@@ -92,6 +92,8 @@ pub struct Context<'a> {
     pub classes: &'a Classes,
     pub default_policy: Option<Arc<Policy>>,
     pub site_env: &'a [(String, String)],
+    /// The platform's `state-dir`, when its file could be read: no `file` may go there.
+    pub state_dir: Option<&'a str>,
 }
 
 impl Checker {
@@ -189,6 +191,9 @@ impl Checker {
         cycle::report(&names, &edges, &mut self.errors);
         let before = self.errors.len();
         check_files::shared(raw, &ids, &places, &mut self.errors);
+        if let Some(state_dir) = cx.state_dir {
+            check_files::outside_state_dir(state_dir, &places, &mut self.errors);
+        }
         ok &= self.errors.len() == before;
         ok.then_some(out)
     }

@@ -4,6 +4,25 @@ use super::{Link, Output, Target, Transport, TransportError};
 use std::path::PathBuf;
 use std::process::Stdio;
 
+/// The variables of `deploy`'s environment a command on a local host is given: what a login
+/// has (sshd sets `PATH`, `HOME`, `USER`, `LOGNAME` and `SHELL`, and passes the locale), and
+/// where temporary files go.
+const PASSED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+];
+
 /// Hosts are directories under `root`.
 pub struct Local {
     root: PathBuf,
@@ -41,8 +60,17 @@ impl Transport for Local {
 impl LocalLink {
     /// `/bin/sh -c script` in the host's directory, in a process group of its own (as sshd
     /// gives every session), so that `kill -- -$$` reaches everything the script started.
+    /// Its environment is a login's basics only ([`PASSED`]), as sshd gives a session: never
+    /// `deploy`'s own (the fingerprint key, a store's password, another service's secrets).
+    /// What the site gives a hook reaches it in the command's text, as over SSH.
     fn command(&self, script: &str) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.env_clear();
+        for name in PASSED {
+            if let Some(value) = std::env::var_os(name) {
+                cmd.env(name, value);
+            }
+        }
         cmd.arg("-c")
             .arg(script)
             .current_dir(&self.dir)
