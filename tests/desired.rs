@@ -14,6 +14,7 @@ use support::hooks::{write_platform_without, EV};
 /// What the site says; tests change one thing at a time.
 #[derive(Clone)]
 struct Conf {
+    lb_install: &'static str,
     lb_start: &'static str,
     mode: &'static str,
     /// lb's batch.
@@ -23,6 +24,7 @@ struct Conf {
 impl Default for Conf {
     fn default() -> Self {
         Conf {
+            lb_install: "ev install",
             lb_start: "ev start",
             mode: "fast",
             batch: 1,
@@ -103,7 +105,7 @@ service "lb" {{
     file "lb.cfg.j2" to="/srv/lb/upstreams" template=#true
     file "static.txt" to="/srv/lb/static.txt" mode="0640"
     stop #"{EV}ev stop"#
-    install #"{EV}ev install; [ -n "$TOKEN" ] && [ -n "$MODE" ] && [ "$TZ" = UTC ]"#
+    install #"{EV}{install}; [ -n "$TOKEN" ] && [ -n "$MODE" ] && [ "$TZ" = UTC ]"#
     start #"{EV}{start}"#
     reload #"{EV}ev reload; [ ! -e /srv/fail-reload ]"#
     check #"{EV}ev checked; [ -s /srv/lb/upstreams ]"# timeout="5s" interval="100ms"
@@ -111,6 +113,7 @@ service "lb" {{
 }}
 "####,
             mode = c.mode,
+            install = c.lb_install,
             start = c.lb_start,
         );
         let path = dir.join("site.kdl");
@@ -197,27 +200,48 @@ fn lb_in_flight(all: &[(u128, String, String, String)], from: usize) -> usize {
     max
 }
 
-/// Applies `c` after a change: only lb's hosts are reconfigured (files, reload, check), at
-/// most `batch` at once, the plan names `reason`, and applying again runs no hook.
-fn only_lb_reconfigured(s: &Site, c: &Conf, reason: &str) {
+/// Which hooks a reconfigure runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum By {
+    /// Files, `reload`, `check`.
+    Reload,
+    /// `stop`, files, `install`, `start`, `check`, at the same version.
+    SwitchOver,
+}
+
+/// Applies `c` after a change: only lb's hosts are reconfigured (`by` the reload or the
+/// switch-over), at most `batch` at once, the plan names `reason` and the path, and applying
+/// again runs no hook.
+fn only_lb_reconfigured(s: &Site, c: &Conf, reason: &str, by: By) {
     let plan = s.plan(c);
     let lines: Vec<&str> = plan.lines().filter(|l| l.contains("reconfigure")).collect();
     assert_eq!(lines.len(), 2, "two lb hosts are reconfigured:\n{plan}");
+    let path = match by {
+        By::Reload => ") by reload: ",
+        By::SwitchOver => ") by switch-over, restarting for ",
+    };
     assert!(
         lines
             .iter()
-            .all(|l| l.contains("reconfigure 1.0 (") && l.contains(reason)),
-        "the plan names the reason `{reason}`:\n{plan}"
+            .all(|l| l.contains("reconfigure 1.0 (") && l.contains(reason) && l.contains(path)),
+        "the plan names the reason `{reason}` and the path {by:?}:\n{plan}"
     );
     let before = s.events().len();
     s.apply_ok(c);
     let all = s.events();
     let mut ran = since(&all, before);
     ran.sort();
+    let hooks: &[&str] = match by {
+        By::Reload => &["checked", "reload"],
+        By::SwitchOver => &["checked", "install", "start", "stop"],
+    };
+    let want: Vec<String> = ["lb1", "lb2"]
+        .iter()
+        .flat_map(|h| hooks.iter().map(move |w| format!("{h} {w}")))
+        .collect();
     assert_eq!(
-        ran,
-        ["lb1 checked", "lb1 reload", "lb2 checked", "lb2 reload"],
-        "after a change of {reason}, only lb is reconfigured"
+        ran, want,
+        "after a change of {reason}, only lb is reconfigured, by {by:?}"
     );
     assert_eq!(lb_in_flight(&all, before), 1, "within lb's batch of 1");
     let again = s.events().len();
@@ -227,6 +251,67 @@ fn only_lb_reconfigured(s: &Site, c: &Conf, reason: &str) {
         again,
         "a second apply runs no hook ({reason})"
     );
+}
+
+#[test]
+fn a_changed_install_hook_runs_even_when_the_service_has_reload() {
+    let s = Site::start(1, 2);
+    let mut c = Conf::default();
+    s.apply_ok(&c);
+    // The new install hook's text runs, in the whole switch-over, at the same version.
+    c.lb_install = r#"ev "install2:$DEPLOY_OLD_VERSION:$DEPLOY_NEW_VERSION""#;
+    let plan = s.plan(&c);
+    for lb in ["lb1", "lb2"] {
+        assert!(
+            plan.contains(&format!(
+                "reconfigure 1.0 (hooks: install) by switch-over, restarting for hook:install: \
+                 {lb}\n"
+            )),
+            "the plan says the path and why:\n{plan}"
+        );
+    }
+    let before = s.events().len();
+    s.apply_ok(&c);
+    let mut ran = since(&s.events(), before);
+    ran.sort();
+    assert_eq!(
+        ran,
+        [
+            "lb1 checked",
+            "lb1 install2:1.0:1.0",
+            "lb1 start",
+            "lb1 stop",
+            "lb2 checked",
+            "lb2 install2:1.0:1.0",
+            "lb2 start",
+            "lb2 stop"
+        ],
+        "the new install hook ran, between stop and start, with old = new"
+    );
+    let again = s.events().len();
+    s.apply_ok(&c);
+    assert_eq!(s.events().len(), again, "converged once the new hook ran");
+    // Only a file: the reload.
+    std::fs::write(s.fleet.dir.join("static.txt"), "static two\n").expect("static");
+    let plan = s.plan(&c);
+    for lb in ["lb1", "lb2"] {
+        assert!(
+            plan.contains(&format!(
+                "reconfigure 1.0 (file: /srv/lb/static.txt) by reload: {lb}\n"
+            )),
+            "{plan}"
+        );
+    }
+    let before = s.events().len();
+    s.apply_ok(&c);
+    let mut ran = since(&s.events(), before);
+    ran.sort();
+    assert_eq!(
+        ran,
+        ["lb1 checked", "lb1 reload", "lb2 checked", "lb2 reload"],
+        "a file alone: only the reload and the check"
+    );
+    assert_eq!(s.file("lb2", "srv/lb/static.txt"), "static two\n");
 }
 
 #[test]
@@ -252,14 +337,14 @@ fn each_kind_of_input_change_redoes_only_its_service() {
     assert_eq!(s.events().len(), fresh, "a converged site runs no hook");
 
     c.lb_start = "ev start; true";
-    only_lb_reconfigured(&s, &c, "hooks: start");
+    only_lb_reconfigured(&s, &c, "hooks: start", By::SwitchOver);
     c.mode = "slow";
-    only_lb_reconfigured(&s, &c, "env: MODE");
+    only_lb_reconfigured(&s, &c, "env: MODE", By::SwitchOver);
     assert!(s
         .file("lb2", "srv/lb/upstreams")
         .starts_with("# lb2 (slow)"));
     std::fs::write(s.fleet.dir.join("static.txt"), "static two\n").expect("static");
-    only_lb_reconfigured(&s, &c, "file: /srv/lb/static.txt");
+    only_lb_reconfigured(&s, &c, "file: /srv/lb/static.txt", By::Reload);
     assert_eq!(s.file("lb1", "srv/lb/static.txt"), "static two\n");
     // What the placements replaced is let go once their steps passed (renamed away at once,
     // removed in the background): nothing is kept beside the files.
@@ -284,13 +369,13 @@ fn each_kind_of_input_change_redoes_only_its_service() {
         "{% for h in needs.api %}backend {{ h.host }}\n{% endfor %}",
     )
     .expect("template");
-    only_lb_reconfigured(&s, &c, "file: /srv/lb/upstreams");
+    only_lb_reconfigured(&s, &c, "file: /srv/lb/upstreams", By::Reload);
     assert_eq!(
         s.file("lb1", "srv/lb/upstreams"),
         "backend app1\nbackend app2\n"
     );
     s.token = "t0ken-Xq9-second".into();
-    only_lb_reconfigured(&s, &c, "secret: TOKEN");
+    only_lb_reconfigured(&s, &c, "secret: TOKEN", By::SwitchOver);
     // A list of what an earlier placement replaced, as a step cut off after its placement
     // leaves it (or a let-go that never got through): the next step of the service to pass
     // lets go of it, even one that places nothing (an env change here), and gives the lock
@@ -303,7 +388,7 @@ fn each_kind_of_input_change_redoes_only_its_service() {
     let placed_nothing = || grep(&s.fleet.dir.join(".drover"), b"the host had every content").len();
     let before = placed_nothing();
     c.mode = "fast";
-    only_lb_reconfigured(&s, &c, "env: MODE");
+    only_lb_reconfigured(&s, &c, "env: MODE", By::SwitchOver);
     assert_eq!(placed_nothing(), before + 2, "both lb steps placed nothing");
     assert_eq!(
         kept_once_let_go(&s.fleet, "lb1"),

@@ -233,7 +233,7 @@ fn no_request_fails_through_haproxy_during_an_upgrade_or_a_pool_change() {
     let plan = p.plan("2.0");
     assert!(
         plan.contains(
-            "reconfigure 1.0 (needs api: +app3; file: /srv/lb/haproxy.cfg; after api on app3): lb1"
+            "reconfigure 1.0 (needs api: +app3; file: /srv/lb/haproxy.cfg; after api on app3) by reload: lb1"
         ),
         "{plan}"
     );

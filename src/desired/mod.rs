@@ -14,7 +14,7 @@ pub use render::{Member, Pool};
 use crate::inventory::{HostId, Hosts};
 use crate::secrets::{hex, Secrets};
 use crate::site::{ServiceId, Site};
-use crate::state::Inputs;
+use crate::state::{Inputs, Takes};
 use miette::Diagnostic;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -323,6 +323,32 @@ impl Desired {
     /// How what the host recorded differs from what `service` on `host` is given now; what
     /// cannot be known here is taken as recorded.
     pub fn reasons(&self, service: ServiceId, host: HostId, recorded: &Inputs) -> Vec<String> {
+        self.as_known(service, host, recorded).reasons(recorded)
+    }
+
+    /// How a running `service` on `host` takes the change from `recorded` to what it is given
+    /// now (what cannot be known here taken as recorded): the most any changed input needs,
+    /// and the changed inputs that need a restart (their keys). `None` when nothing differs.
+    pub fn takes(
+        &self,
+        service: ServiceId,
+        host: HostId,
+        recorded: &Inputs,
+    ) -> Option<(Takes, Vec<String>)> {
+        let now = self.as_known(service, host, recorded);
+        let changed = now.changed(recorded);
+        let most = changed.iter().map(|k| Takes::of(k)).max()?;
+        let restarts = changed
+            .into_iter()
+            .filter(|k| Takes::of(k) == Takes::Restart)
+            .map(str::to_string)
+            .collect();
+        Some((most, restarts))
+    }
+
+    /// What `service` on `host` is given now, with what cannot be known here (a secret this
+    /// command cannot read) taken as `recorded` has it.
+    fn as_known(&self, service: ServiceId, host: HostId, recorded: &Inputs) -> Inputs {
         let mut now = self.inputs(service, host);
         if let Some(s) = self.services.get(service) {
             for key in &s.unknown {
@@ -332,7 +358,7 @@ impl Desired {
                 };
             }
         }
-        now.reasons(recorded)
+        now
     }
 
     /// Whether `service` on `host` is given exactly `recorded`, without building its inputs.

@@ -173,6 +173,13 @@ fn step_against_record(
             recorded.unwrap_or("nothing")
         ));
     }
+    // Only a reconfigure may run less than the switch-over.
+    let quiet = matches!(st.path, Some(super::Path::Reload | super::Path::Record));
+    if quiet && st.kind != StepKind::Reconfigure {
+        return Some(format!(
+            "{at}: only a reconfigure may take another path than the switch-over"
+        ));
+    }
     let same = st.from.as_deref() == Some(&*st.to);
     let fits = match st.kind {
         StepKind::Install => st.from.is_none(),
@@ -228,6 +235,8 @@ mod tests {
             to: to.into(),
             kind: StepKind::Install,
             reasons: Vec::new(),
+            path: Some(crate::plan::Path::SwitchOver),
+            restarts: Vec::new(),
             after: Vec::new(),
             waits: Vec::new(),
         }

@@ -3,7 +3,7 @@
 //! what such a step waits for ([`unread_waits`]).
 
 use super::host_order::RuntimeClosure;
-use super::{service_hosts, Selection, Skip, SkipReason, StepKind};
+use super::{service_hosts, Path, Selection, Skip, SkipReason, StepKind};
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::site::{ServiceId, Site};
@@ -25,6 +25,9 @@ pub(super) struct Todo {
     pub(super) from: Option<Arc<str>>,
     pub(super) kind: StepKind,
     pub(super) reasons: Vec<String>,
+    /// `None`: an unread step.
+    pub(super) path: Option<Path>,
+    pub(super) restarts: Vec<String>,
     /// The needed services' hosts this step's host does not list yet: `(service, hosts)`.
     pub(super) added: Vec<(ServiceId, Vec<String>)>,
 }
@@ -69,6 +72,8 @@ pub(super) fn sort(
                 from: None,
                 kind: StepKind::Unread,
                 reasons: Vec::new(),
+                path: None,
+                restarts: Vec::new(),
                 added: Vec::new(),
             });
             continue;
@@ -77,15 +82,17 @@ pub(super) fn sort(
             skipped.push(skip(SkipReason::Unreachable));
             continue;
         }
-        let Some((kind, reasons)) = change(desired, sid, h, record, version) else {
+        let Some(c) = change(site, desired, sid, h, record, version) else {
             skipped.push(skip(SkipReason::AtVersion));
             continue;
         };
         todo.push(Todo {
             host: h,
             from: running,
-            kind,
-            reasons,
+            kind: c.kind,
+            reasons: c.reasons,
+            path: Some(c.path),
+            restarts: c.restarts,
             added: added(site, &pools, sid, record),
         });
     }
@@ -137,27 +144,62 @@ pub fn unread_waits(
     out
 }
 
+/// What a host's step of a service does, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Change {
+    pub kind: StepKind,
+    pub reasons: Vec<String>,
+    pub path: Path,
+    /// See [`super::Step::restarts`].
+    pub restarts: Vec<String>,
+}
+
 /// What `sid` must do on host `h`, whose record of it is `record`: a step of this kind, for
-/// these reasons, or nothing when the host runs `version` healthy with exactly the desired
-/// inputs.
+/// these reasons, by this path, or nothing when the host runs `version` healthy with exactly
+/// the desired inputs.
 fn change(
+    site: &Site,
     desired: &Desired,
     sid: ServiceId,
     h: HostId,
     record: Option<&crate::state::ServiceRecord>,
     version: &str,
-) -> Option<(StepKind, Vec<String>)> {
+) -> Option<Change> {
+    let switch_over = |kind| Change {
+        kind,
+        reasons: Vec::new(),
+        path: Path::SwitchOver,
+        restarts: Vec::new(),
+    };
+    let has_reload = site.services[sid].hooks.reload.is_some();
     Some(match record {
-        None => (StepKind::Install, Vec::new()),
-        Some(r) if *r.version != *version => (StepKind::Upgrade, Vec::new()),
-        Some(r) if !r.healthy() => (StepKind::Retry, Vec::new()),
+        None => switch_over(StepKind::Install),
+        Some(r) if *r.version != *version => switch_over(StepKind::Upgrade),
+        Some(r) if !r.healthy() => switch_over(StepKind::Retry),
         Some(r) => match &r.inputs {
-            None => (
-                StepKind::Reconfigure,
-                vec!["configuration unknown (recorded by an older deploy)".to_string()],
-            ),
+            None => Change {
+                kind: StepKind::Reconfigure,
+                reasons: vec!["configuration unknown (recorded by an older deploy)".to_string()],
+                path: Path::SwitchOver,
+                restarts: match has_reload {
+                    true => vec!["configuration".to_string()],
+                    false => Vec::new(),
+                },
+            },
             Some(was) if desired.matches(sid, h, was) => return None,
-            Some(was) => (StepKind::Reconfigure, desired.reasons(sid, h, was)),
+            Some(was) => {
+                let (takes, restarts) = desired.takes(sid, h, was)?;
+                let path = Path::of(StepKind::Reconfigure, has_reload, Some(takes));
+                Change {
+                    kind: StepKind::Reconfigure,
+                    reasons: desired.reasons(sid, h, was),
+                    path,
+                    restarts: match has_reload {
+                        true => restarts,
+                        false => Vec::new(),
+                    },
+                }
+            }
         },
     })
 }
@@ -182,10 +224,12 @@ pub fn decide(
     }
     let record = observed.service(&service.name);
     Ok(
-        change(desired, sid, h, record, &service.version).map(|(kind, reasons)| Decided {
+        change(site, desired, sid, h, record, &service.version).map(|c| Decided {
             from: record.map(|r| Arc::from(r.version.as_str())),
-            kind,
-            reasons,
+            kind: c.kind,
+            reasons: c.reasons,
+            path: c.path,
+            restarts: c.restarts,
         }),
     )
 }
@@ -196,4 +240,11 @@ pub struct Decided {
     pub from: Option<Arc<str>>,
     pub kind: StepKind,
     pub reasons: Vec<String>,
+    pub path: Path,
+    /// See [`super::Step::restarts`].
+    pub restarts: Vec<String>,
 }
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

@@ -193,6 +193,15 @@ pub struct Step {
     /// `env: MODE`, `needs api: +app8 -app3`, `file: /etc/x`, `secret: TOKEN`, …).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// Which hooks the step runs; `None` for an unread step until its host is read (a plan
+    /// saved without it: the switch-over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<Path>,
+    /// A reconfigure by switch-over of a service that has `reload`: the changed inputs a
+    /// running service takes only by restarting, as the host records them (`hook:install`,
+    /// `env:MODE`, `port`, `secret:TOKEN`, `key`; `configuration` when it recorded none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<String>,
     /// Services on the same host whose steps must finish first (runtime needs).
     pub after: Vec<Arc<str>>,
     /// Steps on other hosts that must have ended first: the needed services' steps on hosts
@@ -220,6 +229,35 @@ pub enum StepKind {
     /// which then becomes one of the others ([`decide`]), or nothing if the host already runs
     /// exactly what the site says.
     Unread,
+}
+
+/// Which hooks a step runs (book: "Desired state", reload or switch-over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Path {
+    /// `stop` (not on a fresh host), files, `install`, `migrate` (not on a fresh host),
+    /// `start`, `check`: every step but a reconfigure the service takes otherwise.
+    SwitchOver,
+    /// Files, `reload`, `check`: a reconfigure of a service with `reload` whose every changed
+    /// input a running service takes without restarting.
+    Reload,
+    /// No hook: a reconfigure whose only changed inputs no running process uses (the
+    /// `rollback` hook); the new inputs are recorded.
+    Record,
+}
+
+impl Path {
+    /// The path of a step of `kind` on a host of a service that has `reload` (`has_reload`),
+    /// when a running service takes the change of its inputs as `takes` says (a reconfigure;
+    /// `None`: not known, the host recorded no inputs).
+    pub fn of(kind: StepKind, has_reload: bool, takes: Option<crate::state::Takes>) -> Path {
+        use crate::state::Takes;
+        match (kind, takes) {
+            (StepKind::Reconfigure, Some(Takes::Nothing)) => Path::Record,
+            (StepKind::Reconfigure, Some(Takes::Reload)) if has_reload => Path::Reload,
+            _ => Path::SwitchOver,
+        }
+    }
 }
 
 /// A service's step on a host.
@@ -490,6 +528,8 @@ fn service_plan(
                         to: version.clone(),
                         kind: t.kind,
                         reasons: t.reasons,
+                        path: t.path,
+                        restarts: t.restarts,
                         after,
                         waits,
                     })

@@ -830,6 +830,8 @@ fn check_unread(b: &Built) -> Result<(), TestCaseError> {
                     prop_assert_eq!(d.kind, was.kind, "{}", name);
                     prop_assert_eq!(d.from, was.from, "{}", name);
                     prop_assert_eq!(d.reasons, was.reasons, "{}", name);
+                    prop_assert_eq!(Some(d.path), was.path, "{}: the same path", name);
+                    prop_assert_eq!(d.restarts, was.restarts, "{}", name);
                 }
                 (Ok(None), None) => {
                     let skip = before[sid].skipped.iter().find(|k| &*k.host == name);

@@ -304,7 +304,26 @@ fn step_words(st: &crate::plan::Step, to: &str) -> String {
     if !notes.is_empty() {
         what.push_str(&format!(" ({})", notes.join("; ")));
     }
+    if st.kind == StepKind::Reconfigure {
+        what.push_str(&path_words(st));
+    }
     what
+}
+
+/// Which hooks a reconfigure runs, and why: ` by reload`, ` by switch-over, restarting for
+/// hook:install, env:MODE`, ` by switch-over, no reload hook`, ` recorded only, …`.
+fn path_words(st: &crate::plan::Step) -> String {
+    use crate::plan::Path;
+    match st.path {
+        Some(Path::Reload) => " by reload".into(),
+        Some(Path::Record) => " recorded only, nothing running uses it".into(),
+        Some(Path::SwitchOver) | None if st.restarts.is_empty() => {
+            " by switch-over, no reload hook".into()
+        }
+        Some(Path::SwitchOver) | None => {
+            format!(" by switch-over, restarting for {}", st.restarts.join(", "))
+        }
+    }
 }
 
 fn skips(out: &mut String, s: &ServicePlan) {
@@ -450,6 +469,8 @@ mod tests {
                 to: "1.0".into(),
                 kind: crate::plan::StepKind::Upgrade,
                 reasons: Vec::new(),
+                path: Some(crate::plan::Path::SwitchOver),
+                restarts: Vec::new(),
                 after: Vec::new(),
                 waits: Vec::new(),
             })

@@ -88,6 +88,7 @@ impl<L: Link> Unread<L> {
                 job.from = d.from.map(|f| f.to_string());
                 job.kind = d.kind;
                 job.reasons = d.reasons;
+                job.path = d.path;
                 Ok(job)
             }
             Ok(None) => {

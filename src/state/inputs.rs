@@ -49,6 +49,25 @@ impl Inputs {
         })
     }
 
+    /// The keys whose values differ between `self` and `was` (either may lack one), in key
+    /// order.
+    pub fn changed<'a>(&'a self, was: &'a Inputs) -> Vec<&'a str> {
+        let mut keys: Vec<&str> = self
+            .0
+            .iter()
+            .filter(|(k, v)| was.0.get(*k) != Some(*v))
+            .map(|(k, _)| k.as_str())
+            .chain(
+                was.0
+                    .keys()
+                    .filter(|k| !self.0.contains_key(*k))
+                    .map(String::as_str),
+            )
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// How `self` (what the site says now) differs from `was` (what the host records), one
     /// reason per kind, in a fixed order: `port`, `hooks: start, check`, `env: MODE`,
     /// `needs api: +app8 -app3`, `file: /etc/x`, `secret: TOKEN`. Empty when they are equal.
@@ -110,6 +129,32 @@ impl Inputs {
             out.push("configuration".into());
         }
         out
+    }
+}
+
+/// What a running service needs to take a change of one of its inputs (book: "Desired state",
+/// reload or switch-over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Takes {
+    /// Nothing: no running process uses it (the `rollback` hook, run only when a step fails).
+    Nothing,
+    /// A reload: files, `needs` addresses, the `reload` and `check` hooks.
+    Reload,
+    /// A restart, the whole switch-over: every other key (a switch-over hook, `env`, `port`,
+    /// a secret, which the hooks get in their environment, the controller's key, a key of a
+    /// kind this version does not know).
+    Restart,
+}
+
+impl Takes {
+    /// How a running service takes a change of the input `key`.
+    pub fn of(key: &str) -> Takes {
+        match key {
+            "hook:rollback" => Takes::Nothing,
+            "hook:reload" | "hook:check" => Takes::Reload,
+            k if k.starts_with("file:") || k.starts_with("needs:") => Takes::Reload,
+            _ => Takes::Restart,
+        }
     }
 }
 

@@ -47,6 +47,7 @@ impl<T: Transport> Scheduler<T> {
             from: st.from.as_ref().map(|f| f.to_string()),
             to: st.to.to_string(),
             kind: st.kind,
+            path: st.path.unwrap_or(crate::plan::Path::SwitchOver),
             inputs,
             files,
             record: self.hosts[h].record.clone(),

@@ -11,7 +11,7 @@ pub use log::log_line;
 use super::event::{Event, EventKind, Sink};
 use super::hook_run::{self, Ran};
 use crate::desired::Delivery;
-use crate::plan::StepKind;
+use crate::plan::{Path, StepKind};
 use crate::secrets::Secrets;
 use crate::site::{Hook, Hooks, OnFailure};
 use crate::state::{write_script, HostRecord, Inputs, Mark, Outcome, ServiceRecord};
@@ -42,6 +42,8 @@ pub struct StepJob {
     pub from: Option<String>,
     pub to: String,
     pub kind: StepKind,
+    /// Which hooks it runs (decided with the plan, or once an unread step's host is read).
+    pub path: Path,
     /// What the service is given now: recorded once it is configured.
     pub inputs: Inputs,
     /// The files to deliver, or why they cannot be.
@@ -155,7 +157,13 @@ impl<L: Link> Running<'_, L> {
     async fn switch(&mut self) -> Result<(), Failure> {
         let hooks = self.job.service.hooks.clone();
         let fresh = self.job.from.is_none();
-        let reload = self.job.kind == StepKind::Reconfigure && hooks.reload.is_some();
+        // Nothing running uses what changed: only the new inputs are recorded.
+        if self.job.path == Path::Record {
+            let configured = self.marked(Some(Outcome::Success), None, None);
+            let validated = self.marked_on(configured, None, Some(Outcome::Success), None);
+            return self.write(validated, true).await;
+        }
+        let reload = self.job.path == Path::Reload && hooks.reload.is_some();
         let stages: Vec<(&'static str, &Hook)> = [
             ("stop", hooks.stop.as_ref(), !fresh && !reload),
             ("install", hooks.install.as_ref(), !reload),
