@@ -460,6 +460,95 @@ fn status_from_the_store_equals_the_hosts_and_a_converged_site_plans_without_ssh
     );
 }
 
+/// What `status --json` says `host` runs of api.
+fn running_in(status: &serde_json::Value, host: &str) -> serde_json::Value {
+    status["hosts"]
+        .as_array()
+        .and_then(|hs| hs.iter().find(|h| h["host"] == host))
+        .map(|h| h["services"][0]["running"].clone())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// `platform.kdl` as written, with the inventory edited: `app3` (a spare fleet host) left out,
+/// or, with `app2_at_spare`, standing in for app2: app2's name at app3's address.
+fn inventory(site: &Site, app2_at_spare: bool) {
+    let platform = site.fleet.dir.join("platform.kdl");
+    let text = std::fs::read_to_string(&platform).expect("platform");
+    let (old, spare) = (site.fleet.address("app2"), site.fleet.address("app3"));
+    let lines: Vec<String> = text
+        .lines()
+        .filter(|l| !l.contains("host \"app3\""))
+        .map(|l| match app2_at_spare && l.contains("host \"app2\"") {
+            true => l.replace(&format!("\"{old}\""), &format!("\"{spare}\"")),
+            false => l.to_string(),
+        })
+        .collect();
+    std::fs::write(&platform, lines.join("\n") + "\n").expect("platform");
+}
+
+#[test]
+fn a_host_rebuilt_under_its_name_at_another_address_is_read_not_taken_from_the_store() {
+    let site = Site::start(3, Etcd::start(), "3s");
+    let path = site.write("1.0", "0");
+    let p = path.to_str().unwrap();
+    inventory(&site, false);
+    applied_and_published(&site.deploy(&["apply", p, "--yes"]));
+    assert_eq!(site.recorded("app2").as_deref(), Some("1.0"));
+    assert!(
+        site.whats("app3").is_empty(),
+        "the spare is not in the site"
+    );
+    let store = status_json(&site, &path, &[]);
+    assert_eq!(
+        (store["source"].as_str(), store["converged"].as_u64()),
+        (Some("store"), Some(2))
+    );
+
+    // app2 is rebuilt: it comes back under its name at another address, its disk empty (the
+    // spare fleet host).
+    inventory(&site, true);
+    let out = site.deploy(&["plan", p]);
+    let plan = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        plan.contains("fresh → 1.0: app2") && plan.contains("skipped, converged: app1\n"),
+        "the rebuilt host is read and installed:\n{plan}"
+    );
+    let out = site.deploy(&["status", p]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        said.contains("1 of 2 host services converged")
+            && said.contains(&format!(
+                "app2: the store has it at {}, the inventory at {}",
+                site.fleet.address("app2"),
+                site.fleet.address("app3")
+            )),
+        "{said}"
+    );
+    let store = status_json(&site, &path, &[]);
+    assert_eq!(store["source"], "store");
+    assert_eq!(running_in(&store, "app2"), serde_json::Value::Null);
+    assert_eq!(store["unaccounted"][0]["host"], "app2", "{store}");
+    assert_eq!(store["read"][0]["host"], "app2", "{store}");
+
+    // The apply installs the host at the new address and publishes it there.
+    applied_and_published(&site.deploy(&["apply", p, "--yes"]));
+    assert_eq!(site.whats("app3"), ["install", "start", "checked"]);
+    assert_eq!(site.recorded("app3").as_deref(), Some("1.0"));
+    assert_eq!(
+        site.whats("app2")
+            .iter()
+            .filter(|w| *w == "install")
+            .count(),
+        1,
+        "the old app2 is left alone"
+    );
+    let store = status_json(&site, &path, &[]);
+    assert_eq!(store["converged"], 2, "{store}");
+    assert_eq!(store["read"], serde_json::json!([]), "{store}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // A cluster, and TLS
 

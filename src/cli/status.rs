@@ -6,7 +6,7 @@ use crate::inventory::{HostId, Hosts};
 use crate::site::ServiceId;
 use crate::state::store::{self, View};
 use crate::{report, site, state};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     let site = site::load(&args.site.site)?;
@@ -23,11 +23,34 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
         .block_on(store::read(&site))
         .map_err(Error::Store)?;
     let mut differ = HashSet::new();
+    let mut read_themselves = Vec::new();
     let (observed, source, disagreements) = match &view {
         Some(view) if !args.hosts => {
-            let (observed, d) = from_store(view, &site, &all, &hosts, &desired);
+            let FromStore {
+                mut observed,
+                differ: d,
+                unvouched,
+            } = from_store(view, &site, &all, &hosts, &desired);
             differ = d;
-            (observed, state::Source::Store, Vec::new())
+            let mut disagreements = Vec::new();
+            if !unvouched.is_empty() {
+                // The hosts the store cannot speak for are read, and say for themselves.
+                let ids: BTreeSet<HostId> = unvouched.keys().copied().collect();
+                let subset = hosts.subset(&ids, site.classes.len());
+                let read = observe(&site, &subset, false, args.site.max_connections)?;
+                disagreements = store::disagreements(view, &subset, &read);
+                for ((&i, why), o) in unvouched.iter().zip(read) {
+                    observed[i] = o;
+                    if let Some(h) = all.find(&hosts.hosts[i].name) {
+                        differ.retain(|&(_, d)| d != h);
+                    }
+                    read_themselves.push(state::Unaccounted {
+                        host: hosts.hosts[i].name.to_string(),
+                        reason: why.clone(),
+                    });
+                }
+            }
+            (observed, state::Source::Store, disagreements)
         }
         _ => {
             let observed = observe(&site, &hosts, false, args.site.max_connections)?;
@@ -47,6 +70,7 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     let mut status = state::status(&site, &hosts, &observed, &expected);
     status.source = source;
     status.disagreements = disagreements;
+    status.read = read_themselves;
     status.unfinished_run = match crate::session::unfinished(&site.name) {
         Ok(rec) => rec,
         Err(e) => {
@@ -75,22 +99,41 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     Ok(code::OK)
 }
 
-/// What the store says the hosts of `hosts` (a subset of `all`) run; and the pairs, as
-/// `(service, host of all)`, whose inputs differ from the site's.
+/// What the store says of the hosts of a subset.
+struct FromStore {
+    /// Per host of the subset.
+    observed: Vec<state::Observed>,
+    /// The pairs, as `(service, host of all)`, whose inputs differ from the site's.
+    differ: HashSet<(ServiceId, HostId)>,
+    /// The hosts (of the subset) the store cannot speak for, with why.
+    unvouched: BTreeMap<HostId, String>,
+}
+
+/// What the store says the hosts of `hosts` (a subset of `all`) run.
 fn from_store(
     view: &View,
     site: &site::Site,
     all: &Hosts,
     hosts: &Hosts,
     desired: &crate::desired::Desired,
-) -> (Vec<state::Observed>, HashSet<(ServiceId, HostId)>) {
-    let (observed, differ) = store::observed(view, site, all, desired);
-    let picked = hosts
-        .hosts
-        .iter()
-        .filter_map(|h| all.find(&h.name).map(|i| observed[i].clone()))
-        .collect();
-    (picked, differ.into_iter().collect())
+) -> FromStore {
+    let said = store::observed(view, site, all, desired);
+    let mut picked = Vec::with_capacity(hosts.hosts.len());
+    let mut unvouched = BTreeMap::new();
+    for (i, h) in hosts.hosts.iter().enumerate() {
+        let Some(a) = all.find(&h.name) else {
+            continue;
+        };
+        picked.push(said.observed[a].clone());
+        if let Some((_, why)) = said.unvouched.iter().find(|(u, _)| *u == a) {
+            unvouched.insert(i, why.clone());
+        }
+    }
+    FromStore {
+        observed: picked,
+        differ: said.differ.into_iter().collect(),
+        unvouched,
+    }
 }
 
 /// [`crate::desired::Desired`] asked for the hosts of a subset; pairs the store shows with

@@ -82,6 +82,15 @@ pub fn status_text(s: &Status) -> String {
             let _ = writeln!(out, "  {}: {}", u.host, u.reason);
         }
     }
+    if !s.read.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nread from the hosts themselves (the store cannot speak for them):"
+        );
+        for r in &s.read {
+            let _ = writeln!(out, "  {}: {}", r.host, r.reason);
+        }
+    }
     if let Some(run) = &s.unfinished_run {
         let _ = writeln!(out, "\nunfinished run:\n  {}", run.describe());
         let hint = if run.state == "running" {
@@ -91,9 +100,14 @@ pub fn status_text(s: &Status) -> String {
         };
         let _ = writeln!(out, "  {hint}; journal: {}", run.journal);
     }
+    let read = match s.read.len() {
+        0 => String::new(),
+        1 => ", but for 1 host read itself".to_string(),
+        n => format!(", but for {n} hosts read themselves"),
+    };
     let from = match s.source {
-        crate::state::Source::Hosts => "",
-        crate::state::Source::Store => " (as the store says)",
+        crate::state::Source::Hosts => String::new(),
+        crate::state::Source::Store => format!(" (as the store says{read})"),
     };
     let _ = writeln!(
         out,

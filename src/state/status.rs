@@ -32,6 +32,9 @@ pub struct Status {
     pub source: Source,
     /// With a store and `--hosts`: where the store and the hosts' own records disagree.
     pub disagreements: Vec<super::store::Disagreement>,
+    /// With a store: the hosts it cannot speak for (moved or replaced, or inputs that cannot
+    /// be known here), read themselves, with why.
+    pub read: Vec<Unaccounted>,
 }
 
 /// Where `deploy status` read what the hosts run.
@@ -126,6 +129,7 @@ pub fn status(
         unfinished_run: None,
         source: Source::Hosts,
         disagreements: Vec::new(),
+        read: Vec::new(),
     };
     for (hid, (h, o)) in hosts.hosts.iter().zip(observed).enumerate() {
         let reason = match o {

@@ -28,8 +28,8 @@ mod view;
 pub use etcd::Etcd;
 pub use lease::{Fence, LeaseLock};
 pub use view::{
-    converged, disagreements, merge, observed, to_read, Disagreement, Fingerprints, HostEntry,
-    Published, View,
+    converged, disagreements, merge, observed, replaced, to_read, Disagreement, Fingerprints,
+    HostEntry, Published, Said, View,
 };
 
 /// What the platform's store holds of `site`: one connection, one range read. `None` when the

@@ -58,11 +58,16 @@ fn view_of(writes: &[Write]) -> View {
     )
 }
 
+/// The inventory's address of `host` in [`site`] (`app2` → `10.0.0.2`).
+fn address_of(host: &str) -> String {
+    format!("10.0.0.{}", host.trim_start_matches("app"))
+}
+
 fn step(host: &str, record: &ServiceRecord) -> Vec<Write> {
     let hs = HostService {
         service: "api",
         host,
-        address: "10.0.0.1:8080".into(),
+        address: format!("{}:8080", address_of(host)),
         record,
     };
     recorded(&keys(), &hs, "r1", "2026-11-25T00:00:00Z")
@@ -199,7 +204,7 @@ fn seen(host: &str, reporting: bool) -> Write {
     host_seen(
         &keys(),
         host,
-        "10.0.0.1",
+        &address_of(host),
         vec!["app".into()],
         (!reporting).then_some("connection refused"),
         "r1",
@@ -256,7 +261,12 @@ fn status_from_the_store_says_not_reporting_and_which_inputs_differ() {
     writes.extend(step("app2", &healthy("2.0")));
     writes.push(seen("app2", false));
     let view = view_of(&writes);
-    let (observed, differ) = observed(&view, &site, &hosts, &Given { odd: Some(0) });
+    let Said {
+        observed,
+        differ,
+        unvouched,
+    } = observed(&view, &site, &hosts, &Given { odd: Some(0) });
+    assert!(unvouched.is_empty());
     assert!(
         matches!(&observed[0], Observed::Running { services } if services["api"].inputs.is_none())
     );
@@ -267,6 +277,57 @@ fn status_from_the_store_says_not_reporting_and_which_inputs_differ() {
     assert!(
         matches!(&observed[2], Observed::Unreachable { reason } if reason.contains("the store has no record of it"))
     );
+}
+
+/// A host rebuilt under its name comes back at another address: the store's word for it is
+/// not taken, by `plan` or `status`; a port in a `running/` address is not an address change.
+#[test]
+fn a_host_the_store_has_at_another_address_is_read() {
+    let (_dir, site, hosts) = site();
+    let mut writes = Vec::new();
+    for h in ["app1", "app2", "app3"] {
+        writes.extend(step(h, &healthy("2.0")));
+        writes.push(seen(h, true));
+    }
+    let given = Given { odd: None };
+    let view = view_of(&writes);
+    assert!(converged(&view, &site, &hosts, &given)
+        .iter()
+        .all(Option::is_some));
+    assert!(observed(&view, &site, &hosts, &given).unvouched.is_empty());
+    // app2 moved: its `hosts/` entry says so, and so does its `running/` entry alone.
+    writes.push(host_seen(
+        &keys(),
+        "app2",
+        "10.0.0.9",
+        vec![],
+        None,
+        "r2",
+        "t",
+    ));
+    let moved = view_of(&writes);
+    let known = converged(&moved, &site, &hosts, &given);
+    assert_eq!(to_read(&known).into_iter().collect::<Vec<_>>(), [1]);
+    let said = observed(&moved, &site, &hosts, &given);
+    assert_eq!(said.unvouched.len(), 1, "{:?}", said.unvouched);
+    assert_eq!(said.unvouched[0].0, 1);
+    assert!(
+        said.unvouched[0]
+            .1
+            .starts_with("the store has it at 10.0.0.9, the inventory at 10.0.0.2"),
+        "{:?}",
+        said.unvouched
+    );
+    let mut writes: Vec<Write> = writes[..writes.len() - 1].to_vec();
+    let hs = HostService {
+        service: "api",
+        host: "app3",
+        address: "10.0.0.33:8080".into(),
+        record: &healthy("2.0"),
+    };
+    writes.extend(recorded(&keys(), &hs, "r2", "t"));
+    let known = converged(&view_of(&writes), &site, &hosts, &given);
+    assert_eq!(to_read(&known).into_iter().collect::<Vec<_>>(), [2]);
 }
 
 #[test]

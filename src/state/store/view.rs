@@ -2,7 +2,7 @@
 //! hosts a command must still read itself, and where the store and the hosts disagree.
 
 use super::{unsegment, HostValue, Keys, RunningValue, StatusValue, STORE_SCHEMA};
-use crate::inventory::{HostId, Hosts};
+use crate::inventory::{Host, HostId, Hosts};
 use crate::site::{ServiceId, Site};
 use crate::state::lock::Holder;
 use crate::state::{Inputs, Observed, ServiceRecord};
@@ -155,10 +155,46 @@ fn services_of(site: &Site, hosts: &Hosts, host: HostId) -> Vec<ServiceId> {
     ids
 }
 
+/// Why what the store holds of `host` may not be the host the inventory names now: an address
+/// it published (its `hosts/` entry, or a service's `running/` one) is not the inventory's
+/// address of it. A host rebuilt under the same name comes back at another address, with an
+/// empty disk: only reading it tells what it runs.
+pub fn replaced(entry: &HostEntry, host: &Host) -> Option<String> {
+    let now = &*host.address;
+    let same = |published: &str| {
+        published == now
+            || published
+                .strip_prefix(now)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .is_some_and(|port| port.parse::<u16>().is_ok())
+    };
+    let published = entry
+        .value
+        .as_ref()
+        .map(|v| v.address.as_str())
+        .into_iter()
+        .chain(
+            entry
+                .services
+                .values()
+                .filter_map(|p| p.running.as_ref().map(|r| r.address.as_str())),
+        );
+    for was in published {
+        if !same(was) {
+            return Some(format!(
+                "the store has it at {was}, the inventory at {now}: replaced or moved, what it \
+                 runs is read from it"
+            ));
+        }
+    }
+    None
+}
+
 /// For `plan` and `apply`: per host, what it runs when the store shows it converged (its
-/// desired version, healthy, with exactly the site's inputs, and it answered its last run), so
-/// that it need not be read; `None` for a host to read: one the store knows nothing of, that
-/// did not answer, or whose recorded state differs from the site.
+/// desired version, healthy, with exactly the site's inputs, at the address the inventory gives
+/// it, and it answered its last run), so that it need not be read; `None` for a host to read:
+/// one the store knows nothing of, that did not answer, that the store has at another address
+/// ([`replaced`]), or whose recorded state differs from the site.
 pub fn converged(
     view: &View,
     site: &Site,
@@ -168,7 +204,7 @@ pub fn converged(
     (0..hosts.hosts.len())
         .map(|h| {
             let entry = view.hosts.get(&*hosts.hosts[h].name)?;
-            if !entry.value.as_ref()?.reporting {
+            if !entry.value.as_ref()?.reporting || replaced(entry, &hosts.hosts[h]).is_some() {
                 return None;
             }
             let mut services = BTreeMap::new();
@@ -190,16 +226,25 @@ pub fn converged(
         .collect()
 }
 
+/// What the store says every host runs, for `status`.
+#[derive(Debug, Clone, Default)]
+pub struct Said {
+    /// Per host, in order.
+    pub observed: Vec<Observed>,
+    /// Pairs whose inputs the store shows other than the site's (their fingerprints differ).
+    pub differ: Vec<(ServiceId, HostId)>,
+    /// Hosts the store cannot speak for, with why: the caller reads them itself. One the store
+    /// has at another address ([`replaced`]), or whose inputs cannot be known here (a secret
+    /// this command cannot read: only the host's own record can be compared).
+    pub unvouched: Vec<(HostId, String)>,
+}
+
 /// For `status`: what the store says every host runs. A host it knows nothing of, or that did
 /// not answer its last run, is unaccounted for. Inputs are the site's where the fingerprint
-/// says so; elsewhere `None`, and the pair is returned in the second list to say they differ.
-pub fn observed(
-    view: &View,
-    site: &Site,
-    hosts: &Hosts,
-    desired: &dyn Fingerprints,
-) -> (Vec<Observed>, Vec<(ServiceId, HostId)>) {
+/// says so; elsewhere `None`, and the pair is in [`Said::differ`] to say they differ.
+pub fn observed(view: &View, site: &Site, hosts: &Hosts, desired: &dyn Fingerprints) -> Said {
     let mut differ = Vec::new();
+    let mut unvouched = Vec::new();
     let observed = hosts
         .hosts
         .iter()
@@ -222,9 +267,23 @@ pub fn observed(
                     ),
                 };
             }
+            if let Some(why) = replaced(entry, host) {
+                unvouched.push((h, why));
+            }
             let mut services = BTreeMap::new();
             for (name, published) in &entry.services {
                 let sid = site.service(name);
+                if sid.is_some_and(|sid| desired.fingerprint(sid, h).is_none())
+                    && unvouched.last().map(|(u, _)| *u) != Some(h)
+                {
+                    unvouched.push((
+                        h,
+                        format!(
+                            "{name}'s inputs cannot be known here (a secret this command \
+                             cannot read): compared with the host's own record"
+                        ),
+                    ));
+                }
                 let fp = published
                     .running
                     .as_ref()
@@ -250,7 +309,11 @@ pub fn observed(
             }
         })
         .collect();
-    (observed, differ)
+    Said {
+        observed,
+        differ,
+        unvouched,
+    }
 }
 
 /// Where what the store says differs from what each host records (`observed`, read from the
