@@ -549,6 +549,83 @@ fn a_host_rebuilt_under_its_name_at_another_address_is_read_not_taken_from_the_s
     assert_eq!(store["read"], serde_json::json!([]), "{store}");
 }
 
+#[test]
+fn status_after_a_run_that_could_not_publish_reads_the_hosts_and_answers_with_etcd_down() {
+    let site = Site::start(2, Etcd::start(), "2s");
+    let path = site.write("1.0", "0");
+    let p = path.to_str().unwrap();
+    applied_and_published(&site.deploy(&["apply", p, "--yes"]));
+    // etcd goes while app1 starts 2.0: its step ends on the host, never in the store.
+    let path = site.write("2.0", "2");
+    let (mut run, err_file) = site.spawn(&["apply", p, "--yes"]);
+    wait_until("app1 starts 2.0", Duration::from_secs(30), || {
+        site.whats("app1").iter().filter(|w| *w == "start").count() == 2
+    });
+    site.etcd.stop();
+    let code = run.wait().expect("wait").code();
+    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+    assert_eq!(code, Some(6), "{err}");
+    assert!(err.contains("did not reach etcd"), "{err}");
+    assert_eq!(site.recorded("app1").as_deref(), Some("2.0"), "{err}");
+    site.etcd.restart();
+    assert_eq!(
+        site.published("app1").expect("published")["version"],
+        "1.0",
+        "the store is stale"
+    );
+
+    // `status` says the store is stale, reads the hosts, and tells what they record.
+    let out = site.deploy(&["status", p]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        said.contains("the store is stale") && !said.contains("(as the store says)"),
+        "{said}"
+    );
+    let status = status_json(&site, &path, &[]);
+    assert_eq!(status["source"], "hosts", "{status}");
+    assert!(status["stale"]
+        .as_str()
+        .is_some_and(|s| s.contains("could not publish")));
+    assert_eq!(running_in(&status, "app1"), "2.0", "{status}");
+    assert_eq!(running_in(&status, "app2"), "1.0", "{status}");
+    assert_eq!(status["converged"], 1, "{status}");
+    // `plan` does not skip a host on the stale store's word either.
+    let out = site.deploy(&["plan", p]);
+    assert!(
+        text(&out.stderr).contains("the store is stale"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // etcd down: `status --hosts` answers from the hosts; `status` says to ask them.
+    site.etcd.stop();
+    let status = status_json(&site, &path, &["--hosts"]);
+    assert_eq!(status["source"], "hosts", "{status}");
+    assert_eq!(running_in(&status, "app1"), "2.0", "{status}");
+    assert!(
+        status["stale"]
+            .as_str()
+            .is_some_and(|s| s.contains("etcd does not answer")),
+        "{status}"
+    );
+    let out = site.deploy(&["status", p]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("deploy status --hosts"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // etcd back: the next apply reads every host, publishes, and the store speaks again.
+    site.etcd.restart();
+    applied_and_published(&site.deploy(&["apply", p, "--yes"]));
+    let status = status_json(&site, &path, &[]);
+    assert_eq!(status["source"], "store", "{status}");
+    assert_eq!(status["stale"], serde_json::Value::Null, "{status}");
+    assert_eq!(status["converged"], 2, "{status}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // A cluster, and TLS
 

@@ -67,8 +67,9 @@ pub fn observe(
     Ok(runtime.block_on(observe_on(transport, site, hosts, max_connections, read)))
 }
 
-/// What every host runs: with a store (and without `read_all`), the hosts it shows converged
-/// are taken as it says, and only the others are read.
+/// What every host runs: with a store (and without `read_all`, and unless a run could not
+/// publish all its state), the hosts it shows converged are taken as it says, and only the
+/// others are read.
 pub fn observe_through_store(
     site: &Site,
     hosts: &Hosts,
@@ -77,7 +78,17 @@ pub fn observe_through_store(
     max_connections: usize,
 ) -> Result<Vec<Observed>, Error> {
     let runtime = super::runtime()?;
-    let view = match read_all {
+    let stale = match (&site.platform.store, read_all) {
+        (Some(_), false) => crate::session::unpublished(&site.name),
+        _ => None,
+    };
+    if let Some(run) = &stale {
+        errln!(
+            "note: {run} could not publish all its state to etcd (.drover/unpublished): the \
+             store is stale, every host is read"
+        );
+    }
+    let view = match read_all || stale.is_some() {
         true => None,
         false => runtime
             .block_on(crate::state::store::read(site))

@@ -19,13 +19,34 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
         Some(ids) => all.subset(&ids, site.classes.len()),
         None => all.clone(),
     };
-    let view = super::runtime()?
-        .block_on(store::read(&site))
-        .map_err(Error::Store)?;
+    let unpublished = crate::session::unpublished(&site.name);
+    let read = super::runtime()?.block_on(store::read(&site));
+    let mut stale = None;
+    let view = match read {
+        Ok(view) => view,
+        // `--hosts` answers from the hosts whatever the store does.
+        Err(e) if args.hosts => {
+            stale = Some(format!(
+                "{e}: what follows is each host's own record, not compared with the store"
+            ));
+            None
+        }
+        Err(e) => {
+            errln!("note: `deploy status --hosts` answers from the hosts themselves");
+            return Err(Error::Store(e));
+        }
+    };
+    if let (Some(run), Some(_)) = (&unpublished, &view) {
+        stale = Some(format!(
+            "{run} could not publish all its state to etcd (.drover/unpublished): the store is \
+             stale until the next `deploy apply`, which reads every host; every host was read \
+             here"
+        ));
+    }
     let mut differ = HashSet::new();
     let mut read_themselves = Vec::new();
     let (observed, source, disagreements) = match &view {
-        Some(view) if !args.hosts => {
+        Some(view) if !args.hosts && unpublished.is_none() => {
             let FromStore {
                 mut observed,
                 differ: d,
@@ -70,6 +91,7 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     let mut status = state::status(&site, &hosts, &observed, &expected);
     status.source = source;
     status.disagreements = disagreements;
+    status.stale = stale;
     status.read = read_themselves;
     status.unfinished_run = match crate::session::unfinished(&site.name) {
         Ok(rec) => rec,

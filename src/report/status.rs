@@ -91,6 +91,9 @@ pub fn status_text(s: &Status) -> String {
             let _ = writeln!(out, "  {}: {}", r.host, r.reason);
         }
     }
+    if let Some(why) = &s.stale {
+        let _ = writeln!(out, "\nthe store is stale:\n  {why}");
+    }
     if let Some(run) = &s.unfinished_run {
         let _ = writeln!(out, "\nunfinished run:\n  {}", run.describe());
         let hint = if run.state == "running" {

@@ -463,7 +463,7 @@ impl crate::rollout::LockAtStep<RunLink> for AtStep {
 
 /// `.drover/unpublished/<site>`: a run's writes to the store did not all reach it; the next
 /// apply reads every host (and publishes what it reads), then removes it.
-const UNPUBLISHED: &str = "unpublished";
+pub(super) const UNPUBLISHED: &str = "unpublished";
 
 fn lock_file(site: &str) -> String {
     crate::state::lock::file_name(site)

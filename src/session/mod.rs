@@ -433,6 +433,21 @@ pub fn unfinished(site: &str) -> Result<Option<RunRecord>, String> {
     journal::unfinished(Path::new(CONTROLLER_DIR), site)
 }
 
+/// `deploy status` and `deploy plan`: the run whose writes to the store did not all reach it,
+/// when one did not (`.drover/unpublished/<site>`): until an apply reads every host again,
+/// the store is stale. Its run id, or the mark's path when it cannot be read.
+pub fn unpublished(site: &str) -> Option<String> {
+    let mark = Path::new(CONTROLLER_DIR)
+        .join(locking::UNPUBLISHED)
+        .join(crate::state::lock::file_name(site));
+    match std::fs::read_to_string(&mark) {
+        Ok(run) if !run.trim().is_empty() => Some(format!("run {}", run.trim())),
+        Ok(_) => Some(format!("a run ({})", mark.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(_) => Some(format!("a run ({})", mark.display())),
+    }
+}
+
 /// The plan's digest, as the journal records it: sha256 of its JSON.
 pub fn plan_digest(plan: &Plan) -> String {
     let json = serde_json::to_vec(plan).unwrap_or_default();

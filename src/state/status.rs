@@ -32,6 +32,9 @@ pub struct Status {
     pub source: Source,
     /// With a store and `--hosts`: where the store and the hosts' own records disagree.
     pub disagreements: Vec<super::store::Disagreement>,
+    /// With a store: why it was not taken at its word for any host, when it is stale (a run's
+    /// writes did not all reach it, or it did not answer `--hosts`): every host was read.
+    pub stale: Option<String>,
     /// With a store: the hosts it cannot speak for (moved or replaced, or inputs that cannot
     /// be known here), read themselves, with why.
     pub read: Vec<Unaccounted>,
@@ -129,6 +132,7 @@ pub fn status(
         unfinished_run: None,
         source: Source::Hosts,
         disagreements: Vec::new(),
+        stale: None,
         read: Vec::new(),
     };
     for (hid, (h, o)) in hosts.hosts.iter().zip(observed).enumerate() {
