@@ -549,6 +549,70 @@ fn a_host_rebuilt_under_its_name_at_another_address_is_read_not_taken_from_the_s
     assert_eq!(store["read"], serde_json::json!([]), "{store}");
 }
 
+/// A secret this controller cannot read: the store keeps only the fingerprint of each host's
+/// inputs, which cannot be worked out here; `status` reads the hosts and compares their own
+/// records (the secret taken as they record it), and finds the site converged.
+#[test]
+fn status_from_the_store_with_a_secret_not_readable_here_reads_the_hosts_and_finds_them_converged()
+{
+    let site = Site::start(2, Etcd::start(), "3s");
+    let path = site.write_site(&format!(
+        r####"site "shared" {{
+    version "1.0"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}}
+class "app" {{ service "api" }}
+service "api" {{
+    secret "TOKEN" env="STORE_TOKEN"
+    install #"{EV}ev install; [ -n "$TOKEN" ]"#
+    check #"{EV}ev checked"#
+}}
+"####
+    ));
+    let p = path.to_str().unwrap();
+    let deploy = |args: &[&str], token: Option<&str>| {
+        let mut cmd = support::cli::deploy_in(&site.fleet.dir);
+        match token {
+            Some(t) => cmd.env("STORE_TOKEN", t),
+            None => cmd.env_remove("STORE_TOKEN"),
+        };
+        cmd.env(
+            "DROVER_FINGERPRINT_KEY",
+            "a key of this fleet's controllers",
+        )
+        .args(args)
+        .output()
+        .expect("run deploy")
+    };
+    applied_and_published(&deploy(&["apply", p, "--yes"], Some("s3cret")));
+    let out = deploy(&["status", p, "--json"], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["converged"], 2, "{status}");
+    assert_eq!(status["source"], "store", "{status}");
+    let read = status["read"].as_array().expect("read");
+    assert_eq!(read.len(), 2, "{status}");
+    assert!(
+        read[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("cannot be known here")),
+        "{status}"
+    );
+    assert_eq!(
+        text(&out.stderr).matches("STORE_TOKEN").count(),
+        1,
+        "the secret is named once:\n{}",
+        text(&out.stderr)
+    );
+    let out = deploy(&["plan", p], None);
+    assert!(
+        text(&out.stdout).contains("skipped, converged: app1, app2"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 #[test]
 fn status_after_a_run_that_could_not_publish_reads_the_hosts_and_answers_with_etcd_down() {
     let site = Site::start(2, Etcd::start(), "2s");
