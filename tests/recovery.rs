@@ -833,6 +833,23 @@ fn a_second_apply_refuses_naming_the_holder_and_locks_can_be_broken() {
         ) && err.contains("--break-lock"),
         "{err}"
     );
+    // The refusal points at `deploy status`, which names the holder.
+    assert!(
+        err.contains("(`deploy status` names it, under `site lock:`)"),
+        "{err}"
+    );
+    let table = text(&shop.deploy(&["status", &site]).stdout);
+    assert!(
+        table.contains(
+            "site lock:\n  .drover/locks/shop.lock is held by alice on laptop-2 (pid 4242, run \
+             r-alice) since 2026-01-02T00:00:00Z"
+        ),
+        "{table}"
+    );
+    assert_eq!(
+        status_json(&shop, &site)["site_lock"]["holder"]["run"],
+        "r-alice"
+    );
     std::fs::remove_file(&lock).unwrap();
     let on_db2 = shop.fleet.host_root("db2").join("var-lib/drover/lock");
     std::fs::create_dir_all(&on_db2).unwrap();
@@ -844,6 +861,9 @@ fn a_second_apply_refuses_naming_the_holder_and_locks_can_be_broken() {
         err.contains("host db2 is locked by alice on laptop-2"),
         "{err}"
     );
+    // A host's lock is not the site's: `deploy status` shows no such line, nor is it pointed at.
+    assert!(!err.contains("deploy status"), "{err}");
+    assert!(status_json(&shop, &site)["site_lock"].is_null());
     for h in shop.fleet.names() {
         let held = shop.fleet.host_root(h).join("var-lib/drover/lock").exists();
         assert_eq!(

@@ -103,6 +103,7 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
             None
         }
     };
+    status.site_lock = crate::session::site_lock(&site.name);
     if args.failures && args.site.json {
         outln!(
             "{}",

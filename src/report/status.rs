@@ -103,6 +103,17 @@ pub fn status_text(s: &Status) -> String {
         };
         let _ = writeln!(out, "  {hint}; journal: {}", run.journal);
     }
+    if let Some(lock) = &s.site_lock {
+        let holder = lock.holder.as_ref().map_or_else(
+            || "a holder that cannot be read (a lock being taken, or a damaged one)".to_string(),
+            |h| h.describe(),
+        );
+        let _ = writeln!(
+            out,
+            "\nsite lock:\n  {} is held by {holder}; `deploy apply` refuses until it is free",
+            lock.path
+        );
+    }
     let read = match s.read.len() {
         0 => String::new(),
         1 => ", but for 1 host read itself".to_string(),

@@ -31,6 +31,9 @@ impl Session {
     ) -> Result<RunTransport, SessionError> {
         *self.site.lock().unwrap_or_else(|p| p.into_inner()) = site.name.clone();
         let me = Holder::me(&site.name, &self.run_id);
+        // What the refusal points at must be there: `deploy status` names the holder of the
+        // site's lock on this controller, not those of the hosts' or the store's locks.
+        let site_lock = FileLock::new(&self.root, &site.name).path;
         let refused = |e: LockError| match e {
             LockError::Held { place, holder } => SessionError::Refused {
                 reason: match holder {
@@ -51,10 +54,15 @@ impl Session {
                          taken, or a damaged one)"
                     ),
                 },
-                help: "wait for it to finish (`deploy status` shows the run); if it is dead \
-                       and its machine cannot tell (another controller), run `deploy apply \
-                       --break-lock`"
-                    .into(),
+                help: format!(
+                    "wait for that run to finish{}; if it is dead and its machine cannot tell \
+                     (another controller), run `deploy apply --break-lock`",
+                    if place == site_lock.display().to_string() {
+                        " (`deploy status` names it, under `site lock:`)"
+                    } else {
+                        ""
+                    }
+                ),
             },
             LockError::Failed { place, reason } => SessionError::Refused {
                 reason: format!("cannot lock site {} ({place}): {reason}", site.name),

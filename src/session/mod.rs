@@ -448,6 +448,15 @@ pub fn unpublished(site: &str) -> Option<String> {
     }
 }
 
+/// `deploy status`: the site's lock on this controller, if a run holds it.
+pub fn site_lock(site: &str) -> Option<crate::state::SiteLock> {
+    let lock = crate::state::lock::FileLock::new(Path::new(CONTROLLER_DIR), site);
+    lock.path.exists().then(|| crate::state::SiteLock {
+        path: lock.path.display().to_string(),
+        holder: crate::state::lock::read_file_lock(&lock),
+    })
+}
+
 /// The plan's digest, as the journal records it: sha256 of its JSON.
 pub fn plan_digest(plan: &Plan) -> String {
     let json = serde_json::to_vec(plan).unwrap_or_default();

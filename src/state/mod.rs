@@ -20,7 +20,7 @@ pub use observe::{observed_from, Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
 pub use status::{
-    status, Expected, Failure, HostStatus, ServiceStatus, Source, Status, Unaccounted,
+    status, Expected, Failure, HostStatus, ServiceStatus, SiteLock, Source, Status, Unaccounted,
     STATUS_SCHEMA,
 };
 

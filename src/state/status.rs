@@ -9,6 +9,14 @@ use serde::Serialize;
 /// store) and `disagreements` (`--hosts` with a store).
 pub const STATUS_SCHEMA: u32 = 3;
 
+/// The site's lock on this controller, held.
+#[derive(Debug, Clone, Serialize)]
+pub struct SiteLock {
+    pub path: String,
+    /// `null`: the holder cannot be read (a lock being taken, or a damaged one).
+    pub holder: Option<super::lock::Holder>,
+}
+
 /// What each service on each host must be given (the `desired` stage answers it): how the
 /// recorded inputs differ, one reason each; empty when they match.
 pub trait Expected {
@@ -28,6 +36,9 @@ pub struct Status {
     /// The run of `deploy apply` that did not finish (interrupted, or its process died), from
     /// its journal on this controller; `null` when there is none.
     pub unfinished_run: Option<super::journal::RunRecord>,
+    /// The site's lock on this controller while a run holds it (what a refused `deploy apply`
+    /// points at); `null` when it is free.
+    pub site_lock: Option<SiteLock>,
     /// Where the records came from: `hosts` (each host's state file) or `store` (etcd).
     pub source: Source,
     /// With a store and `--hosts`: where the store and the hosts' own records disagree.
@@ -130,6 +141,7 @@ pub fn status(
         converged: 0,
         total: 0,
         unfinished_run: None,
+        site_lock: None,
         source: Source::Hosts,
         disagreements: Vec::new(),
         stale: None,
