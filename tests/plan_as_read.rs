@@ -232,7 +232,7 @@ fn steps_decided_as_hosts_are_read_are_said_with_what_they_do_and_why() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("reconfigure 1.0 (env: MODE): d1"),
+        stdout.contains("reconfigure 1.0 (env: MODE) by switch-over, no reload hook: d1"),
         "db's steps in the plan shown, with why:\n{stdout}"
     );
     let mut said: Vec<&str> = stderr
