@@ -110,6 +110,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         desired,
         cancel: session.cancel.clone(),
         release: session.release_text(),
+        guard: session.guard_text(),
         lock_at_step: session.lock_at_step(),
         held_to_end: session.held_to_end(),
         planning,

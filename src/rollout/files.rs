@@ -50,12 +50,14 @@ impl Sent {
 }
 
 /// Delivers `files` of `service`. On failure, whether anything may have been put in place,
-/// and why.
+/// and why. Every command that writes on the host starts with `guard` (the run's, refused there
+/// unless the run still holds the host).
 pub async fn deliver<L: Link>(
     link: &L,
     state_dir: &str,
     service: &str,
     files: &[Delivery],
+    guard: &str,
 ) -> Result<Sent, (bool, String)> {
     let wanted: Vec<Placed> = files
         .iter()
@@ -94,7 +96,7 @@ pub async fn deliver<L: Link>(
         }
         let f = &files[i];
         received.push(&f.to);
-        match receive(link, f).await {
+        match receive(link, f, guard).await {
             Ok(size) => {
                 sent.contents += 1;
                 sent.bytes += size;
@@ -107,7 +109,10 @@ pub async fn deliver<L: Link>(
         }
     }
     let left: Vec<String> = kept.into_iter().flatten().collect();
-    let script = place_script(state_dir, service, &placing, &left);
+    let script = format!(
+        "{guard}{}",
+        place_script(state_dir, service, &placing, &left)
+    );
     let out = link.run(&script).await.map_err(|e| (true, e.to_string()))?;
     if !out.success() {
         // Before any target changed: nothing to put back (what an earlier placement's list
@@ -127,7 +132,7 @@ pub async fn deliver<L: Link>(
 /// only while its source is what was digested, and what arrived counts only if the source did
 /// not change while it was sent (a changed size also fails the host's size check: the stamp
 /// says why).
-async fn receive<L: Link>(link: &L, f: &Delivery) -> Result<u64, String> {
+async fn receive<L: Link>(link: &L, f: &Delivery, guard: &str) -> Result<u64, String> {
     let changed = || match &f.content {
         Content::Path { path, stamp } => stamp.check(path).err(),
         Content::Rendered { .. } => None,
@@ -140,7 +145,10 @@ async fn receive<L: Link>(link: &L, f: &Delivery) -> Result<u64, String> {
         Content::Rendered { text, .. } => (Payload::Bytes(text.as_bytes()), text.len() as u64),
     };
     let out = link
-        .send(&receive_script(&f.to, size, f.mode), payload)
+        .send(
+            &format!("{guard}{}", receive_script(&f.to, size, f.mode)),
+            payload,
+        )
         .await
         .map_err(|e| changed().unwrap_or_else(|| format!("sending {}: {e}", f.to)))?;
     if !out.success() {

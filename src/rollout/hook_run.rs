@@ -49,6 +49,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One hook to run.
 pub struct Call<'a> {
+    /// Shell text that refuses the hook unless the run still holds the host
+    /// ([`crate::state::lock::guard_script`]), run once the hook's group is recorded: a run
+    /// that breaks the lock then finds the hook, or the hook finds the lock broken.
+    pub guard: Option<&'a str>,
     pub env: &'a [(String, String)],
     pub command: &'a str,
     /// The state directory as the transport sees it.
@@ -135,6 +139,7 @@ pub fn prepare(call: &Call<'_>) -> Prepared {
             stop: call.stop.filter(|_| call.after),
         },
         input.is_some(),
+        call.guard,
     );
     if let Some(then) = call.then {
         script.push_str(&followed_by(then));
@@ -278,6 +283,7 @@ pub fn script(
     state_dir: &str,
     pid: &Recorded,
     stdin_secrets: bool,
+    guard: Option<&str>,
 ) -> String {
     let dir = quote(&crate::state::lock::hooks_dir(state_dir));
     let (file, n) = (quote(pid.file), pid.number);
@@ -294,6 +300,9 @@ pub fn script(
             quote(stop),
             quote(&run_stop_of(pid.file))
         ));
+    }
+    if let Some(guard) = guard {
+        out.push_str(guard);
     }
     if stdin_secrets {
         out.push_str("eval \"$(cat)\" || exit 125; exec </dev/null; ");
@@ -360,7 +369,7 @@ mod tests {
             number: 1,
             stop: None,
         };
-        let mut text = script(&[], hook, &state, &pid, false);
+        let mut text = script(&[], hook, &state, &pid, false, None);
         text.push_str(&followed_by(then));
         let out = std::process::Command::new("/bin/sh")
             .arg("-c")
@@ -392,7 +401,7 @@ mod tests {
                 number: n,
                 stop: Some(&stop),
             };
-            script(&[], &hook, &state, &pid, false)
+            script(&[], &hook, &state, &pid, false, None)
         };
         let sh = |text: &str| {
             std::process::Command::new("/bin/sh")
@@ -418,7 +427,7 @@ mod tests {
             number: 3,
             stop: Some(&stop),
         };
-        let text = script(&[], &format!("sleep 5; {hook}"), &state, &slow, false);
+        let text = script(&[], &format!("sleep 5; {hook}"), &state, &slow, false, None);
         let mut child = std::process::Command::new("setsid")
             .args(["/bin/sh", "-c", &text])
             .spawn()

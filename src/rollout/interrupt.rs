@@ -398,6 +398,7 @@ mod tests {
             &state,
             &pid,
             false,
+            None,
         ))
         .spawn()
         .expect("sh");

@@ -61,6 +61,10 @@ pub struct Rollout<T: Transport> {
     /// what they replaced), instead of a command of its own after the rollout. Those hosts are
     /// in [`Summary::released`].
     pub release: Option<String>,
+    /// Shell text every command that changes a host starts with, refused there unless this
+    /// run still holds the host's lock and no newer fencing token was seen
+    /// ([`crate::state::lock::guard_script`]); `None` for a run that takes no host lock.
+    pub guard: Option<String>,
     /// Locks and reads the hosts the plan did not read (its [`StepKind::Unread`] steps), in
     /// the command before their first step; `None` when it read every host.
     ///

@@ -588,6 +588,7 @@ fn job_of<T: Transport>(
         run: r.run_id.clone(),
         secrets: r.secrets.clone(),
         cancel: r.cancel.clone(),
+        guard: r.guard.as_deref().map(Arc::from),
     })
 }
 

@@ -51,6 +51,7 @@ async fn timed_out(
 ) -> (Duration, Result<(), String>) {
     let secrets = Secrets::none();
     let call = Call {
+        guard: None,
         env: &[],
         command,
         state_dir: STATE_DIR,
@@ -129,6 +130,7 @@ async fn a_hook_that_ends_keeps_its_code_gets_its_secrets_and_leaves_nothing() {
         BTreeMap::new(),
     );
     let call = Call {
+        guard: None,
         env: &[("DEPLOY_X".into(), "x".into())],
         command: "printf '%s|%s' \"$PASSWORD\" \"$DEPLOY_X\" > got; \
                   echo \"pw $PASSWORD\" >&2; cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' > args; \
@@ -250,6 +252,7 @@ proptest! {
         let out: Output = runtime.block_on(async {
             let link = link(dir.path()).await;
             let call = Call {
+                guard: None,
                 env: &env,
                 command: WRITE_ALL,
                 state_dir: STATE_DIR,

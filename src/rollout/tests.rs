@@ -617,6 +617,7 @@ impl Fixture {
             desired: self.desired.clone(),
             cancel,
             release: self.release.clone(),
+            guard: None,
             lock_at_step: self
                 .lock_at_step
                 .clone()

@@ -96,6 +96,7 @@ async fn check_host<T: Transport>(
             running.unwrap_or(&s.version),
         );
         let call = hook_run::Call {
+            guard: None,
             env: &env,
             command: &check.command,
             state_dir: &state_dir,

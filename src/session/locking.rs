@@ -172,6 +172,7 @@ impl Session {
         )
         .reading(crate::state::read_script(&state_dir))
         .fenced(fence)
+        .ending_hooks(crate::rollout::kill_script)
         .keeping(keep);
         // Hosts left unread are tried with the others for the first host, taken alone: the
         // same first host for every run of the site, whatever it leaves unread.
@@ -282,6 +283,14 @@ impl Session {
     pub fn release_text(&self) -> Option<String> {
         let held = self.held();
         Some(held.fleet.as_ref()?.release_text(&held.holder))
+    }
+
+    /// Shell text every command of the rollout that changes a host starts with: refused there
+    /// unless this run still holds the host's lock and the host has seen no newer fencing
+    /// token ([`crate::state::lock::guard_script`]).
+    pub fn guard_text(&self) -> Option<String> {
+        let held = self.held();
+        Some(held.fleet.as_ref()?.guard_text(&held.holder))
     }
 
     /// Before a run that left hosts unread: gives the lock back on the hosts read before it
@@ -518,6 +527,17 @@ impl Session {
     fn report_broken(&self, broken: &[Broken]) {
         for line in broken_lines(broken) {
             self.say(&line);
+        }
+        for b in broken.iter().filter(|b| b.hooks_ended > 0) {
+            let (Some(holder), Some(host)) = (&b.holder, b.place.strip_prefix("host ")) else {
+                continue;
+            };
+            let n = b.hooks_ended;
+            self.say(&format!(
+                "stopped {n} hook{} that run {} left running on {host}",
+                if n == 1 { "" } else { "s" },
+                holder.run
+            ));
         }
     }
 }

@@ -32,7 +32,7 @@ use thiserror::Error;
 mod fleet;
 mod host_scripts;
 pub use fleet::FleetLock;
-pub use host_scripts::hooks_dir;
+pub use host_scripts::{guard_script, hooks_dir, GUARDED, GUARD_MARK};
 
 /// Who holds a lock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +131,8 @@ pub struct Broken {
     pub holder: Option<Holder>,
     /// Taken over because its holder is certainly gone (rather than broken on request).
     pub stale: bool,
+    /// On a host: the hooks its holder still ran there, ended as the lock was taken.
+    pub hooks_ended: usize,
 }
 
 /// What taking a lock did besides taking it.
@@ -290,6 +292,7 @@ impl FileLock {
                 place: self.place(),
                 holder,
                 stale,
+                hooks_ended: 0,
             });
         }
         Err(self.failed("it keeps changing hands"))

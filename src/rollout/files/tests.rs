@@ -86,7 +86,7 @@ fn setup() -> (tempfile::TempDir, String, PathBuf, Vec<Delivery>) {
 async fn a_source_that_holds_is_placed_and_not_sent_again() {
     let (dir, state, _, files) = setup();
     let link = Host::new(dir.path(), None, false).await;
-    let sent = deliver(&link, &state, "app", &files)
+    let sent = deliver(&link, &state, "app", &files, "")
         .await
         .expect("delivered");
     assert_eq!((sent.contents, sent.bytes, sent.placed), (1, 21, 1));
@@ -94,7 +94,7 @@ async fn a_source_that_holds_is_placed_and_not_sent_again() {
         std::fs::read(&files[0].to).expect("placed"),
         b"the content digested\n"
     );
-    let again = deliver(&link, &state, "app", &files)
+    let again = deliver(&link, &state, "app", &files, "")
         .await
         .expect("delivered");
     assert_eq!((again.contents, again.placed), (0, 0), "in place already");
@@ -104,7 +104,7 @@ async fn a_source_that_holds_is_placed_and_not_sent_again() {
     );
     // Changed on the host: sent and placed again.
     std::fs::write(&files[0].to, b"edited by hand\n").expect("edit");
-    let third = deliver(&link, &state, "app", &files)
+    let third = deliver(&link, &state, "app", &files, "")
         .await
         .expect("delivered");
     assert_eq!((third.contents, third.placed), (1, 1));
@@ -118,7 +118,7 @@ async fn a_source_that_holds_is_placed_and_not_sent_again() {
 async fn a_source_changed_while_it_was_sent_is_neither_kept_nor_placed() {
     let (dir, state, source, files) = setup();
     let link = Host::new(dir.path(), Some(source), false).await;
-    let Err((placed, why)) = deliver(&link, &state, "app", &files).await else {
+    let Err((placed, why)) = deliver(&link, &state, "app", &files, "").await else {
         panic!("a delivery of a source that changed while it was sent succeeded");
     };
     assert!(!placed, "nothing was put in place");
@@ -138,7 +138,7 @@ async fn a_source_changed_while_it_was_sent_is_neither_kept_nor_placed() {
 async fn a_received_content_lost_before_its_placement_reports_nothing_placed() {
     let (dir, state, _, files) = setup();
     let link = Host::new(dir.path(), None, true).await;
-    let Err((placed, why)) = deliver(&link, &state, "app", &files).await else {
+    let Err((placed, why)) = deliver(&link, &state, "app", &files, "").await else {
         panic!("a delivery whose content could not be committed succeeded");
     };
     // Nothing to put back: the previous list of what was replaced still stands.
@@ -153,7 +153,7 @@ async fn a_delivery_that_places_nothing_says_whether_a_replaced_list_is_left() {
     std::fs::create_dir_all(dir.path().join("srv")).expect("srv");
     std::fs::write(&files[0].to, b"the old content\n").expect("old");
     let link = Host::new(dir.path(), None, false).await;
-    let sent = deliver(&link, &state, "app", &files)
+    let sent = deliver(&link, &state, "app", &files, "")
         .await
         .expect("delivered");
     assert_eq!(
@@ -163,7 +163,7 @@ async fn a_delivery_that_places_nothing_says_whether_a_replaced_list_is_left() {
     );
     // The step stopped there, never let go: a redo finds the file in place and places nothing,
     // but the list of what was replaced is still there.
-    let redo = deliver(&link, &state, "app", &files)
+    let redo = deliver(&link, &state, "app", &files, "")
         .await
         .expect("delivered");
     assert_eq!((redo.placed, redo.listed), (0, true));
@@ -172,7 +172,7 @@ async fn a_delivery_that_places_nothing_says_whether_a_replaced_list_is_left() {
         .await
         .expect("let go");
     assert!(out.success(), "{out:?}");
-    let after = deliver(&link, &state, "app", &files)
+    let after = deliver(&link, &state, "app", &files, "")
         .await
         .expect("delivered");
     assert_eq!(

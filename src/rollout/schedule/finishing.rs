@@ -93,6 +93,18 @@ impl<T: Transport> Scheduler<T> {
         if result.released {
             self.released.push(st.host.to_string());
         }
+        // A host refused the step's commands: another run holds it now (it broke this run's
+        // lock, or etcd gave it the site with a newer fencing token). Nothing more starts.
+        if result
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains(crate::state::lock::GUARD_MARK))
+        {
+            self.r.cancel.raise(
+                super::super::cancel::Level::Stop,
+                "fenced: another run holds a host of this run",
+            );
+        }
         let host = &mut self.hosts[h];
         host.busy = false;
         // An unread step's host was read in the command before its hooks (whatever they

@@ -14,6 +14,7 @@ use crate::desired::Delivery;
 use crate::plan::{Path, StepKind};
 use crate::secrets::Secrets;
 use crate::site::{Hook, Hooks, OnFailure};
+use crate::state::lock::GUARD_MARK;
 use crate::state::{write_script, HostRecord, Inputs, Mark, Outcome, ServiceRecord};
 use crate::transport::{Chain, Link, Output, TransportError};
 use std::path::PathBuf;
@@ -32,6 +33,9 @@ pub struct ServiceJob {
     pub secrets: Arc<Secrets>,
     /// Once it aborts, no hook starts and a hook that ends is an interruption.
     pub cancel: super::Cancel,
+    /// Shell text every command that changes a host starts with: refused there unless this
+    /// run still holds the host ([`crate::state::lock::guard_script`]); `None` without a lock.
+    pub guard: Option<Arc<str>>,
 }
 
 /// One step to carry out.
@@ -265,6 +269,7 @@ impl<L: Link> Running<'_, L> {
                 .as_ref()
                 .map(|r| self.then_release(write_script(&svc.state_dir, r), call.last));
             prepared.push(hook_run::prepare(&hook_run::Call {
+                guard: svc.guard.as_deref(),
                 env: &self.job.env,
                 command: call.command,
                 state_dir: &svc.state_dir,
@@ -519,12 +524,20 @@ impl<L: Link> Running<'_, L> {
         }
     }
 
+    /// `script` behind the run's guard ([`ServiceJob::guard`]), if it has one.
+    pub(super) fn guarded(&self, script: String) -> String {
+        match &self.job.service.guard {
+            Some(guard) => format!("{guard}{script}"),
+            None => script,
+        }
+    }
+
     /// Makes `record` the host's, and writes it on the host (then, with `last`, gives the
     /// host's lock back if this is its last step).
     async fn write(&mut self, record: HostRecord, last: bool) -> Result<(), Failure> {
         self.job.record = record;
         let script = write_script(&self.job.service.state_dir, &self.job.record);
-        let script = self.then_release(script, last);
+        let script = self.guarded(self.then_release(script, last));
         match self.link.run(&script).await {
             Ok(out) if out.success() => {
                 self.released = last && self.job.release.is_some();
@@ -570,16 +583,30 @@ impl<L: Link> Running<'_, L> {
             (Some(Outcome::Failure), None)
         };
         // Interrupted: recorded so that the next run redoes the step (`interrupt.rs`).
-        if hook == "interrupted" {
-            if let Some((v, c, k)) = super::interrupt::interrupted_record(&self.job) {
-                log_line(&self.job.log, &format!("== interrupted: {reason}"));
-                let _ = self.mark(c, k, Some((hook, v))).await;
+        let marked = if hook == "interrupted" {
+            match super::interrupt::interrupted_record(&self.job) {
+                Some((v, c, k)) => {
+                    log_line(&self.job.log, &format!("== interrupted: {reason}"));
+                    self.mark(c, k, Some((hook, v))).await
+                }
+                None => Ok(()),
             }
         } else if hook != "state" {
-            let _ = self
-                .mark(configured, validated, Some((hook, version)))
-                .await;
-        }
+            self.mark(configured, validated, Some((hook, version)))
+                .await
+        } else {
+            Ok(())
+        };
+        // The host refused the record: this run no longer holds it (its lock broken by
+        // another run, which also ended this step's hook there, or a newer fencing token).
+        // That is the reason, not what it did to the hook.
+        let reason = match marked {
+            Err((_, why)) if why.contains(GUARD_MARK) && !reason.contains(GUARD_MARK) => {
+                let fenced = why.find(GUARD_MARK).map_or(why.as_str(), |at| &why[at..]);
+                format!("{fenced} ({hook}: {reason})")
+            }
+            _ => reason,
+        };
         StepResult {
             record: self.job.record,
             failed_hook: Some(hook.into()),

@@ -19,6 +19,7 @@ impl<L: Link> Running<'_, L> {
         if let Some(release) = &self.job.release {
             script = format!("{script} && {{ {release}; }}");
         }
+        let script = self.guarded(script);
         let failed = match self.link.run(&script).await {
             Ok(out) if out.success() => None,
             Ok(out) => Some(exit_reason("state", &out)),
@@ -58,8 +59,14 @@ impl<L: Link> Running<'_, L> {
             hook: "files".into(),
         }));
         let started = Instant::now();
-        let result =
-            crate::rollout::files::deliver(self.link, &svc.state_dir, &svc.name, &files).await;
+        let result = crate::rollout::files::deliver(
+            self.link,
+            &svc.state_dir,
+            &svc.name,
+            &files,
+            svc.guard.as_deref().unwrap_or(""),
+        )
+        .await;
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         // Even a failed placement may have put some files in place; one that found every file
         // in place already wrote no list of what it replaced (the last one is not this step's).
@@ -104,7 +111,7 @@ impl<L: Link> Running<'_, L> {
     /// Puts back the files this step replaced; whether that worked.
     pub(super) async fn restore(&mut self) -> bool {
         let svc = self.job.service.clone();
-        let script = crate::state::restore_script(&svc.state_dir, &svc.name);
+        let script = self.guarded(crate::state::restore_script(&svc.state_dir, &svc.name));
         let ok = match self.link.run(&script).await {
             Ok(out) if out.success() => true,
             Ok(out) => {

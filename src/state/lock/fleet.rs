@@ -2,7 +2,7 @@
 //! the transport, with the scripts that take, break, fence and give it back.
 
 use super::host_scripts::{
-    acquire_script, after_taken, break_script, fence_script, release_body, release_script, FENCED,
+    acquire_script, after_taken, break_script, guard_script, release_body, release_script, FENCED,
     HELD,
 };
 use super::{Broken, Holder, Liveness, Lock, LockError, Taken};
@@ -40,6 +40,10 @@ pub struct FleetLock<T> {
     /// Hosts whose links the transport keeps once their lock is taken (over the cap, the
     /// hosts stepped first, [`crate::transport::Kept::keep_for_steps`]).
     keep: HashSet<String>,
+    /// The shell text that ends the hooks a controller of this pid still runs on a host
+    /// (`(state_dir, pid)`), run once a lock is broken and taken, before the host is read:
+    /// the run whose lock was broken then runs nothing more there ([`FleetLock::ending_hooks`]).
+    end_hooks: Option<fn(&str, u32) -> String>,
 }
 
 /// How one host answered.
@@ -72,6 +76,7 @@ impl<T: Transport> FleetLock<T> {
             reads: Mutex::new(HashMap::new()),
             fence: None,
             keep: HashSet::new(),
+            end_hooks: None,
         }
     }
 
@@ -93,6 +98,15 @@ impl<T: Transport> FleetLock<T> {
         self
     }
 
+    /// Once a lock held by another run is broken (stale, or `--break-lock`) and taken, ends
+    /// the hooks that run's controller still runs on the host with the text `end(state_dir,
+    /// its pid)` gives, in the same command, before the host is read: two runs never run hooks
+    /// on one host at once. (The text comes from the rollout, which owns the hooks' processes.)
+    pub fn ending_hooks(mut self, end: fn(&str, u32) -> String) -> Self {
+        self.end_hooks = Some(end);
+        self
+    }
+
     /// Also runs `script` on each host, in the same command that takes its lock, once taken
     /// (the state file's read: one command per host less). See [`FleetLock::take_reads`].
     pub fn reading(mut self, script: String) -> Self {
@@ -110,6 +124,13 @@ impl<T: Transport> FleetLock<T> {
     /// way are then handed to [`FleetLock::released`].
     pub fn release_text(&self, me: &Holder) -> String {
         release_body(&self.state_dir, &self.dir(), &me.json(), me.pid)
+    }
+
+    /// Shell text every command of `me`'s run that changes a host starts with: refused unless
+    /// `me` still holds the host's lock and the host has seen no newer fencing token
+    /// ([`guard_script`]).
+    pub fn guard_text(&self, me: &Holder) -> String {
+        guard_script(&self.state_dir, &me.json(), self.fence)
     }
 
     /// `unread`: hosts this run means to lock at their steps. They are tried in name order
@@ -161,15 +182,25 @@ impl<T: Transport> FleetLock<T> {
     async fn take_on(&self, link: &T::Link, target: &Target, me: &Holder, force: bool) -> HostLock {
         let place = format!("host {}", target.name);
         let read = self.read.as_deref();
-        let acquire = || {
-            let script = acquire_script(&self.state_dir, &self.dir(), &me.json(), read);
-            match self.fence {
-                Some(token) => format!("{}\n{script}", fence_script(&self.state_dir, token)),
-                None => script,
-            }
+        // `end`: what ends the broken holder's hooks, before the read.
+        let acquire = |end: Option<String>| {
+            let then = match (end, read) {
+                (Some(end), Some(read)) => Some(format!("{}; {read}", ended(&end))),
+                (Some(end), None) => Some(ended(&end)),
+                (None, read) => read.map(str::to_string),
+            };
+            acquire_script(
+                &self.state_dir,
+                &self.dir(),
+                &me.json(),
+                self.fence,
+                then.as_deref(),
+            )
         };
-        let mut script = acquire();
-        let mut broken = None;
+        let mut script = acquire(None);
+        let mut broken: Option<Broken> = None;
+        // The last command sent ends the broken holder's hooks after taking the lock.
+        let mut ending = false;
         for _ in 0..3 {
             let out = match link.run(&script).await {
                 Ok(out) => out,
@@ -181,7 +212,14 @@ impl<T: Transport> FleetLock<T> {
                     return HostLock::Unreachable(e.to_string());
                 }
             };
-            if let Some(rest) = read.and_then(|_| after_taken(&out.stdout)) {
+            let then_ran = read.is_some() || ending;
+            if let (true, Some(b)) = (ending, broken.as_mut()) {
+                b.hooks_ended = hooks_ended(&out.stderr);
+            }
+            if let Some(rest) = then_ran.then(|| after_taken(&out.stdout)).flatten() {
+                if read.is_none() {
+                    return HostLock::Taken(broken);
+                }
                 let read = Output {
                     code: out.code,
                     stdout: rest.to_vec(),
@@ -193,7 +231,7 @@ impl<T: Transport> FleetLock<T> {
                     .insert(target.name.clone(), read);
                 return HostLock::Taken(broken);
             }
-            if read.is_none() && out.success() {
+            if !then_ran && out.success() {
                 return HostLock::Taken(broken);
             }
             if out.code == Some(FENCED) {
@@ -225,12 +263,18 @@ impl<T: Transport> FleetLock<T> {
             if !stale && !force {
                 return HostLock::Held(holder);
             }
+            let end = self
+                .end_hooks
+                .zip(holder.as_ref())
+                .map(|(end, h)| end(&self.state_dir, h.pid));
+            ending = end.is_some();
             broken = Some(Broken {
                 place: place.clone(),
                 holder,
                 stale,
+                hooks_ended: 0,
             });
-            script = format!("{}\n{}", break_script(&self.dir(), &seen), acquire());
+            script = format!("{}\n{}", break_script(&self.dir(), &seen), acquire(end));
         }
         HostLock::Failed("it keeps changing hands".into())
     }
@@ -524,4 +568,24 @@ async fn futures_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Outp
     })
     .await;
     out.into_iter().flatten().collect()
+}
+
+/// The line on standard error that says how many hooks [`FleetLock::ending_hooks`]'s text
+/// ended (it prints their count last on its standard output).
+const ENDED: &str = "drover: hooks ended ";
+
+/// `end`, its output turned into one [`ENDED`] line on standard error.
+fn ended(end: &str) -> String {
+    format!(
+        "_n=$({{ {end}; }} 2>/dev/null); _n=${{_n##*[!0-9]}}; printf '{ENDED}%s\\n' \"${{_n:-0}}\" >&2"
+    )
+}
+
+/// How many hooks the [`ENDED`] line in `stderr` counts (0 without one).
+fn hooks_ended(stderr: &[u8]) -> usize {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(ENDED)?.trim().parse().ok())
+        .unwrap_or(0)
 }

@@ -34,13 +34,26 @@ pub fn hooks_dir(state_dir: &str) -> String {
 /// goes on with `then`, whose exit is the script's); else prints the holder, exits 10.
 /// The state directory is made with its `hooks` directory in the same `mkdir -p`, so that a
 /// host's first hook finds it and starts no `mkdir` of its own.
-pub(super) fn acquire_script(state_dir: &str, dir: &str, me: &str, then: Option<&str>) -> String {
+///
+/// With a fencing `token` (a run holding the site's lock in etcd): once the lock is taken, and
+/// only then, the host's recorded token is compared and set ([`fence_body`]): a host that has
+/// seen a newer one is given back at once and refused (exit [`FENCED`], its token on stderr),
+/// so that a controller whose etcd lock went to a later run cannot lock the host again. Under
+/// the lock no two runs set the token at once, so it never goes back.
+pub(super) fn acquire_script(
+    state_dir: &str,
+    dir: &str,
+    me: &str,
+    token: Option<i64>,
+    then: Option<&str>,
+) -> String {
     let taken = then.map_or("exit 0".to_string(), |then| {
         format!("printf {}; {then}; exit $?", quote(TAKEN))
     });
+    let fence = token.map_or(String::new(), |t| format!("{}; ", fence_body(state_dir, t)));
     format!(
         "umask 077; d={d}; {{ [ -d {h} ] || mkdir -p {h}; }} || exit 12; \
-         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {taken}; fi; \
+         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {fence}{taken}; fi; \
          cat \"$d/holder.json\" 2>/dev/null; exit {HELD}",
         d = quote(dir),
         h = quote(&hooks_dir(state_dir)),
@@ -48,18 +61,56 @@ pub(super) fn acquire_script(state_dir: &str, dir: &str, me: &str, then: Option<
     )
 }
 
-/// Refuses (exit [`FENCED`], the host's token on stderr) when the host recorded a fencing token
-/// above `token`; else records `token`. Run before the lock is taken, so that a controller
-/// whose etcd lock was given to a later run cannot lock the host again.
-pub(super) fn fence_script(state_dir: &str, token: i64) -> String {
+/// The fence's check and set, run holding the lock (`$d`, which it gives back when refused):
+/// exit [`FENCED`] with the host's token on stderr when it is above `token`; else `token` is
+/// written to a temporary file of this shell's own, synced, renamed over the fence and the
+/// directory synced, so that neither a crash nor a second writer leaves a torn or older token.
+fn fence_body(state_dir: &str, token: i64) -> String {
     format!(
-        "umask 077; f={f}; t=0; {{ IFS= read -r t <\"$f\"; }} 2>/dev/null; \
+        "f={f}; t=0; {{ IFS= read -r t <\"$f\"; }} 2>/dev/null; \
          case \"$t\" in ''|*[!0-9]*) t=0;; esac; \
-         if [ \"$t\" -gt {token} ]; then printf '%s\\n' \"$t\" >&2; exit {FENCED}; fi; \
-         mkdir -p {d} && printf '%s\\n' {token} >\"$f.tmp\" && mv -f \"$f.tmp\" \"$f\" || exit 12",
+         if [ \"$t\" -gt {token} ]; then rm -rf \"$d\"; printf '%s\\n' \"$t\" >&2; exit {FENCED}; fi; \
+         if [ \"$t\" != {token} ]; then \
+         printf '%s\\n' {token} >\"$f.$$\" && sync \"$f.$$\" && mv -f \"$f.$$\" \"$f\" && sync {sd} \
+         || {{ rm -f \"$f.$$\"; rm -rf \"$d\"; exit 12; }}; fi",
         f = quote(&format!("{state_dir}/fence")),
-        d = quote(state_dir),
+        sd = quote(state_dir),
     )
+}
+
+/// The exit code of a command refused by [`guard_script`]: the run no longer holds the host.
+pub const GUARDED: i32 = 14;
+
+/// The start of what a command refused by [`guard_script`] prints on standard error.
+pub const GUARD_MARK: &str = "drover: fenced:";
+
+/// Shell text that every command changing a host starts with (hooks, file placements, record
+/// writes): exit [`GUARDED`] unless the host's lock is held by `me` and (with a `token`) the
+/// host has seen no fencing token above it. A run whose lock was broken (`--break-lock`) or
+/// given to a later run by etcd then changes nothing more there, whatever it still believes.
+/// Builtins only (`read`, `case`, `[`): no process per command.
+pub fn guard_script(state_dir: &str, me: &str, token: Option<i64>) -> String {
+    let lock = quote(&format!(
+        "{}/lock/holder.json",
+        state_dir.trim_end_matches('/')
+    ));
+    let mut out = format!(
+        "_h=; {{ IFS= read -r _h <{lock}; }} 2>/dev/null; \
+         [ \"$_h\" = {me} ] || {{ echo {} >&2; exit {GUARDED}; }}; ",
+        quote(&format!(
+            "{GUARD_MARK} this run no longer holds the host's lock (broken, or taken by another run)"
+        )),
+        me = quote(me),
+    );
+    if let Some(token) = token {
+        out.push_str(&format!(
+            "_t=0; {{ IFS= read -r _t <{f}; }} 2>/dev/null; case \"$_t\" in ''|*[!0-9]*) _t=0;; esac; \
+             [ \"$_t\" -gt {token} ] && {{ echo \"{GUARD_MARK} the host has seen fencing token $_t, \
+             newer than this run's {token}\" >&2; exit {GUARDED}; }}; ",
+            f = quote(&format!("{}/fence", state_dir.trim_end_matches('/'))),
+        ));
+    }
+    out
 }
 
 /// Sets the lock aside and removes it, only if its holder is still exactly `seen`.

@@ -337,6 +337,66 @@ fn a_host_refuses_a_lower_fencing_token_and_keeps_the_highest() {
     assert_eq!(std::fs::read_to_string(&fence).unwrap(), "41\n");
 }
 
+/// Two runs lock one host at once, 200 times, with tokens growing from one round to the next
+/// (the higher of each round started first or second at random): the host's fence is only
+/// ever the token of the run that took its lock, and never goes back.
+#[test]
+fn fences_racing_on_one_host_never_go_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let transport = Arc::new(Local::new(dir.path().to_path_buf()));
+    let hosts = targets(&["h1"]);
+    let fence = dir.path().join("h1/var/lib/drover/fence");
+    let lock = |token: i64| {
+        FleetLock::new(transport.clone(), hosts.clone(), "var/lib/drover", 8).fenced(Some(token))
+    };
+    let (a, b) = (Holder::me("shop", "run-a"), Holder::me("shop", "run-b"));
+    let mut last = 0;
+    for round in 0..200i64 {
+        let (low, high) = (10 + 2 * round, 11 + 2 * round);
+        let (ta, tb) = if round % 3 == 1 {
+            (high, low)
+        } else {
+            (low, high)
+        };
+        let (la, lb) = (lock(ta), lock(tb));
+        let (ra, rb) =
+            block_on(async { tokio::join!(la.acquire(&a, false), lb.acquire(&b, false)) });
+        let won: Vec<i64> = [(ra.is_ok(), ta), (rb.is_ok(), tb)]
+            .iter()
+            .filter(|(ok, _)| *ok)
+            .map(|(_, t)| *t)
+            .collect();
+        assert_eq!(won.len(), 1, "round {round}: one run takes the lock");
+        let now: i64 = std::fs::read_to_string(&fence)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            now, won[0],
+            "round {round}: the fence is the lock holder's token"
+        );
+        assert!(
+            now >= last,
+            "round {round}: the fence went back from {last} to {now}"
+        );
+        last = now;
+        if ra.is_ok() {
+            block_on(la.release(&a)).unwrap();
+        } else {
+            block_on(lb.release(&b)).unwrap();
+        }
+        // Nothing left beside the fence: no temporary file of either.
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("h1/var/lib/drover"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("fence."))
+            .collect();
+        assert!(left.is_empty(), "round {round}: {left:?}");
+    }
+}
+
 /// Links of a [`Local`] transport, counted while open; commands on hosts not `fast` take
 /// 50 ms more.
 struct Open {

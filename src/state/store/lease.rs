@@ -178,6 +178,7 @@ impl Lock for LeaseLock {
                 place: self.place(),
                 holder,
                 stale,
+                hooks_ended: 0,
             });
         }
         let _ = self.etcd.revoke(lease).await;
