@@ -519,7 +519,7 @@ fn a_new_pool_member_is_listed_after_it_serves_and_a_removed_one_at_once() {
     let plan = s.plan(&c);
     assert!(
         plan.contains(
-            "reconfigure 1.0 (needs api: +app3; file: /srv/lb/upstreams; after api on app3): lb1"
+            "reconfigure 1.0 (needs api: +app3; file: /srv/lb/upstreams; after api on app3) by reload: lb1"
         ),
         "{plan}"
     );
@@ -558,7 +558,7 @@ fn a_new_pool_member_is_listed_after_it_serves_and_a_removed_one_at_once() {
     s.hidden = vec!["app2"];
     let plan = s.plan(&c);
     assert!(
-        plan.contains("reconfigure 1.0 (needs api: -app2; file: /srv/lb/upstreams): lb1"),
+        plan.contains("reconfigure 1.0 (needs api: -app2; file: /srv/lb/upstreams) by reload: lb1"),
         "{plan}"
     );
     assert!(
