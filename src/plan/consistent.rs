@@ -289,6 +289,7 @@ mod tests {
             services,
             max_failed: None,
             max_failed_hosts: None,
+            dropped_waits: Vec::new(),
         }
     }
 

@@ -131,7 +131,8 @@ fn added(
 /// What the step of an unread step (`StepKind::Unread`) of `sid` waits for once its host is
 /// read and its record of `sid` found to be `record`, as [`Step::waits`] is for a host read
 /// before the run: per needed service (not one that needs `sid` at runtime), the hosts its
-/// pool adds to the host. The caller keeps those of them on which that service has a step.
+/// pool adds to the host. The caller keeps those of them on which that service has a step,
+/// and drops those that would go round with the run's other waits ([`super::go_round`]).
 pub fn unread_waits(
     site: &Site,
     desired: &Desired,

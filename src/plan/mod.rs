@@ -10,6 +10,9 @@ mod expected;
 mod host_order;
 #[cfg(test)]
 mod proptests;
+mod rounds;
+#[cfg(test)]
+mod rounds_tests;
 mod spread;
 mod waves;
 
@@ -17,6 +20,7 @@ pub use decide::{decide, unread_waits, Decided};
 pub use drift::drift;
 pub use expected::{deferrable, first_hosts, may_start_early, planned_from, waits_back};
 pub use host_order::RuntimeClosure;
+pub use rounds::{go_round, said, BeforeRun, DroppedWait, Link, LinkKind, Progress, WaitKey};
 pub use spread::{check as check_spread, SpreadTagError, SpreadTagErrors};
 
 use decide::{sort, Sorted, Todo};
@@ -54,6 +58,11 @@ pub struct Plan {
     /// `max_failed` of the plan's hosts, rounded down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failed_hosts: Option<usize>,
+    /// Pool waits left out because they would go round ([`go_round`]): records left by runs
+    /// with `--on` or stopped partway may make a member's step wait, in turn, for the step
+    /// that waits for it. Each step named here does not wait for the one it names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_waits: Vec<DroppedWait>,
 }
 
 impl Plan {
@@ -369,7 +378,7 @@ pub fn plan(
             &after,
         ));
     }
-    Ok(Plan {
+    let mut plan = Plan {
         schema: SCHEMA,
         site: site.name.clone(),
         site_file: site.file.display().to_string(),
@@ -396,7 +405,10 @@ pub fn plan(
         max_failed_hosts: site
             .max_failed
             .map(|q| q.of(hosts.hosts.len(), Round::Down)),
-    })
+        dropped_waits: Vec::new(),
+    };
+    plan.dropped_waits = rounds::dropped_before_run(&plan);
+    Ok(plan)
 }
 
 fn service_plan(
@@ -436,8 +448,11 @@ fn service_plan(
         out
     };
     let waits: Vec<Vec<HostStep>> = todo.iter().map(waits_of).collect();
-    // Steps that wait go in waves after every step that does not: what they wait for never
-    // waits in turn, so no wave can hold up the wave it waits on.
+    // Steps that wait go in waves after every step that does not: what they wait for is
+    // mostly a new host's step, which never waits in turn. A member left behind by runs with
+    // `--on` or stopped partway may wait too: waits that would go round are dropped once the
+    // whole plan is made ([`rounds`]), not here, so that this part stays made from the
+    // service's hosts and its needs' alone ([`planned_from`]).
     let plain: Vec<HostId> = todo
         .iter()
         .zip(&waits)

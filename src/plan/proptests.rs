@@ -490,6 +490,9 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
         Vec::<String>::new(),
         "a plan made holds together"
     );
+    if let Err(e) = super::rounds_tests::check(&p) {
+        prop_assert!(false, "{}", e);
+    }
     prop_assert_eq!(
         p.differences_from(site),
         Vec::<String>::new(),
@@ -712,8 +715,12 @@ fn check_planned_from(
     let desired = crate::desired::resolve(&b.site, &hosts, &crate::secrets::Secrets::none())
         .expect("no files to read");
     let whole = plan(&b.site, &hosts, &observed, &desired, &selection).expect("as many as hosts");
-    // Steps that wait for others: the plan still holds together.
+    // Steps that wait for others: the plan still holds together, and runs through, with only
+    // the waits that would go round dropped.
     prop_assert_eq!(whole.inconsistencies(), Vec::<String>::new());
+    if let Err(e) = super::rounds_tests::check(&whole) {
+        prop_assert!(false, "{}", e);
+    }
     let planned = by_service(&b.site, &whole);
     for (sid, service) in planned.iter().enumerate() {
         let from = super::planned_from(&b.site, &hosts, sid);
@@ -752,6 +759,9 @@ fn check_planned_from(
         }
         let p = plan(&b.site, &hosts, &changed, &desired, &selection).expect("as many as hosts");
         prop_assert_eq!(p.inconsistencies(), Vec::<String>::new());
+        if let Err(e) = super::rounds_tests::check(&p) {
+            prop_assert!(false, "{}", e);
+        }
         prop_assert_eq!(
             by_service(&b.site, &p)[sid],
             *service,

@@ -135,6 +135,9 @@ pub fn line(kind: &EventKind) -> Option<String> {
             host,
             reason,
         } => format!("{service}: {host} not started: {reason}"),
+        EventKind::WaitDropped { service, why, .. } => {
+            format!("{service}: a wait dropped, as it would go round: {why}")
+        }
         EventKind::StepSkipped {
             service,
             host,
@@ -336,6 +339,7 @@ impl Sink for Bars {
             }
             EventKind::StepStarted { decided: true, .. }
             | EventKind::StepBlocked { .. }
+            | EventKind::WaitDropped { .. }
             | EventKind::RunStarted { .. }
             | EventKind::ServicePlanned { .. }
             | EventKind::Refused { .. }

@@ -1,6 +1,6 @@
 //! `deploy plan` for people: per service, what it waits for, its waves, and who is skipped.
 
-use crate::plan::{Plan, PlannedPolicy, ServicePlan, SkipReason, StepKind, Wave};
+use crate::plan::{DroppedWait, Plan, PlannedPolicy, ServicePlan, SkipReason, StepKind, Wave};
 use crate::site::{Flow, OnFailure};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
@@ -61,7 +61,7 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
             );
             continue;
         }
-        service(&mut out, s);
+        service(&mut out, s, &plan.dropped_waits);
     }
     let waves: usize = planned().map(|s| s.waves.len()).sum();
     let later = pending.iter().filter(|p| **p).count();
@@ -72,6 +72,7 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
         plural(waves, "wave"),
         if later > 0 { " planned now" } else { "" }
     );
+    dropped_waits(&mut out, &plan.dropped_waits);
     unknown_hosts(&mut out, plan);
     let unread = plan
         .hosts
@@ -110,6 +111,21 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
     out
 }
 
+/// Pool waits left out because they would go round, each with why and what it means.
+fn dropped_waits(out: &mut String, dropped: &[DroppedWait]) {
+    if dropped.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nWaits dropped, as keeping them would make the run's waits go round (records left by \
+         runs with --on or stopped partway):"
+    );
+    for d in dropped {
+        let _ = writeln!(out, "  {}.", d.words());
+    }
+}
+
 /// Hosts nothing is known of (no answer, or a state file that cannot be used), each with why:
 /// the reason says what to do about it.
 fn unknown_hosts(out: &mut String, plan: &Plan) {
@@ -135,7 +151,7 @@ Left alone, nothing known of what they run:"
     }
 }
 
-fn service(out: &mut String, s: &ServicePlan) {
+fn service(out: &mut String, s: &ServicePlan, dropped: &[DroppedWait]) {
     let p = &s.policy;
     let _ = writeln!(
         out,
@@ -181,8 +197,9 @@ fn service(out: &mut String, s: &ServicePlan) {
             after.into_iter().collect::<Vec<_>>().join(", ")
         );
     }
+    let dropped: Vec<&DroppedWait> = dropped.iter().filter(|d| *d.service == *s.name).collect();
     for (i, w) in s.waves.iter().enumerate() {
-        wave(out, i + 1, w);
+        wave(out, i + 1, w, &dropped);
     }
     skips(out, s);
 }
@@ -243,7 +260,7 @@ fn policy_rules(p: &PlannedPolicy, waves: usize) -> Vec<String> {
     rules
 }
 
-fn wave(out: &mut String, n: usize, w: &Wave) {
+fn wave(out: &mut String, n: usize, w: &Wave, dropped: &[&DroppedWait]) {
     let mut label = format!("wave {n}");
     if w.canary {
         label.push_str(" (canary)");
@@ -258,7 +275,7 @@ fn wave(out: &mut String, n: usize, w: &Wave) {
     let mut index: HashMap<String, usize> = HashMap::new();
     let to = w.steps.first().map(|st| &*st.to).unwrap_or("");
     for st in &w.steps {
-        let what = step_words(st, to);
+        let what = step_words(st, to, dropped);
         let found = if lines.len() <= 8 {
             lines.iter().position(|(g, _)| *g == what)
         } else {
@@ -285,16 +302,26 @@ fn wave(out: &mut String, n: usize, w: &Wave) {
 }
 
 /// What a step does, in words: `1.0 → 2.0`, `fresh → 2.0`, or
-/// `reconfigure 2.0 (env: MODE; after api on app8)`.
-fn step_words(st: &crate::plan::Step, to: &str) -> String {
+/// `reconfigure 2.0 (env: MODE; after api on app8)`; a wait dropped (of the service's
+/// `dropped`) as `not after api on app9: would go round`.
+fn step_words(st: &crate::plan::Step, to: &str, dropped: &[&DroppedWait]) -> String {
     let mut notes: Vec<String> = st.reasons.clone();
-    if !st.waits.is_empty() {
-        let on: Vec<String> = st
-            .waits
+    let (mut kept, mut gone) = (Vec::new(), Vec::new());
+    for w in &st.waits {
+        let on = format!("{} on {}", w.service, w.host);
+        match dropped
             .iter()
-            .map(|w| format!("{} on {}", w.service, w.host))
-            .collect();
-        notes.push(format!("after {}", on.join(", ")));
+            .any(|d| d.host == st.host && d.waits_for == *w)
+        {
+            true => gone.push(on),
+            false => kept.push(on),
+        }
+    }
+    if !kept.is_empty() {
+        notes.push(format!("after {}", kept.join(", ")));
+    }
+    if !gone.is_empty() {
+        notes.push(format!("not after {}: would go round", gone.join(", ")));
     }
     let mut what = match st.kind {
         StepKind::Reconfigure => format!("reconfigure {to}"),
@@ -481,7 +508,7 @@ mod tests {
             steps,
         };
         let mut out = String::new();
-        wave(&mut out, 1, &w);
+        wave(&mut out, 1, &w, &[]);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 13);
         assert_eq!(

@@ -55,6 +55,15 @@ pub enum EventKind {
         #[serde(skip_serializing_if = "Option::is_none")]
         unread: Option<usize>,
     },
+    /// A pool wait dropped during the run because it would go round (found once hosts read
+    /// during the run made it known; those found when planning are in the plan): the step of
+    /// `service` on `host` does not wait for `waits_for`, and `why` says the round.
+    WaitDropped {
+        service: String,
+        host: String,
+        waits_for: crate::plan::HostStep,
+        why: String,
+    },
     /// A host's lock was refused as it was read during the run (another run holds it):
     /// nothing more starts, and the run ends not converged.
     Refused { host: String, reason: String },

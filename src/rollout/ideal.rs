@@ -178,14 +178,22 @@ impl<'p> Sim<'p> {
                     .get(&**a)
                     .is_none_or(|t| self.done[h].contains(t))
             });
+            // But for the waits the plan drops as they would go round.
+            let dropped = |x: &crate::plan::HostStep| {
+                self.plan
+                    .dropped_waits
+                    .iter()
+                    .any(|d| *d.service == *sp.name && d.host == st.host && d.waits_for == *x)
+            };
             let waited = st.waits.iter().all(|x| {
-                match (
-                    self.service_index.get(&*x.service),
-                    self.host_index.get(&*x.host),
-                ) {
-                    (Some(t), Some(&n)) => self.done[n].contains(t),
-                    _ => true,
-                }
+                dropped(x)
+                    || match (
+                        self.service_index.get(&*x.service),
+                        self.host_index.get(&*x.host),
+                    ) {
+                        (Some(t), Some(&n)) => self.done[n].contains(t),
+                        _ => true,
+                    }
             });
             if self.busy[h] || !after_done || !waited || self.svcs[s].running >= slots {
                 still.push(i);

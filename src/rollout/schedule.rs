@@ -17,6 +17,7 @@ mod ending;
 mod finishing;
 mod flowing;
 mod planned;
+mod rounds;
 mod starting;
 mod stopping;
 
@@ -117,6 +118,11 @@ pub struct Scheduler<T: Transport> {
     /// Per `(service, host)` of an unread step on a host read during the run: the steps
     /// (`(service, host)`) it waits for, found once.
     unread_waits: HashMap<(usize, usize), Vec<(usize, usize)>>,
+    /// Pool waits dropped because they would go round: the plan's, and those found as hosts
+    /// are read during the run ([`Self::drop_rounds`]).
+    dropped: HashSet<crate::plan::WaitKey>,
+    /// Waits may have come to light since they were last looked at.
+    rounds_due: bool,
 }
 
 /// What woke the coordinator.
@@ -200,7 +206,7 @@ impl<T: Transport> Scheduler<T> {
         let stepping = planned::stepping(&plan, &host_index);
         let early = crate::plan::may_start_early(&r.site, &plan);
         let closure = crate::plan::RuntimeClosure::new(&r.site);
-        Scheduler {
+        let mut scheduler = Scheduler {
             r,
             links,
             svcs,
@@ -219,7 +225,11 @@ impl<T: Transport> Scheduler<T> {
             early,
             closure,
             unread_waits: HashMap::new(),
-        }
+            dropped: HashSet::new(),
+            rounds_due: true,
+        };
+        scheduler.dropped = scheduler.dropped_by_plan();
+        scheduler
     }
 
     fn emit(&self, kind: EventKind) {
@@ -317,6 +327,7 @@ impl<T: Transport> Scheduler<T> {
 
     /// Starts what may start; returns when to look again if something waits on a timer.
     fn advance(&mut self) -> Option<TokioInstant> {
+        self.drop_rounds();
         let mut wake: Option<TokioInstant> = None;
         let mut changed = true;
         while changed {
@@ -533,13 +544,13 @@ impl<T: Transport> Scheduler<T> {
                 continue;
             }
             // Steps on other hosts this one waits for (pool members this run adds) have ended,
-            // however they ended.
+            // however they ended; but for waits dropped as they would go round.
             let waited = st.waits.iter().all(|w| {
                 match (
                     self.service_index.get(&*w.service),
                     self.host_index.get(&w.host),
                 ) {
-                    (Some(&t), Some(&n)) => self.step_ended(t, n),
+                    (Some(&t), Some(&n)) => self.step_ended(t, n) || self.wait_dropped(s, h, t, n),
                     _ => true,
                 }
             }) && (!unread || self.unread_waited(s, h));

@@ -116,6 +116,7 @@ impl<T: Transport> Scheduler<T> {
             && !matches!(skipped, Some((SkipReason::Unreachable, _)))
         {
             host.read = true;
+            self.rounds_due = true;
         }
         host.record = result.record;
         let svc = &mut self.svcs[s];

@@ -62,6 +62,8 @@ impl<T: Transport> Scheduler<T> {
             Observed::Running { .. } | Observed::Fresh => {
                 host.read = true;
                 host.record = record_of(observed);
+                // Its unread steps' waits are known now.
+                self.rounds_due = true;
             }
             Observed::Unreachable { reason } => {
                 host.unread_reason = Some(format!("does not answer: {reason}"));
@@ -152,12 +154,14 @@ impl<T: Transport> Scheduler<T> {
             let waits = self.waits_of_unread(s, h);
             self.unread_waits.insert((s, h), waits);
         }
-        self.unread_waits
-            .get(&(s, h))
-            .is_none_or(|waits| waits.iter().all(|&(t, n)| self.step_ended(t, n)))
+        self.unread_waits.get(&(s, h)).is_none_or(|waits| {
+            waits
+                .iter()
+                .all(|&(t, n)| self.step_ended(t, n) || self.wait_dropped(s, h, t, n))
+        })
     }
 
-    fn waits_of_unread(&self, s: usize, h: usize) -> Vec<(usize, usize)> {
+    pub(super) fn waits_of_unread(&self, s: usize, h: usize) -> Vec<(usize, usize)> {
         let site = &self.r.site;
         let name = &self.r.plan.services[s].name;
         let Some(sid) = site.service(name) else {
@@ -245,6 +249,10 @@ impl<T: Transport> Scheduler<T> {
             svc.planned = true;
         }
         self.stepping = stepping(&merged, &self.host_index);
+        // Dropped waits are the engine's own from here: those of the new plan are about
+        // services this run does not take from it.
+        merged.dropped_waits = old.dropped_waits.clone();
+        self.rounds_due = true;
         let merged = Arc::new(merged);
         self.r.plan = merged.clone();
         for &s in &newly {

@@ -2,7 +2,8 @@
 //! started before their plan where their needs hold first, plans coming once their hosts are
 //! read, over the random fleets of the pool property (`pool.rs`).
 
-use super::pool::{case, case_fixture, waits_kept, Case};
+use super::fleets::{case, case_fixture, Case};
+use super::pool::waits_kept;
 use super::*;
 use proptest::prelude::*;
 
@@ -61,7 +62,7 @@ async fn read_during_the_run(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     /// The same fleets with some hosts left for the caller to read, in a random order and at
     /// random times, as `deploy apply` reads them during the run: services start before their
@@ -170,6 +171,9 @@ fn services_handed_each_others_addresses_wait_for_their_plan() {
         batch: 1,
         fail: vec![],
         continue_on_failure: false,
+        members: 0,
+        forgot: vec![0],
+        older: 0,
     };
     let gaps = vec![3, 4, 2, 0, 4, 5, 0, 4, 4, 5];
     let ran = read_during_the_run_case(c, 1478492236217484591, 5463130230463421168, gaps)
