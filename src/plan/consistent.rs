@@ -1,7 +1,8 @@
 //! A plan read back from a file (`deploy plan --out`) is checked before it is carried out: the
 //! rollout trusts that every step names a host of the plan that runs its service, that every
 //! step it follows or waits for is one of the plan's, that a step's `from` and `kind` are what
-//! the host recorded, and that the plan's services are the site's.
+//! the host recorded, that what a service waits for comes before it, that a wait said dropped
+//! is one of the plan's, and that the plan's services are the site's.
 
 use super::{Plan, StepKind};
 use crate::inventory::natural_cmp;
@@ -48,6 +49,15 @@ impl Plan {
                 if !rank.contains_key(c.service.as_str()) {
                     out.push(format!(
                         "service {} needs {}, which the plan does not hold",
+                        s.name, c.service
+                    ));
+                }
+            }
+            // Runtime needs come first: only pool waits may go round ([`super::go_round`]).
+            for c in &s.waits_for {
+                if rank.get(c.service.as_str()).is_some_and(|r| *r >= i) {
+                    out.push(format!(
+                        "service {} waits for {}, which the plan does not hold before it",
                         s.name, c.service
                     ));
                 }
@@ -102,6 +112,19 @@ impl Plan {
                         }
                     }
                 }
+            }
+        }
+        for d in &self.dropped_waits {
+            let held = self.services.iter().any(|s| {
+                s.name == *d.service
+                    && s.each_step()
+                        .any(|st| st.host == d.host && st.waits.contains(&d.waits_for))
+            });
+            if !held {
+                out.push(format!(
+                    "a dropped wait of the step of {} on {} for {} on {}: the step holds no such wait",
+                    d.service, d.host, d.waits_for.service, d.waits_for.host
+                ));
             }
         }
         out
@@ -340,7 +363,21 @@ mod tests {
         }
         p.services[0].waves[0].steps.push(step("db1", "2"));
         p.services[0].waves[0].steps.push(step("w1", "2"));
+        p.services[0].waits_for.push(super::super::Condition {
+            service: "front".into(),
+            count: 1,
+            of: 1,
+        });
         p.services.push(service("db", "db", Vec::new()));
+        p.dropped_waits.push(super::super::DroppedWait {
+            service: "front".into(),
+            host: "both1".into(),
+            waits_for: HostStep {
+                service: "db".into(),
+                host: "db1".into(),
+            },
+            round: Vec::new(),
+        });
         let mut got = p.inconsistencies();
         got.sort();
         let mut want = vec![
@@ -355,6 +392,8 @@ mod tests {
             "the step of db on w1: the host is of no class that runs db",
             "service db is planned twice",
             "wave 1 of db has no step",
+            "service db waits for front, which the plan does not hold before it",
+            "a dropped wait of the step of front on both1 for db on db1: the step holds no such wait",
         ];
         want.sort();
         assert_eq!(got, want);

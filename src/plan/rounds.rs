@@ -107,6 +107,10 @@ pub trait Progress {
     fn more_waits(&self, _s: usize, _h: usize) -> &[(usize, usize)] {
         &[]
     }
+    /// Whether any step has waits beyond its own ([`Progress::more_waits`]).
+    fn has_more_waits(&self) -> bool {
+        false
+    }
 }
 
 /// The plan before the run: every step to start, every condition counted from the hosts
@@ -279,6 +283,11 @@ pub fn go_round(
     now: &impl Progress,
     dropped: &HashSet<WaitKey>,
 ) -> Vec<(WaitKey, Round)> {
+    // Most plans have no pool wait at all: nothing to build then.
+    let waits = |sp: &super::ServicePlan| sp.each_step().any(|st| !st.waits.is_empty());
+    if !now.has_more_waits() && !plan.services.iter().any(waits) {
+        return Vec::new();
+    }
     let g = graph(plan, now, dropped);
     if g.waits.is_empty() {
         return Vec::new();

@@ -36,6 +36,10 @@ impl Progress for Now<'_> {
     fn more_waits(&self, s: usize, h: usize) -> &[(usize, usize)] {
         self.more.get(&(s, h)).map_or(&[], Vec::as_slice)
     }
+
+    fn has_more_waits(&self) -> bool {
+        !self.more.is_empty()
+    }
 }
 
 impl<T: Transport> Scheduler<T> {
@@ -98,6 +102,7 @@ impl<T: Transport> Scheduler<T> {
         let more = unread
             .iter()
             .filter_map(|k| Some((*k, self.unread_waits.get(k)?.clone())))
+            .filter(|(_, waits)| !waits.is_empty())
             .collect();
         let now = Now {
             svcs: &self.svcs,
