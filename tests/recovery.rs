@@ -967,7 +967,7 @@ fn a_host_whose_sshd_dies_mid_wave_fails_only_its_own_step_and_quickly() {
     );
     assert!(stderr.contains("api: app3 FAILED"), "{stderr}");
     assert!(
-        stderr.contains("api: HALTED: 1 hosts failed, more than max-failed 0 allows"),
+        stderr.contains("api: HALTED: 1 host failed, more than max-failed 0 allows"),
         "{stderr}"
     );
     // app3 got as far as migrate; the host is gone, so its record is the one from before.

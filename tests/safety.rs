@@ -416,6 +416,16 @@ fn a_corrupt_state_file_leaves_its_host_alone_and_says_how_to_fix_it() {
         all.contains("delete it to treat the host as fresh"),
         "{all}"
     );
+    // Summarised as what it is, not as a host that does not answer.
+    assert!(all.contains("skipped, state unreadable: app2"), "{all}");
+    assert!(
+        all.contains("1 host with an unreadable state file"),
+        "{all}"
+    );
+    assert!(!all.contains("unreachable"), "{all}");
+    // Counts agree with their nouns.
+    assert!(all.contains(": 2 hosts, 1 service (digest"), "{all}");
+    assert!(all.contains("1 step on 2 hosts"), "{all}");
     assert_eq!(
         events(&fleet, "app1"),
         ["install api 1.0", "install api 2.0"]

@@ -62,7 +62,7 @@ fn status_and_verify_follow_the_fleet() {
     );
     let plan = shop.deploy(&["plan", &site]);
     assert!(
-        text(&plan.stdout).contains("unreachable or state unreadable: lb2"),
+        text(&plan.stdout).contains("skipped, unreachable: lb2"),
         "{}",
         text(&plan.stdout)
     );

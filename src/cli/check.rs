@@ -2,6 +2,7 @@
 
 use super::{code, Error};
 use crate::site;
+use crate::words::count;
 use std::io::IsTerminal;
 use std::path::Path;
 
@@ -15,15 +16,15 @@ pub fn run(path: &Path) -> Result<u8, Error> {
         errln!("{}", crate::report::render_diagnostic(w, style));
     }
     let hosts = match &site.platform.inventory {
-        crate::site::InventorySpec::Static { hosts } => format!("{} hosts", hosts.len()),
+        crate::site::InventorySpec::Static { hosts } => count(hosts.len(), "host"),
         _ => "hosts resolved when planning".to_string(),
     };
     outln!(
-        "{}: ok — site {}, {} classes, {} services, {hosts}",
+        "{}: ok — site {}, {}, {}, {hosts}",
         path.display(),
         site.name,
-        site.classes.len(),
-        site.services.len(),
+        count(site.classes.len(), "class"),
+        count(site.services.len(), "service"),
     );
     Ok(code::OK)
 }

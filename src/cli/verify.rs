@@ -58,12 +58,12 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
         outln!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else if problems.is_empty() {
         outln!(
-            "verified: {} host services at their desired version, {} checks passed",
-            status.total,
-            checks.len()
+            "verified: {} at their desired version, {} passed",
+            crate::words::count(status.total, "host service"),
+            crate::words::count(checks.len(), "check")
         );
     } else {
-        outln!("{} problems:", problems.len());
+        outln!("{}:", crate::words::count(problems.len(), "problem"));
         for p in &problems {
             outln!("  {p}");
         }

@@ -123,19 +123,11 @@ pub enum DesiredError {
 
 /// Every problem, all at once.
 #[derive(Debug, Error, Diagnostic)]
-#[error("{} working out what the hosts must run", count(.errors.len()))]
+#[error("{} working out what the hosts must run", crate::words::count(.errors.len(), "problem"))]
 #[diagnostic(code(drover::desired::invalid))]
 pub struct DesiredErrors {
     #[related]
     pub errors: Vec<DesiredError>,
-}
-
-fn count(n: usize) -> String {
-    if n == 1 {
-        "1 problem".into()
-    } else {
-        format!("{n} problems")
-    }
 }
 
 /// Works out every service's inputs on each of its hosts; every template is rendered for every

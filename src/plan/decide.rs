@@ -11,6 +11,9 @@ use crate::state::{added_hosts, Observed};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// How a host whose state file cannot be read is said (the start of why it is left alone).
+pub const STATE_UNREADABLE: &str = "state unreadable";
+
 /// A service's hosts sorted into those with a step and those left alone.
 pub(super) struct Sorted {
     pub(super) members: Vec<HostId>,
@@ -219,7 +222,7 @@ pub fn decide(
     let service = &site.services[sid];
     match observed {
         Observed::Unreachable { reason } => return Err(format!("does not answer: {reason}")),
-        Observed::Unreadable { reason } => return Err(format!("state unreadable: {reason}")),
+        Observed::Unreadable { reason } => return Err(format!("{STATE_UNREADABLE}: {reason}")),
         Observed::Unread => return Err("not read".into()),
         Observed::Fresh | Observed::Running { .. } => {}
     }

@@ -16,7 +16,7 @@ mod rounds_tests;
 mod spread;
 mod waves;
 
-pub use decide::{decide, unread_waits, Decided};
+pub use decide::{decide, unread_waits, Decided, STATE_UNREADABLE};
 pub use drift::drift;
 pub use expected::{deferrable, first_hosts, may_start_early, planned_from, waits_back};
 pub use host_order::RuntimeClosure;

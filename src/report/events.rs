@@ -1,6 +1,7 @@
 //! Consumers of rollout events: plain timestamped lines, NDJSON, or progress bars on a terminal.
 
 use crate::rollout::{Event, EventKind, ServiceOutcome, Sink};
+use crate::words::count;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::collections::HashMap;
 use std::io::Write;
@@ -41,7 +42,11 @@ pub fn line(kind: &EventKind) -> Option<String> {
             hosts,
             log_dir,
             ..
-        } => format!("run {run}: site {site}, {steps} steps on {hosts} hosts, logs in {log_dir}"),
+        } => format!(
+            "run {run}: site {site}, {} on {}, logs in {log_dir}",
+            count(*steps, "step"),
+            count(*hosts, "host")
+        ),
         EventKind::ServiceWaiting { service, waits_for } => {
             let conds: Vec<String> = waits_for
                 .iter()
@@ -203,6 +208,7 @@ pub fn line(kind: &EventKind) -> Option<String> {
             not_started,
             skipped,
             unreachable,
+            unreadable,
             refused,
             kinds,
             ms,
@@ -220,8 +226,16 @@ pub fn line(kind: &EventKind) -> Option<String> {
             if *skipped > 0 {
                 more.push_str(&format!(", {skipped} found converged"));
             }
-            if *unreachable > 0 {
-                more.push_str(&format!(", {} unreachable", count(*unreachable, "host")));
+            // A host whose state file cannot be read answered: it is said apart.
+            let answering = unreachable.saturating_sub(*unreadable);
+            if answering > 0 {
+                more.push_str(&format!(", {} unreachable", count(answering, "host")));
+            }
+            if *unreadable > 0 {
+                more.push_str(&format!(
+                    ", {} with an unreadable state file",
+                    count(*unreadable, "host")
+                ));
             }
             if *refused > 0 {
                 more.push_str(&format!(", {} refused", count(*refused, "host")));
@@ -361,14 +375,5 @@ impl Sink for Bars {
             }
             _ => {}
         }
-    }
-}
-
-/// "1 host", "2 hosts".
-fn count(n: usize, word: &str) -> String {
-    if n == 1 {
-        format!("1 {word}")
-    } else {
-        format!("{n} {word}s")
     }
 }

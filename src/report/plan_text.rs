@@ -2,6 +2,7 @@
 
 use crate::plan::{DroppedWait, Plan, PlannedPolicy, ServicePlan, SkipReason, StepKind, Wave};
 use crate::site::{Flow, OnFailure};
+use crate::words::{count, plural};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -27,11 +28,11 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
     let skipped: usize = planned().map(|s| s.skipped.len()).sum();
     let _ = writeln!(
         out,
-        "Plan for site {} on platform {}: {} hosts, {} services (digest {})",
+        "Plan for site {} on platform {}: {}, {} (digest {})",
         plan.site,
         plan.platform,
-        plan.hosts.len(),
-        plan.services.len(),
+        count(plan.hosts.len(), "host"),
+        count(plan.services.len(), "service"),
         &plan.site_digest[..12.min(plan.site_digest.len())]
     );
     if let (Some(q), Some(n)) = (plan.max_failed, plan.max_failed_hosts) {
@@ -41,6 +42,14 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
             count(n, "host")
         );
     }
+    // Hosts that answered but whose state file cannot be read: skipped as unreachable ones are,
+    // but said as what they are.
+    let unreadable: BTreeSet<&str> = plan
+        .hosts
+        .iter()
+        .filter(|h| matches!(h.observed, crate::state::Observed::Unreadable { .. }))
+        .map(|h| &*h.name)
+        .collect();
     for (i, s) in plan.services.iter().enumerate() {
         out.push('\n');
         if is_pending(i) {
@@ -61,7 +70,7 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
             );
             continue;
         }
-        service(&mut out, s, &plan.dropped_waits);
+        service(&mut out, s, &plan.dropped_waits, &unreadable);
     }
     let waves: usize = planned().map(|s| s.waves.len()).sum();
     let later = pending.iter().filter(|p| **p).count();
@@ -151,7 +160,12 @@ Left alone, nothing known of what they run:"
     }
 }
 
-fn service(out: &mut String, s: &ServicePlan, dropped: &[DroppedWait]) {
+fn service(
+    out: &mut String,
+    s: &ServicePlan,
+    dropped: &[DroppedWait],
+    unreadable: &BTreeSet<&str>,
+) {
     let p = &s.policy;
     let _ = writeln!(
         out,
@@ -170,15 +184,19 @@ fn service(out: &mut String, s: &ServicePlan, dropped: &[DroppedWait]) {
     for c in &s.waits_for {
         let _ = writeln!(
             out,
-            "  waits for {}: {} of {} hosts healthy",
-            c.service, c.count, c.of
+            "  waits for {}: {} of {} healthy",
+            c.service,
+            c.count,
+            count(c.of, "host")
         );
     }
     for c in &s.addresses_of {
         let _ = writeln!(
             out,
-            "  addresses of {}: {} of {} hosts",
-            c.service, c.count, c.of
+            "  addresses of {}: {} of {}",
+            c.service,
+            c.count,
+            count(c.of, "host")
         );
     }
     // Steps of a service mostly name the same services: look at each distinct list once.
@@ -201,7 +219,7 @@ fn service(out: &mut String, s: &ServicePlan, dropped: &[DroppedWait]) {
     for (i, w) in s.waves.iter().enumerate() {
         wave(out, i + 1, w, &dropped);
     }
-    skips(out, s);
+    skips(out, s, unreadable);
 }
 
 /// The policy in words, for a service of `waves` waves.
@@ -353,34 +371,23 @@ fn path_words(st: &crate::plan::Step) -> String {
     }
 }
 
-fn skips(out: &mut String, s: &ServicePlan) {
-    for (reason, text) in [
-        (SkipReason::AtVersion, "converged"),
-        (SkipReason::NotSelected, "not selected"),
-        (SkipReason::Unreachable, "unreachable or state unreadable"),
+fn skips(out: &mut String, s: &ServicePlan, unreadable: &BTreeSet<&str>) {
+    for (reason, state_unreadable, text) in [
+        (SkipReason::AtVersion, false, "converged"),
+        (SkipReason::NotSelected, false, "not selected"),
+        (SkipReason::Unreachable, false, "unreachable"),
+        (SkipReason::Unreachable, true, "state unreadable"),
     ] {
         let hosts: Vec<&str> = s
             .skipped
             .iter()
-            .filter(|k| k.reason == reason)
+            .filter(|k| k.reason == reason && unreadable.contains(&*k.host) == state_unreadable)
             .map(|k| &*k.host)
             .collect();
         if !hosts.is_empty() {
             let _ = writeln!(out, "  skipped, {text}: {}", hosts.join(", "));
         }
     }
-}
-
-fn plural(n: usize, word: &str) -> String {
-    if n == 1 {
-        word.into()
-    } else {
-        format!("{word}s")
-    }
-}
-
-fn count(n: usize, word: &str) -> String {
-    format!("{n} {}", plural(n, word))
 }
 
 #[cfg(test)]

@@ -117,7 +117,10 @@ pub fn status_text(s: &Status) -> String {
     let read = match s.read.len() {
         0 => String::new(),
         1 => ", but for 1 host read itself".to_string(),
-        n => format!(", but for {n} hosts read themselves"),
+        n => format!(
+            ", but for {} read themselves",
+            crate::words::count(n, "host")
+        ),
     };
     let from = match s.source {
         crate::state::Source::Hosts => String::new(),
@@ -125,8 +128,9 @@ pub fn status_text(s: &Status) -> String {
     };
     let _ = writeln!(
         out,
-        "\n{} of {} host services converged (desired version and inputs, healthy){from}.",
-        s.converged, s.total
+        "\n{} of {} converged (desired version and inputs, healthy){from}.",
+        s.converged,
+        crate::words::count(s.total, "host service")
     );
     out
 }

@@ -11,8 +11,8 @@ pub fn run_exceeded(plan: &Plan, failed_hosts: usize) -> Option<String> {
     let (quota, limit) = (plan.max_failed?, plan.max_failed_hosts?);
     (failed_hosts > limit).then(|| {
         format!(
-            "{failed_hosts} {} failed in this run, more than the site's max-failed {quota} allows ({limit})",
-            hosts(failed_hosts)
+            "{} failed in this run, more than the site's max-failed {quota} allows ({limit})",
+            crate::words::count(failed_hosts, "host")
         )
     })
 }
@@ -26,8 +26,10 @@ pub fn service_exceeded(policy: &PlannedPolicy, failed: usize) -> Option<String>
             "stopped after {failed} failed (on-failure \"stop\")"
         )),
         OnFailure::Rollback | OnFailure::Stop if failed > policy.max_failed_hosts => Some(format!(
-            "{failed} hosts failed, more than max-failed {} allows ({})",
-            policy.max_failed, policy.max_failed_hosts
+            "{} failed, more than max-failed {} allows ({})",
+            crate::words::count(failed, "host"),
+            policy.max_failed,
+            policy.max_failed_hosts
         )),
         _ => None,
     }
@@ -54,7 +56,8 @@ pub fn wave_exceeded(
     let quota = policy.wave_max_failed?;
     (failed > limit).then(|| {
         format!(
-            "{failed} of the {wave_hosts} hosts of wave {wave} failed, more than wave-max-failed {quota} allows ({limit})"
+            "{failed} of the {} of wave {wave} failed, more than wave-max-failed {quota} allows ({limit})",
+            crate::words::count(wave_hosts, "host")
         )
     })
 }
@@ -94,14 +97,6 @@ pub fn flowing(policy: &PlannedPolicy) -> Option<Flowing> {
             OnFailure::Rollback => Some(policy.max_failed_hosts).filter(|&n| n > 0),
         }
         .map(|limit| Flowing::Budget { limit }),
-    }
-}
-
-fn hosts(n: usize) -> &'static str {
-    if n == 1 {
-        "host"
-    } else {
-        "hosts"
     }
 }
 

@@ -170,6 +170,10 @@ pub enum EventKind {
         /// when none).
         #[serde(skip_serializing_if = "is_zero")]
         unreachable: usize,
+        /// Of those, hosts that answered but whose state file could not be read (absent when
+        /// none).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        unreadable: usize,
         /// Hosts whose lock was refused as they were read during the run (absent when none).
         #[serde(skip_serializing_if = "is_zero")]
         refused: usize,

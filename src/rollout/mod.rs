@@ -87,6 +87,8 @@ pub struct Summary {
     pub not_started: usize,
     /// Hosts the plan could not reach or read (before the run, or at an unread step).
     pub unreachable: usize,
+    /// Of those, hosts that answered but whose state file could not be read.
+    pub unreadable: usize,
     /// Unread steps whose host was found to run what the site says already.
     pub skipped: usize,
     /// `(host, service, log)` of every failed step.

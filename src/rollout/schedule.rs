@@ -104,6 +104,8 @@ pub struct Scheduler<T: Transport> {
     released: Vec<String>,
     /// Hosts of unread steps that could not be read.
     unreachable_hosts: HashSet<usize>,
+    /// Of those, the hosts that answered but whose state file could not be read.
+    unreadable_hosts: HashSet<usize>,
     /// Where services not planned yet get their plan; `None` once it is closed.
     updates: Option<tokio::sync::mpsc::UnboundedReceiver<super::Planned>>,
     /// `(host, why)`: locks refused as hosts were read during the run.
@@ -219,6 +221,7 @@ impl<T: Transport> Scheduler<T> {
             failed_hosts: 0,
             released: Vec::new(),
             unreachable_hosts: HashSet::new(),
+            unreadable_hosts: HashSet::new(),
             updates,
             refused: Vec::new(),
             stepping,

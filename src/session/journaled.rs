@@ -321,6 +321,7 @@ mod tests {
             not_started: 0,
             skipped: 0,
             unreachable: 0,
+            unreadable: 0,
             refused: 0,
             kinds: Default::default(),
             ms: 1,

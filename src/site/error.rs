@@ -327,19 +327,11 @@ pub fn line_of(src: &Src, span: SourceSpan) -> usize {
 
 /// Every problem found, in file order.
 #[derive(Debug, Error, Diagnostic)]
-#[error("{} in {file}", count_problems(.errors.len()))]
+#[error("{} in {file}", crate::words::count(.errors.len(), "problem"))]
 #[diagnostic(code(drover::site::invalid))]
 pub struct SiteErrors {
     /// The site file that was checked.
     pub file: String,
     #[related]
     pub errors: Vec<SiteError>,
-}
-
-fn count_problems(n: usize) -> String {
-    if n == 1 {
-        "1 problem".into()
-    } else {
-        format!("{n} problems")
-    }
 }

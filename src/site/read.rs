@@ -482,6 +482,6 @@ fn plural(n: usize, word: &str) -> String {
     match n {
         0 => format!("no {word}"),
         1 => format!("one {word}"),
-        n => format!("{n} {word}s"),
+        n => crate::words::count(n, word),
     }
 }

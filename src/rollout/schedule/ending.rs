@@ -154,6 +154,16 @@ impl<T: Transport> Scheduler<T> {
                 .map(|&h| plan.hosts[h].name.clone()),
         );
         sum.unreachable = unreachable.len();
+        sum.unreadable = plan
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(h, ph)| {
+                self.unreadable_hosts.contains(h)
+                    || (matches!(ph.observed, crate::state::Observed::Unreadable { .. })
+                        && unreachable.contains(&ph.name))
+            })
+            .count();
         sum.failures = self
             .hosts
             .iter()
@@ -181,6 +191,7 @@ impl<T: Transport> Scheduler<T> {
             not_started: sum.not_started,
             skipped: sum.skipped,
             unreachable: sum.unreachable,
+            unreadable: sum.unreadable,
             refused: sum.refused.len(),
             kinds: sum.kinds,
             ms,

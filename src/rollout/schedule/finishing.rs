@@ -127,10 +127,13 @@ impl<T: Transport> Scheduler<T> {
         }
         match skipped {
             _ if result.not_started => svc.not_started += 1,
-            Some((SkipReason::Unreachable, _)) => {
+            Some((SkipReason::Unreachable, why)) => {
                 svc.unreachable += 1;
                 host.broken.insert(s);
                 self.unreachable_hosts.insert(h);
+                if why.is_some_and(|w| w.starts_with(crate::plan::STATE_UNREADABLE)) {
+                    self.unreadable_hosts.insert(h);
+                }
             }
             Some(_) => {
                 svc.skipped += 1;
