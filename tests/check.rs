@@ -141,6 +141,7 @@ fixtures! {
     state_dir_file => INVALID,
     template_problems => INVALID,
     store_problems => INVALID,
+    store_lock_ttl_fraction => INVALID,
     service_template_problems => INVALID,
     include_problems => INVALID,
     every_error_at_once => INVALID,

@@ -90,6 +90,19 @@ pub fn store(r: &mut Reader<'_>, raw: RawStore, platform: &Path) -> Option<Store
             ok = false;
             DEFAULT_TTL
         }
+        Some(t) if t.value.subsec_nanos() != 0 => {
+            // etcd's leases are whole seconds: asked for less precision, etcd would cut it, and
+            // the lease would end before the controller counts on.
+            let up = t.value.as_secs() + 1;
+            r.bad(
+                t.span,
+                "`lock-ttl`".into(),
+                "not a whole number of seconds: etcd's leases are counted in whole seconds".into(),
+                format!("write lock-ttl=\"{up}s\""),
+            );
+            ok = false;
+            DEFAULT_TTL
+        }
         Some(t) => t.value,
         None => DEFAULT_TTL,
     };

@@ -7,4 +7,5 @@ pub mod fleet;
 pub mod hooks;
 pub mod moto;
 pub mod process;
+pub mod relay;
 pub mod shop;

@@ -111,7 +111,11 @@ impl Etcd {
         self.call_for(self.patience, call).await
     }
 
-    async fn call_for<T, F, Fut>(&self, patience: Duration, call: F) -> Result<T, StoreError>
+    /// As [`Etcd::call`], for at most `patience`: each attempt, the connection included, is
+    /// cut short when the time is up (a network that drops packets silently would otherwise
+    /// hold one attempt for the request timeout, and a pass over every endpoint for that many
+    /// times it).
+    pub async fn call_for<T, F, Fut>(&self, patience: Duration, call: F) -> Result<T, StoreError>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -123,9 +127,20 @@ impl Etcd {
             let start = self.current.load(Ordering::Relaxed);
             for k in 0..n {
                 let i = (start + k) % n;
-                let result = match self.client(i).await {
-                    Ok(c) => call(c).await,
-                    Err(e) => Err(e),
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let attempt = async {
+                    let c = self.client(i).await?;
+                    call(c).await
+                };
+                let result = match tokio::time::timeout(left, attempt).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        last = format!("{}: no answer in {}", self.endpoints[i], seconds(left));
+                        continue;
+                    }
                 };
                 match result {
                     Ok(v) => {
@@ -138,35 +153,38 @@ impl Etcd {
                     Err(e) => return Err(StoreError::Failed(e.to_string())),
                 }
             }
-            if Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(StoreError::Unavailable {
                     endpoints: self.endpoints.join(","),
                     reason: last,
                 });
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(left.min(Duration::from_millis(200))).await;
         }
     }
 
-    /// A new lease of `ttl`.
-    pub async fn grant(&self, ttl: Duration) -> Result<i64, StoreError> {
+    /// A new lease of `ttl` (whole seconds: etcd's unit; `deploy check` refuses a `lock-ttl`
+    /// with a fraction of a second): its id and the TTL etcd granted, in seconds.
+    pub async fn grant(&self, ttl: Duration) -> Result<(i64, i64), StoreError> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         self.call(|mut c| async move { c.lease_grant(secs, None).await })
             .await
-            .map(|r| r.id())
+            .map(|r| (r.id(), r.ttl()))
     }
 
-    /// Renews `lease` once; its remaining TTL in seconds (0: it has expired). Tries for at
-    /// most `patience`.
-    pub async fn renew(&self, lease: i64, patience: Duration) -> Result<i64, StoreError> {
+    /// Renews `lease` once, trying for at most `patience`: `Ok(true)` if etcd renewed it,
+    /// `Ok(false)` if etcd says it has expired (a reply of TTL 0, which etcd-client reports as
+    /// the error "lease not found": not something to retry).
+    pub async fn renew(&self, lease: i64, patience: Duration) -> Result<bool, StoreError> {
+        // `lease_keep_alive` sends one keep-alive request and waits for its reply.
         self.call_for(patience, |mut c| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            match stream.message().await? {
-                Some(r) => Ok(r.ttl()),
-                None => Err(etcd_client::Error::LeaseKeepAliveError(
-                    "the keep-alive stream closed".into(),
-                )),
+            match c.lease_keep_alive(lease).await {
+                Ok(_) => Ok(true),
+                Err(etcd_client::Error::LeaseKeepAliveError(e)) if e == "lease not found" => {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
             }
         })
         .await
@@ -187,17 +205,18 @@ impl Etcd {
         .await
     }
 
-    /// Creates `key` with `value` under `lease` if it does not exist. `Ok(Ok(revision))`: made,
-    /// at that revision (its create revision). `Ok(Err((value, lease, create revision)))`: it
-    /// exists, and that is what it holds.
+    /// Creates `key` with `value` under `lease` if it does not exist, trying for at most
+    /// `patience`. `Ok(Ok(revision))`: made, at that revision (its create revision).
+    /// `Ok(Err((value, lease, create revision)))`: it exists, and that is what it holds.
     pub async fn create(
         &self,
         key: &str,
         value: &str,
         lease: i64,
+        patience: Duration,
     ) -> Result<Result<i64, (Vec<u8>, i64, i64)>, StoreError> {
         let r = self
-            .call(|mut c| {
+            .call_for(patience, |mut c| {
                 let txn = Txn::new()
                     .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(
@@ -294,4 +313,9 @@ impl Store for Etcd {
         }
         Ok(())
     }
+}
+
+/// `d` as a person reads it: `1.5 s`.
+fn seconds(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
 }

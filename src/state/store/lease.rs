@@ -3,10 +3,15 @@
 //! create revision is the run's fencing token: every write of the run is a transaction
 //! conditioned on it ([`super::Store::write`]), and each host records it beside its own lock.
 //!
-//! A renewal is timed from when it was sent, never from when the answer came: the lease can
-//! only have expired later than that on etcd's side. The loss is said a tenth of `lock-ttl`
-//! before the lease can have expired, so when this process says the lock is lost, no other
-//! controller can have been given it yet (but for clock rates).
+//! The lease's end is kept by this process's monotonic clock, never by an answer's arrival:
+//! etcd starts a lease's TTL when it receives the grant (or a renewal), which is after this
+//! process sent it, so the lease cannot expire in etcd before `sent + TTL`. The clock starts
+//! before the grant is asked for, each renewal moves the end to its own sending time plus the
+//! TTL, and every request is cut short by the time left. The loss is said a tenth of
+//! `lock-ttl` before that end (time for a step decided just before to reach its host), at
+//! once when etcd says the lease is gone (a keep-alive reply of TTL 0), and whatever the
+//! network does: so no step starts once the lease can have expired, and no other controller
+//! can have been given the lock yet (but for clock rates, and etcd-io/etcd#9395).
 
 use super::{Etcd, Keys, StoreError};
 use crate::state::lock::{Broken, Holder, Liveness, Lock, LockError, Taken};
@@ -70,11 +75,12 @@ impl LeaseLock {
         format!("etcd key {}", self.key)
     }
 
-    fn hold(&self, lease: i64, revision: i64) {
-        let (etcd, ttl, lost) = (self.etcd.clone(), self.ttl, self.lost.clone());
-        let keeper = tokio::spawn(keep(etcd, lease, ttl, lost));
+    fn hold(&self, lease: Lease, revision: i64) {
+        let (etcd, lost) = (self.etcd.clone(), self.lost.clone());
+        let id = lease.id;
+        let keeper = tokio::spawn(keep(etcd, lease, lost));
         *self.held() = Some(Held {
-            lease,
+            lease: id,
             fence: Fence {
                 key: self.key.clone(),
                 revision,
@@ -84,38 +90,62 @@ impl LeaseLock {
     }
 }
 
-/// Renews `lease` every third of `ttl` until it may have expired in etcd (etcd counts its
-/// `ttl` from the last renewal it received, no earlier than when that renewal was sent: the
-/// loss is said a tenth of `ttl` before that, not after it), or until etcd says it expired;
-/// then says why on `lost` and stops.
-async fn keep(etcd: Arc<Etcd>, lease: i64, ttl: Duration, lost: watch::Sender<Option<String>>) {
-    let mut renewed = Instant::now();
-    let mut last_error = String::new();
-    let safe = ttl.saturating_sub(ttl / 10);
+/// A lease as this process knows it.
+struct Lease {
+    id: i64,
+    /// What etcd restarts it at on each renewal (the TTL asked for, or less if etcd granted
+    /// less).
+    ttl: Duration,
+    /// The earliest moment etcd may expire it, by this process's monotonic clock.
+    ends: Instant,
+}
+
+/// How long before its lease's end a run says the lock is lost: a tenth of `ttl`, so that a
+/// step decided just before is started on its host before the end.
+fn margin(ttl: Duration) -> Duration {
+    ttl / 10
+}
+
+/// Renews `lease` every third of its TTL until it may have expired in etcd (a tenth of the TTL
+/// before [`Lease::ends`]: each renewal is tried only for the time left), or until etcd says it
+/// expired; then says why on `lost` and stops.
+async fn keep(etcd: Arc<Etcd>, mut lease: Lease, lost: watch::Sender<Option<String>>) {
+    let ttl = lease.ttl;
+    let mut next = lease
+        .ends
+        .checked_sub(ttl - ttl / 3)
+        .unwrap_or_else(Instant::now);
+    let mut last_error = None;
     loop {
-        let deadline = renewed + safe;
-        let wake = (Instant::now() + ttl / 3).min(deadline);
-        tokio::time::sleep_until(wake.into()).await;
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
+        let say_by = lease.ends.checked_sub(margin(ttl)).unwrap_or(lease.ends);
+        tokio::time::sleep_until(next.min(say_by).into()).await;
         let sent = Instant::now();
-        match etcd.renew(lease, left).await {
-            Ok(t) if t > 0 => renewed = sent,
-            Ok(_) => {
+        let Some(left) = say_by.checked_duration_since(sent).filter(|l| !l.is_zero()) else {
+            break;
+        };
+        match etcd.renew(lease.id, left).await {
+            Ok(true) => {
+                lease.ends = sent + ttl;
+                next = sent + ttl / 3;
+                last_error = None;
+            }
+            Ok(false) => {
                 let _ = lost.send(Some(format!(
-                    "its lease expired in etcd ({})",
+                    "etcd says its lease has expired ({})",
                     etcd.endpoints()
                 )));
                 return;
             }
-            Err(e) => last_error = e.to_string(),
+            Err(e) => {
+                last_error = Some(e.to_string());
+                next = Instant::now() + Duration::from_millis(200);
+            }
         }
     }
+    let why = last_error.unwrap_or_else(|| "no renewal could be sent in time".into());
     let _ = lost.send(Some(format!(
-        "its lease could not be renewed for lock-ttl ({}s): {last_error}",
-        ttl.as_secs()
+        "its lease could not be renewed, and etcd may let it expire within {} ms: {why}",
+        margin(ttl).as_millis()
     )));
 }
 
@@ -125,14 +155,30 @@ impl Lock for LeaseLock {
             place: self.place(),
             reason: e.to_string(),
         };
-        let lease = self.etcd.grant(self.ttl).await.map_err(failed)?;
+        // The lease's end is counted from before it is asked for.
+        let asked = Instant::now();
+        let (lease, granted) = self.etcd.grant(self.ttl).await.map_err(failed)?;
+        let ttl = self
+            .ttl
+            .min(Duration::from_secs(u64::try_from(granted).unwrap_or(0)));
+        let held = |revision| {
+            self.hold(
+                Lease {
+                    id: lease,
+                    ttl,
+                    ends: asked + ttl,
+                },
+                revision,
+            )
+        };
+        let left = || (asked + ttl).saturating_duration_since(Instant::now());
         let mine = me.json();
         let mut broken = Vec::new();
         for _ in 0..3 {
             let (value, their_lease, created) =
-                match self.etcd.create(&self.key, &mine, lease).await {
+                match self.etcd.create(&self.key, &mine, lease, left()).await {
                     Ok(Ok(revision)) => {
-                        self.hold(lease, revision);
+                        held(revision);
                         return Ok(Taken {
                             broken,
                             unreachable: Vec::new(),
@@ -146,7 +192,7 @@ impl Lock for LeaseLock {
                 };
             // A transaction sent twice (its first answer lost): it is ours already.
             if value == mine.as_bytes() && their_lease == lease {
-                self.hold(lease, created);
+                held(created);
                 return Ok(Taken {
                     broken,
                     unreachable: Vec::new(),

@@ -1,0 +1,167 @@
+//! The etcd store under faults a kill does not make: a controller whose traffic to etcd is
+//! silently dropped mid-rollout (a relay that stops forwarding, `tests/support/relay.rs`)
+//! while its SSH to the hosts still works starts no step once its lease can have expired; and
+//! what a person reads when etcd is not there.
+#![cfg(feature = "etcd")]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::etcd::Etcd;
+use support::fleet::{Fleet, FleetHost};
+use support::hooks::EV;
+use support::relay::Relay;
+
+const PREFIX: &str = "/drover-test";
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn fleet(apps: usize) -> Fleet {
+    let hosts: Vec<FleetHost> = (1..=apps)
+        .map(|i| FleetHost::new(&format!("app{i}"), "app"))
+        .collect();
+    Fleet::start(&hosts)
+}
+
+/// The fleet's platform with a store at `endpoints`, batch 1, and a site whose every step is
+/// one chain of quick hooks (`stop`, `install`, `start`) ending in `start`'s sleep of `sleep`
+/// seconds: each hook of a step starts within moments of the step itself.
+fn write_site(fleet: &Fleet, endpoints: &str, ttl: &str, version: &str, sleep: &str) -> PathBuf {
+    let platform = fleet.write_platform("/var/lib/drover");
+    let text = std::fs::read_to_string(&platform).expect("platform");
+    let store =
+        format!("store \"etcd\" endpoints=\"{endpoints}\" prefix=\"{PREFIX}\" lock-ttl=\"{ttl}\"");
+    let text = text.replacen(
+        "platform \"fleet\" {\n",
+        &format!("platform \"fleet\" {{\n    {store}\n"),
+        1,
+    );
+    std::fs::write(&platform, text).expect("platform");
+    std::fs::write(
+        fleet.dir.join("policy.kdl"),
+        "policy \"default\" { batch 1; max-failed 10; }\n",
+    )
+    .expect("policy");
+    let site = format!(
+        r####"site "shared" {{
+    version "{version}"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}}
+class "app" {{ service "api" }}
+service "api" {{
+    stop #"{EV}ev stop"#
+    install #"{EV}ev install"#
+    start #"{EV}ev start; sleep {sleep}"#
+}}
+"####
+    );
+    let path = fleet.dir.join("site.kdl");
+    std::fs::write(&path, site).expect("site");
+    path
+}
+
+fn deploy(fleet: &Fleet, args: &[&str]) -> Output {
+    support::cli::deploy_in(&fleet.dir)
+        .args(args)
+        .output()
+        .expect("run deploy")
+}
+
+/// The test's clock, in the hooks' unit (`date +%s%N`: the hosts share this machine's clock).
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos()
+}
+
+// ---------------------------------------------------------------------------------------------
+// A lost lease is noticed in time
+
+/// How far past `cut + lock-ttl` a hook's timestamp may be and still pass: the hooks write
+/// `date +%s%N` and the test reads `SystemTime` after the relay is cut, on one clock, so only
+/// the clock's granularity separates them; 10 ms is far above it.
+const CLOCK_MARGIN: Duration = Duration::from_millis(10);
+
+#[test]
+fn a_controller_cut_off_from_etcd_starts_no_step_once_its_lease_can_have_expired() {
+    let etcd = Etcd::start();
+    let upstream = etcd
+        .endpoints()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("etcd's address");
+    let relay = Relay::start(upstream);
+    let fleet = fleet(10);
+    let ttl = Duration::from_secs(3);
+    let path = write_site(&fleet, &relay.url(), "3s", "1.0", "0");
+    let out = deploy(&fleet, &["apply", path.to_str().unwrap(), "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // 2.0: a step a second long, one host after the other.
+    let path = write_site(&fleet, &relay.url(), "3s", "2.0", "1");
+    let err_file = fleet.dir.join("apply.err");
+    let mut run = support::cli::deploy_in(&fleet.dir)
+        .args(["apply", path.to_str().unwrap(), "--yes"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_file).expect("stderr file"))
+        .spawn()
+        .expect("start deploy");
+    let before: usize = support::hooks::events(&fleet).len();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Cut once the second step of 2.0 has started (its `stop` hook logged).
+    while support::hooks::events(&fleet)[before..]
+        .iter()
+        .filter(|e| e.2 == "stop")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "the rollout did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    relay.cut();
+    let cut = now_ns();
+    let status = run.wait().expect("wait");
+    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+    assert_eq!(status.code(), Some(6), "{err}");
+    assert!(err.contains("the site's lock in etcd is lost"), "{err}");
+
+    let limit = cut + (ttl + CLOCK_MARGIN).as_nanos();
+    let events = support::hooks::events(&fleet);
+    if let Some(last) = events[before..].last().filter(|e| e.0 > cut) {
+        eprintln!(
+            "last hook: {} {}, {:.3} s after the cut",
+            last.1,
+            last.2,
+            (last.0 - cut) as f64 / 1e9
+        );
+    }
+    let after: Vec<String> = events[before..]
+        .iter()
+        .filter(|e| e.0 > limit)
+        .map(|e| {
+            format!(
+                "{} {} {:.3} s after the cut",
+                e.1,
+                e.2,
+                (e.0 - cut) as f64 / 1e9
+            )
+        })
+        .collect();
+    assert!(
+        after.is_empty(),
+        "hooks started after the lease could have expired (cut + {ttl:?}): {after:?}\n{err}"
+    );
+    // Not vacuous: the run went on after the cut, and stopped before its end.
+    assert!(
+        events[before..].iter().any(|e| e.0 > cut),
+        "nothing started after the cut: {events:?}"
+    );
+    let upgraded = events[before..].iter().filter(|e| e.2 == "stop").count();
+    assert!(upgraded < 10, "every host was upgraded\n{err}");
+}
