@@ -25,6 +25,7 @@ pub struct Shared {
     lock: LeaseLock,
     /// Why the lock was lost, once it was.
     lost: Arc<Mutex<Option<String>>>,
+    /// Units of writes (a step's keys, a host's): each reaches etcd in one transaction.
     queue: Mutex<Option<mpsc::UnboundedSender<Vec<Write>>>>,
     writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -127,6 +128,7 @@ impl Shared {
     ) {
         let at = now();
         let mut writes = Vec::new();
+        let mut units = Vec::new();
         for (sid, s) in site.services.iter().enumerate() {
             let ids = hosts.of_classes(&s.classes);
             let fingerprint = store::service_fingerprint(
@@ -157,7 +159,7 @@ impl Shared {
                 Observed::Unreachable { reason } => Some(reason.as_str()),
                 _ => None,
             };
-            writes.push(store::host_seen(
+            let mut unit = vec![store::host_seen(
                 &self.keys,
                 &host.name,
                 &host.address,
@@ -165,7 +167,7 @@ impl Shared {
                 unreachable,
                 run,
                 &at,
-            ));
+            )];
             if let Observed::Running { services } = o {
                 for (name, record) in services {
                     let port = site.service(name).and_then(|sid| site.services[sid].port);
@@ -175,21 +177,30 @@ impl Shared {
                         address: address(&host.address, port),
                         record,
                     };
-                    writes.extend(store::recorded(&self.keys, &hs, run, &at));
+                    unit.extend(store::recorded(&self.keys, &hs, run, &at));
                 }
             }
+            units.push(unit);
         }
         self.publish(writes);
+        for unit in units {
+            self.publish(unit);
+        }
     }
 
+    /// Queues `writes` as one unit: they reach etcd in one transaction.
     fn publish(&self, writes: Vec<Write>) {
+        if writes.is_empty() {
+            return;
+        }
         if let Some(q) = &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
             let _ = q.send(writes);
         }
     }
 
-    /// The one writer: queued writes in order, batched, each batch fenced by the lock. A
-    /// write etcd does not take is tried again until the lock is lost.
+    /// The one writer: queued units in order, batched into transactions that never split a
+    /// unit ([`store::transactions`]), each fenced by the lock. A transaction etcd does not
+    /// take is tried again until the lock is lost.
     fn start_writer(&self, cancel: Cancel) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<Write>>();
         let (etcd, lost) = (self.etcd.clone(), self.lost.clone());
@@ -197,28 +208,31 @@ impl Shared {
             return;
         };
         let writer = tokio::spawn(async move {
-            while let Some(mut batch) = rx.recv().await {
-                while let Ok(more) = rx.try_recv() {
-                    batch.extend(more);
-                    if batch.len() >= store::MAX_OPS * 4 {
-                        break;
-                    }
+            while let Some(first) = rx.recv().await {
+                let mut units = vec![first];
+                let mut ops = units[0].len();
+                while ops < store::MAX_OPS * 4 {
+                    let Ok(more) = rx.try_recv() else { break };
+                    ops += more.len();
+                    units.push(more);
                 }
-                loop {
-                    if lost.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-                        return;
-                    }
-                    match etcd.write(&fence, &batch).await {
-                        Ok(()) => break,
-                        Err(store::StoreError::Fenced(why)) => {
-                            *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
-                            cancel.raise(
-                                Level::Stop,
-                                &format!("the site's lock in etcd is lost: {why}"),
-                            );
+                for txn in store::transactions(&units) {
+                    loop {
+                        if lost.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
                             return;
                         }
-                        Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+                        match etcd.write(&fence, &txn).await {
+                            Ok(()) => break,
+                            Err(store::StoreError::Fenced(why)) => {
+                                *lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                                cancel.raise(
+                                    Level::Stop,
+                                    &format!("the site's lock in etcd is lost: {why}"),
+                                );
+                                return;
+                            }
+                            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+                        }
                     }
                 }
             }

@@ -283,6 +283,8 @@ impl Store for Etcd {
     }
 
     async fn write(&self, fence: &Fence, writes: &[Write]) -> Result<(), StoreError> {
+        // One transaction: the writer hands over at most `MAX_OPS` writes at once, a step's
+        // keys never split ([`super::transactions`]); more is only ever one unit too large.
         let writes = super::last_per_key(writes);
         for chunk in writes.chunks(MAX_OPS) {
             let ops: Vec<TxnOp> = chunk

@@ -356,3 +356,36 @@ pub fn service_fingerprint<'a>(hosts: impl Iterator<Item = (&'a str, Option<Stri
 /// etcd takes at most 128 operations in one transaction by default: writes in chunks that keep
 /// a step's keys together.
 pub const MAX_OPS: usize = 120;
+
+/// Queued units of writes (each a step's keys, or one host's, which must be seen together) as
+/// transactions: units in order, whole, packed into transactions of at most [`MAX_OPS`]
+/// writes, each transaction with only the last write to each key ([`last_per_key`]). A unit is
+/// never split across two transactions (a crash between them would publish half a step), but
+/// for one larger than [`MAX_OPS`] by itself, which goes alone and is split.
+pub fn transactions(units: &[Vec<Write>]) -> Vec<Vec<Write>> {
+    let mut out: Vec<Vec<Write>> = Vec::new();
+    let mut current: Vec<Write> = Vec::new();
+    let close = |current: &mut Vec<Write>, out: &mut Vec<Vec<Write>>| {
+        if !current.is_empty() {
+            out.push(last_per_key(current).into_iter().cloned().collect());
+            current.clear();
+        }
+    };
+    for unit in units {
+        let unit: Vec<Write> = last_per_key(unit).into_iter().cloned().collect();
+        if unit.is_empty() {
+            continue;
+        }
+        if unit.len() > MAX_OPS {
+            close(&mut current, &mut out);
+            out.extend(unit.chunks(MAX_OPS).map(<[Write]>::to_vec));
+            continue;
+        }
+        if current.len() + unit.len() > MAX_OPS {
+            close(&mut current, &mut out);
+        }
+        current.extend(unit);
+    }
+    close(&mut current, &mut out);
+    out
+}

@@ -395,3 +395,115 @@ fn a_batch_writes_each_key_once_its_last_value_in_order() {
         .collect();
     assert_eq!(kept, [("a", Some("2")), ("c", None), ("b", Some("2"))]);
 }
+
+/// Units of distinct keys (from a small pool, so that units overwrite each other), each write's
+/// value naming its unit.
+fn units_of(sizes: &[(usize, usize)]) -> Vec<Vec<Write>> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(u, &(size, base))| {
+            (0..size)
+                .map(|k| Write::Put {
+                    key: format!("k{}", (base + k) % 300),
+                    value: u.to_string(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+proptest! {
+    /// Whatever the steps' sizes, no transaction is over `MAX_OPS` and none splits a step: a
+    /// crash between two transactions leaves each step all published or not at all. Applied
+    /// in order, the transactions leave what the units in order would.
+    #[test]
+    fn transactions_never_split_a_step(
+        sizes in proptest::collection::vec((1usize..=130, 0usize..300), 0..40),
+    ) {
+        let units = units_of(&sizes);
+        let txns = transactions(&units);
+        let apply = |writes: &mut dyn Iterator<Item = &Write>| {
+            let mut kv = std::collections::BTreeMap::new();
+            for w in writes {
+                if let Write::Put { key, value } = w {
+                    kv.insert(key.clone(), value.clone());
+                }
+            }
+            kv
+        };
+        prop_assert_eq!(
+            apply(&mut txns.iter().flatten()),
+            apply(&mut units.iter().flatten())
+        );
+        let mut last_unit = 0;
+        for (t, txn) in txns.iter().enumerate() {
+            prop_assert!(txn.len() <= MAX_OPS);
+            let mut keys: Vec<&str> = txn.iter().map(Write::key).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            prop_assert_eq!(keys.len(), txn.len(), "a key twice in one transaction");
+            for w in txn {
+                let Write::Put { value, .. } = w else { continue };
+                let u: usize = value.parse().expect("unit");
+                prop_assert!(u >= last_unit, "units out of order");
+                last_unit = u;
+                // Every write of a unit that fits is in this transaction (or overwritten in it).
+                if units[u].len() <= MAX_OPS {
+                    for other in txns.iter().enumerate().filter(|(o, _)| *o != t) {
+                        prop_assert!(
+                            !other.1.iter().any(|x| matches!(x, Write::Put { value: v, .. } if v == value)),
+                            "unit {} split across transactions {} and {}", u, t, other.0
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A step published halfway (its `running` key and not its status, or a status of the
+/// version before) is unknown, never healthy: `plan` reads the host, `status` reads it too.
+#[test]
+fn a_status_of_another_version_or_missing_is_unknown_and_the_host_is_read() {
+    let (_dir, site, hosts) = site();
+    let given = Given { odd: None };
+    let mut writes = Vec::new();
+    for h in ["app1", "app2", "app3"] {
+        writes.extend(step(h, &healthy("1.0")));
+        writes.push(seen(h, true));
+    }
+    // app1: converged at 2.0. app2: only the running key of its 2.0 step reached the store,
+    // its status is 1.0's. app3: the running key of 2.0, its status keys gone.
+    writes.extend(step("app1", &healthy("2.0")));
+    writes.push(step("app2", &healthy("2.0")).remove(0));
+    writes.push(step("app3", &healthy("2.0")).remove(0));
+    for c in [Category::Configured, Category::Validated] {
+        writes.push(Write::Delete {
+            key: keys().status("api", "app3", c),
+        });
+    }
+    let view = view_of(&writes);
+    let known = converged(&view, &site, &hosts, &given);
+    assert!(known[0].is_some());
+    assert!(
+        known[1].is_none(),
+        "a status of 1.0 under running 2.0 is not healthy"
+    );
+    assert!(known[2].is_none(), "a missing status is not healthy");
+    let said = observed(&view, &site, &hosts, &given);
+    let read: Vec<(usize, &str)> = said
+        .unvouched
+        .iter()
+        .map(|(h, why)| (*h, why.as_str()))
+        .collect();
+    assert_eq!(read.len(), 2, "{read:?}");
+    assert_eq!(read[0].0, 1);
+    assert!(
+        read[0].1.contains("is for 1.0, its running version 2.0"),
+        "{}",
+        read[0].1
+    );
+    assert_eq!(read[1].0, 2);
+    assert!(read[1].1.contains("no configured status"), "{}", read[1].1);
+}

@@ -51,6 +51,41 @@ impl Published {
             inputs,
         })
     }
+
+    /// Why these keys cannot be taken for the host's state, when they cannot: no `running`
+    /// key, a category's status missing, or a status written for another version than the
+    /// one the host is said to run (a step published halfway, or a crash between its keys).
+    /// Such a pair is unknown, never healthy: the host is read.
+    pub fn unknown(&self, service: &str) -> Option<String> {
+        let Some(running) = &self.running else {
+            return Some(format!(
+                "the store has {service}'s status but not its version"
+            ));
+        };
+        for (name, status) in [
+            ("configured", &self.configured),
+            ("validated", &self.validated),
+        ] {
+            match status {
+                None => {
+                    return Some(format!(
+                        "the store has no {name} status of {service} {}: what it runs is read \
+                         from it",
+                        running.version
+                    ))
+                }
+                Some(s) if s.version != running.version => {
+                    return Some(format!(
+                        "the store's {name} status of {service} is for {}, its running version \
+                         {}: what it runs is read from it",
+                        s.version, running.version
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        None
+    }
 }
 
 /// What the store says of one service on one host, against what the host itself records.
@@ -211,6 +246,9 @@ pub fn converged(
             for sid in services_of(site, hosts, h) {
                 let s = &site.services[sid];
                 let published = entry.services.get(&s.name)?;
+                if published.unknown(&s.name).is_some() {
+                    return None;
+                }
                 let fp = published.running.as_ref()?.fingerprint.as_deref()?;
                 if desired.fingerprint(sid, h)?.as_str() != fp {
                     return None;
@@ -273,6 +311,11 @@ pub fn observed(view: &View, site: &Site, hosts: &Hosts, desired: &dyn Fingerpri
             let mut services = BTreeMap::new();
             for (name, published) in &entry.services {
                 let sid = site.service(name);
+                if let Some(why) = published.unknown(name) {
+                    if unvouched.last().map(|(u, _)| *u) != Some(h) {
+                        unvouched.push((h, why));
+                    }
+                }
                 if sid.is_some_and(|sid| desired.fingerprint(sid, h).is_none())
                     && unvouched.last().map(|(u, _)| *u) != Some(h)
                 {
