@@ -18,9 +18,10 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
     let options = crate::session::Options {
         break_lock: args.break_lock,
         max_connections: args.max_connections,
-        read_hosts: args.read_hosts,
+        // Every host's check runs before the plan: each is locked and read first.
+        read_hosts: args.read_hosts || args.repair,
         // Nothing is confirmed before the run: hosts may be read as it goes.
-        stream: args.yes && !args.read_first && !is_saved_plan(&args.target),
+        stream: args.yes && !args.read_first && !args.repair && !is_saved_plan(&args.target),
     };
     let session = Session::begin(options, std::sync::Arc::new(|text: &str| errln!("{text}")))?;
     let Ready {
@@ -166,7 +167,21 @@ fn fresh(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
         selection.hosts = super::plan::on_hosts(on.as_ref(), site, hosts)?;
         Ok(selection)
     })?;
-    let plan = plan::plan(&l.site, &l.hosts, &l.observed, &l.desired, &selection)?;
+    let mut selection = selection;
+    let mut plan = plan::plan(&l.site, &l.hosts, &l.observed, &l.desired, &selection)?;
+    if args.repair {
+        plan = session.block_on(rollout::plan_repairs(
+            Arc::new(l.site.clone()),
+            &l.hosts,
+            &l.observed,
+            &l.desired,
+            &mut selection,
+            plan,
+            l.transport.clone(),
+            args.max_connections,
+            Arc::new(l.secrets.clone()),
+        ))?;
+    }
     Ok(l.ready(plan, Some(selection)))
 }
 
@@ -228,8 +243,8 @@ fn stepped(plan: &Plan, hosts: &crate::inventory::Hosts) -> plan::Selection {
         .filter_map(|step| hosts.find(&step.host))
         .collect();
     plan::Selection {
-        services: None,
         hosts: Some(ids),
+        ..Default::default()
     }
 }
 
@@ -240,6 +255,14 @@ fn saved(args: &ApplyArgs, session: &Session) -> Result<Ready, Error> {
         return Err(Error::Usage {
             reason: "--only does not apply to a saved plan".into(),
             help: "the plan already says what changes: make it with `deploy plan --only … --out`"
+                .into(),
+        });
+    }
+    if args.repair {
+        return Err(Error::Usage {
+            reason: "--repair does not apply to a saved plan".into(),
+            help: "the plan already says which hosts are repaired: make it with `deploy plan \
+                   --repair --out`"
                 .into(),
         });
     }

@@ -136,6 +136,10 @@ pub struct PlanArgs {
     /// from the site.
     #[arg(long)]
     pub read_hosts: bool,
+    /// Run the check of every converged host first, and plan a `repair` (the whole
+    /// switch-over at the same version) where it fails.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -175,6 +179,10 @@ pub struct ApplyArgs {
     /// or a host that does not answer, is then found before the run).
     #[arg(long)]
     pub read_first: bool,
+    /// Lock and read every host, run the check of every converged one, and repair (the whole
+    /// switch-over at the same version) those whose check fails.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -191,6 +199,10 @@ pub struct StatusArgs {
     /// List only the failed host/service pairs, with their logs.
     #[arg(long)]
     pub failures: bool,
+    /// Also run the check of every converged host service now, and show those that fail
+    /// (exit 1 if one does).
+    #[arg(long)]
+    pub check: bool,
 }
 
 #[derive(Debug, clap::Args)]

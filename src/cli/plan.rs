@@ -29,7 +29,25 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
             args.max_connections,
         )?
     };
-    let plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
+    let mut plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
+    if args.repair && !args.offline {
+        let transport = std::sync::Arc::new(AnyTransport::for_platform(
+            &site.platform,
+            hosts.hosts.len(),
+            args.max_connections,
+        ));
+        plan = super::runtime()?.block_on(crate::rollout::plan_repairs(
+            std::sync::Arc::new(site.clone()),
+            &hosts,
+            &observed,
+            &desired,
+            &mut selection,
+            plan,
+            transport,
+            args.max_connections,
+            std::sync::Arc::new(secrets),
+        ))?;
+    }
     if let Some(path) = &args.out {
         save(&plan, path)?;
     }
@@ -143,7 +161,7 @@ pub fn selection(site: &Site, only: &[String]) -> Result<Selection, Error> {
     }
     Ok(Selection {
         services: Some(services),
-        hosts: None,
+        ..Default::default()
     })
 }
 

@@ -93,6 +93,24 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     status.disagreements = disagreements;
     status.stale = stale;
     status.read = read_themselves;
+    if args.check {
+        let transport = std::sync::Arc::new(crate::transport::AnyTransport::for_platform(
+            &site.platform,
+            hosts.hosts.len(),
+            args.site.max_connections,
+        ));
+        let checked = super::runtime()?.block_on(crate::rollout::check_status(
+            std::sync::Arc::new(site.clone()),
+            &all,
+            &hosts,
+            &observed,
+            &desired,
+            transport,
+            args.site.max_connections,
+            std::sync::Arc::new(secrets),
+        ))?;
+        status.checked = Some(checked);
+    }
     status.unfinished_run = match crate::session::unfinished(&site.name) {
         Ok(rec) => rec,
         Err(e) => {
@@ -119,7 +137,11 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     } else {
         out!("{}", report::status_text(&status));
     }
-    Ok(code::OK)
+    let failing = status
+        .checked
+        .as_ref()
+        .is_some_and(|c| !c.failing.is_empty());
+    Ok(if failing { code::FAILED } else { code::OK })
 }
 
 /// What the store says of the hosts of a subset.

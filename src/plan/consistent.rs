@@ -207,7 +207,7 @@ fn step_against_record(
     let fits = match st.kind {
         StepKind::Install => st.from.is_none(),
         StepKind::Upgrade => st.from.is_some() && !same,
-        StepKind::Retry | StepKind::Reconfigure => same,
+        StepKind::Retry | StepKind::Reconfigure | StepKind::Repair => same,
         // Only a streaming apply plans hosts unread; it saves no plan.
         StepKind::Unread => false,
     };
@@ -216,6 +216,7 @@ fn step_against_record(
         StepKind::Upgrade => "an upgrade",
         StepKind::Retry => "a retry",
         StepKind::Reconfigure => "a reconfigure",
+        StepKind::Repair => "a repair",
         StepKind::Unread => "an unread step",
     };
     (!fits).then(|| {

@@ -85,7 +85,15 @@ pub(super) fn sort(
             skipped.push(skip(SkipReason::Unreachable));
             continue;
         }
-        let Some(c) = change(site, desired, sid, h, record, version) else {
+        let repair = selection.repair.get(&(sid, h));
+        let Some(c) = change(site, desired, sid, h, record, version).or_else(|| {
+            repair.map(|why| Change {
+                kind: StepKind::Repair,
+                reasons: vec![why.clone()],
+                path: Path::SwitchOver,
+                restarts: Vec::new(),
+            })
+        }) else {
             skipped.push(skip(SkipReason::AtVersion));
             continue;
         };

@@ -148,3 +148,66 @@ fn a_reconfigure_reloads_only_what_a_running_service_takes_without_restarting() 
     let d = decided(Some(moved), BASE, true, "one", "t");
     assert_eq!((d.path, d.restarts), (Path::Reload, Vec::new()));
 }
+
+#[test]
+fn a_failed_check_makes_a_converged_host_a_repair_and_nothing_else() {
+    let (_dir, site, hosts) = load(BASE, true, "one");
+    let desired = crate::desired::resolve(&site, &hosts, &Secrets::none()).expect("resolves");
+    let (lb, lb1) = (
+        site.service("lb").expect("lb"),
+        hosts.find("lb1").expect("lb1"),
+    );
+    let api = site.service("api").expect("api");
+    let app1 = hosts.find("app1").expect("app1");
+    // Both hosts converged; app1's api at another version.
+    let mut observed: Vec<Observed> = hosts
+        .hosts
+        .iter()
+        .map(|h| {
+            let service = if &*h.name == "lb1" { "lb" } else { "api" };
+            let version = if service == "api" { "0.9" } else { "1.0" };
+            Observed::Running {
+                services: [(service.to_string(), ServiceRecord::at(version))]
+                    .into_iter()
+                    .collect(),
+            }
+        })
+        .collect();
+    desired.stamp(&site, &mut observed);
+    let mut selection = Selection::default();
+    let plan = |selection: &Selection| {
+        super::super::plan(&site, &hosts, &observed, &desired, selection).expect("plans")
+    };
+    let without = plan(&selection);
+    assert!(without
+        .services
+        .iter()
+        .all(|s| s.name != "lb" || s.steps() == 0));
+    selection
+        .repair
+        .insert((lb, lb1), "check failed: exited 3: gone".into());
+    selection
+        .repair
+        .insert((api, app1), "check failed: exited 1".into());
+    let with = plan(&selection);
+    let step = |name: &str| {
+        let s = with
+            .services
+            .iter()
+            .find(|s| s.name == name)
+            .expect("service");
+        s.each_step().next().cloned().expect("a step")
+    };
+    let repair = step("lb");
+    assert_eq!(repair.kind, StepKind::Repair);
+    assert_eq!(repair.from.as_deref(), Some("1.0"));
+    assert_eq!(repair.path, Some(Path::SwitchOver));
+    assert_eq!(repair.reasons, ["check failed: exited 3: gone"]);
+    // A host that changes anyway takes its own step.
+    assert_eq!(step("api").kind, StepKind::Upgrade);
+    assert!(
+        with.inconsistencies().is_empty(),
+        "{:?}",
+        with.inconsistencies()
+    );
+}

@@ -183,6 +183,7 @@ mod tests {
         let only = Selection {
             services: site.service("front").map(|s| [s].into()),
             hosts: hosts.find("w2").map(|h| [h].into()),
+            ..Default::default()
         };
         assert_eq!(names(first_hosts(&site, &hosts, &only)), ["w2"]);
     }

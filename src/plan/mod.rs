@@ -233,6 +233,10 @@ pub enum StepKind {
     /// The desired version with other inputs: files, then `reload` (or the whole switch-over
     /// with the old version equal to the new), then `check`.
     Reconfigure,
+    /// The desired version with exactly the desired inputs, healthy as recorded, but its
+    /// `check` fails now (`--repair`): the whole switch-over with the old version equal to
+    /// the new.
+    Repair,
     /// The host was not read before the run (an apply over `--max-connections`, level 2 of
     /// "connecting each host once"): it is locked and read in the command before the step,
     /// which then becomes one of the others ([`decide`]), or nothing if the host already runs
@@ -302,6 +306,10 @@ pub struct Selection {
     pub services: Option<BTreeSet<ServiceId>>,
     /// `--on`: these hosts, or all.
     pub hosts: Option<BTreeSet<HostId>>,
+    /// `--repair`: the services on hosts whose `check` failed when run before planning, and
+    /// why (its exit and last line): a `repair` step where they would be left alone as
+    /// converged.
+    pub repair: BTreeMap<(ServiceId, HostId), String>,
 }
 
 impl Selection {

@@ -428,6 +428,7 @@ fn plan_with(b: &Built, list: Vec<Host>) -> (Hosts, Vec<Observed>, Selection, Pl
                 .filter(|h| names.contains(&hosts.hosts[*h].name))
                 .collect()
         }),
+        ..Default::default()
     };
     let desired = crate::desired::resolve(&b.site, &hosts, &crate::secrets::Secrets::none())
         .expect("no files to read");

@@ -264,6 +264,7 @@ fn decided_line(
         StepKind::Upgrade => format!("upgrade {} → {to}", from.unwrap_or("?")),
         StepKind::Retry => format!("retry {to}"),
         StepKind::Reconfigure => format!("reconfigure {to}"),
+        StepKind::Repair => format!("repair {to}"),
         StepKind::Unread => format!("step {to}"),
     };
     let why = if reasons.is_empty() {

@@ -343,6 +343,7 @@ fn step_words(st: &crate::plan::Step, to: &str, dropped: &[&DroppedWait]) -> Str
     }
     let mut what = match st.kind {
         StepKind::Reconfigure => format!("reconfigure {to}"),
+        StepKind::Repair => format!("repair {to}"),
         StepKind::Unread => format!("read at its step → {to}"),
         _ => format!("{} → {to}", st.from.as_deref().unwrap_or("fresh")),
     };

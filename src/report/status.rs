@@ -76,6 +76,26 @@ pub fn status_text(s: &Status) -> String {
             );
         }
     }
+    match &s.checked {
+        Some(c) if !c.failing.is_empty() => {
+            let _ = writeln!(
+                out,
+                "\nfailing checks (converged as recorded; `deploy apply --repair` re-runs their \
+                 switch-over):"
+            );
+            for f in &c.failing {
+                let _ = writeln!(out, "  {} {}: check failed: {}", f.host, f.service, f.why);
+            }
+        }
+        Some(c) => {
+            let _ = writeln!(
+                out,
+                "\nchecks of the converged host services, run now: {} passed, 0 failed.",
+                c.ran
+            );
+        }
+        None => {}
+    }
     if !s.unaccounted.is_empty() {
         let _ = writeln!(out, "\nunaccounted:");
         for u in &s.unaccounted {

@@ -199,6 +199,7 @@ pub struct Kinds {
     pub upgraded: usize,
     pub retried: usize,
     pub reconfigured: usize,
+    pub repaired: usize,
 }
 
 impl Kinds {
@@ -210,6 +211,7 @@ impl Kinds {
             StepKind::Upgrade => self.upgraded += 1,
             StepKind::Retry => self.retried += 1,
             StepKind::Reconfigure => self.reconfigured += 1,
+            StepKind::Repair => self.repaired += 1,
             StepKind::Unread => {}
         }
     }
@@ -220,6 +222,7 @@ impl Kinds {
         self.upgraded += other.upgraded;
         self.retried += other.retried;
         self.reconfigured += other.reconfigured;
+        self.repaired += other.repaired;
     }
 
     /// `2 installed, 1 reconfigured` (kinds with none left out), or `None` when none.
@@ -229,6 +232,7 @@ impl Kinds {
             (self.upgraded, "upgraded"),
             (self.retried, "retried"),
             (self.reconfigured, "reconfigured"),
+            (self.repaired, "repaired"),
         ]
         .iter()
         .filter(|(n, _)| *n > 0)

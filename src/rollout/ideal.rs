@@ -218,7 +218,7 @@ impl<'p> Sim<'p> {
         }
         let svc = &mut self.svcs[s];
         svc.running -= 1;
-        if st.kind != StepKind::Reconfigure {
+        if !matches!(st.kind, StepKind::Reconfigure | StepKind::Repair) {
             svc.healthy += 1;
         }
         // A wave that has ended, with another to come: its pause runs from now.

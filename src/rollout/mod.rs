@@ -29,7 +29,7 @@ pub use ideal::makespan as ideal_makespan;
 pub use interrupt::kill_script;
 pub use planning::{Planned, Planning};
 pub use unread::LockAtStep;
-pub use verify::{verify, CheckResult};
+pub use verify::{check_converged, check_status, plan_repairs, repairs, verify, CheckResult};
 
 use crate::plan::Plan;
 use crate::site::Site;

@@ -20,8 +20,8 @@ pub use observe::{observed_from, Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
 pub use status::{
-    status, Expected, Failure, HostStatus, ServiceStatus, SiteLock, Source, Status, Unaccounted,
-    STATUS_SCHEMA,
+    status, Checked, Expected, FailingCheck, Failure, HostStatus, ServiceStatus, SiteLock, Source,
+    Status, Unaccounted, STATUS_SCHEMA,
 };
 
 use crate::inventory::Hosts;

@@ -49,6 +49,28 @@ pub struct Status {
     /// With a store: the hosts it cannot speak for (moved or replaced, or inputs that cannot
     /// be known here), read themselves, with why.
     pub read: Vec<Unaccounted>,
+    /// With `--check`: the checks of the converged host services, run now (absent without).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked: Option<Checked>,
+}
+
+/// `deploy status --check`: the checks of the host services at their desired version and
+/// inputs, healthy as recorded, run now.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Checked {
+    /// How many ran.
+    pub ran: usize,
+    /// Those that failed: `deploy apply --repair` re-runs their switch-over.
+    pub failing: Vec<FailingCheck>,
+}
+
+/// A converged host service whose check fails now.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailingCheck {
+    pub host: String,
+    pub service: String,
+    /// Its exit and the last line it wrote, its timeout, or why it could not run.
+    pub why: String,
 }
 
 /// Where `deploy status` read what the hosts run.
@@ -146,6 +168,7 @@ pub fn status(
         disagreements: Vec::new(),
         stale: None,
         read: Vec::new(),
+        checked: None,
     };
     for (hid, (h, o)) in hosts.hosts.iter().zip(observed).enumerate() {
         let reason = match o {

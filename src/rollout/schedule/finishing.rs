@@ -145,8 +145,9 @@ impl<T: Transport> Scheduler<T> {
                 if let Some(kind) = ran {
                     svc.kinds.add(kind);
                 }
-                // A host reconfigured at its version was counted healthy already.
-                if st.kind != StepKind::Reconfigure {
+                // A host reconfigured or repaired at its version was counted healthy
+                // already.
+                if !matches!(st.kind, StepKind::Reconfigure | StepKind::Repair) {
                     svc.healthy += 1;
                 }
                 host.done.insert(s);

@@ -345,6 +345,7 @@ async fn hosts_left_out_and_read_during_the_run_count_as_healthy() {
     let selection = Selection {
         services: None,
         hosts: Some([0, 3, 4].into_iter().collect()),
+        ..Default::default()
     };
     let plan = fx.plan_unread(&states, &unread, &selection);
     assert_eq!(plan.services[0].steps(), 2, "api steps app1 and app4 alone");
