@@ -92,6 +92,14 @@ fn command_hosts_are_planned() {
     let run = plan("command", &[]);
     assert_eq!(run.code, 0, "stderr:\n{}", run.stderr);
     insta::assert_snapshot!("command-plan", redact(&run.stdout));
+    // One policy, one description: the same words for each service it rolls out, however many
+    // waves each has (postgres has one, api two).
+    let described: BTreeSet<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("  policy fixture:"))
+        .collect();
+    assert_eq!(described.len(), 1, "{}", run.stdout);
 
     let p = plan_json("command");
     let hosts = snapshot(&p);

@@ -176,7 +176,7 @@ fn service(
         s.hosts,
         plural(s.hosts, "host")
     );
-    let rules = policy_rules(p, s.waves.len());
+    let rules = policy_rules(p);
     let _ = writeln!(out, "  policy {}: {}", p.name, rules.join(", "));
     if s.waits_for.is_empty() {
         let _ = writeln!(out, "  starts at once");
@@ -223,12 +223,13 @@ fn service(
 }
 
 /// The policy in words, for a service of `waves` waves.
-fn policy_rules(p: &PlannedPolicy, waves: usize) -> Vec<String> {
+/// The policy's rule, whatever this service's waves are: one policy reads the same for every
+/// service of a plan (its counts are of each service's hosts), however many waves each has.
+fn policy_rules(p: &PlannedPolicy) -> Vec<String> {
     use crate::rollout::Flowing;
     // Whether a later wave may take a free slot before the whole wave before it has ended,
-    // by the scheduler's own rule (never past the canary either).
-    let later_waves = waves > 1 + usize::from(p.canary > 0);
-    let flowing = crate::rollout::flowing(p).filter(|_| later_waves);
+    // by the scheduler's own rule.
+    let flowing = crate::rollout::flowing(p);
     let slots = matches!(flowing, Some(Flowing::Slots { .. }));
     let mut rules = vec![if slots {
         format!(
@@ -269,7 +270,7 @@ fn policy_rules(p: &PlannedPolicy, waves: usize) -> Vec<String> {
         Some(Flowing::Budget { limit }) => rules.push(format!(
             "a free slot goes to the next wave while failed + switching ≤ {limit} (flow \"budget\")"
         )),
-        None if later_waves && p.flow != Flow::Slots => rules.push(format!(
+        None if p.flow != Flow::Slots => rules.push(format!(
             "each wave waits for the whole one before it (flow \"{}\")",
             p.flow.name()
         )),
@@ -413,8 +414,8 @@ mod tests {
     }
 
     /// The policy's words for how waves flow, if any.
-    fn flows(p: &PlannedPolicy, waves: usize) -> Option<String> {
-        policy_rules(p, waves)
+    fn flows(p: &PlannedPolicy) -> Option<String> {
+        policy_rules(p)
             .iter()
             .find(|r| {
                 r.starts_with("a free slot")
@@ -427,55 +428,53 @@ mod tests {
     #[test]
     fn the_policy_says_how_a_batch_limits_the_hosts_switching() {
         use Flow::Slots;
-        let rules = |p: &PlannedPolicy, waves: usize| policy_rules(p, waves).join(", ");
+        let rules = |p: &PlannedPolicy| policy_rules(p).join(", ");
         // The default: a batch is a concurrency limit, whatever the budget.
         assert_eq!(
-            rules(&policy(0, OnFailure::Rollback, Slots), 3),
+            rules(&policy(0, OnFailure::Rollback, Slots)),
             "2 hosts switching at once, a freed slot to the next host, roll back a failed host, no new host after 1 failed"
         );
         assert_eq!(
-            rules(&policy(2, OnFailure::Stop, Slots), 3),
+            rules(&policy(2, OnFailure::Stop, Slots)),
             "2 hosts switching at once, a freed slot to the next host, leave a failed host as it is, no new host after a failure"
         );
         assert_eq!(
-            rules(&policy(0, OnFailure::Continue, Slots), 3),
+            rules(&policy(0, OnFailure::Continue, Slots)),
             "2 hosts switching at once, a freed slot to the next host, roll back a failed host, carry on whatever fails"
         );
-        // Whole waves where the policy asks for them, whatever the rule: a pause, a spread,
-        // one wave only, or only the canary before it.
+        // Whole waves where the policy asks for them, whatever the rule: a pause, a spread.
         let slots = policy(2, OnFailure::Rollback, Slots);
-        let waves = |p: &PlannedPolicy, n: usize| rules(p, n).starts_with("2 hosts per wave");
+        let waves = |p: &PlannedPolicy| rules(p).starts_with("2 hosts per wave");
         let paused = PlannedPolicy {
             pause: "10s".into(),
             ..slots.clone()
         };
-        assert!(waves(&paused, 3));
+        assert!(waves(&paused));
         let spread = PlannedPolicy {
             spread: Some("zone".into()),
             ..slots.clone()
         };
-        assert!(waves(&spread, 3));
-        assert!(waves(&slots, 1));
+        assert!(waves(&spread));
+        // The rule, not the waves of one service: a canary changes only its own wave.
         let canary = PlannedPolicy {
             canary: 1,
             ..slots.clone()
         };
-        assert!(rules(&canary, 2).contains("2 hosts per wave"));
-        assert!(rules(&canary, 3).contains("2 hosts switching at once"));
-        assert_eq!(flows(&slots, 3), None, "slots say it in their first words");
+        assert!(rules(&canary).starts_with("canary 1, 2 hosts switching at once"));
+        assert_eq!(flows(&slots), None, "slots say it in their first words");
     }
 
     #[test]
     fn the_budget_and_waves_rules_say_so() {
         let budget = policy(2, OnFailure::Rollback, Flow::Budget);
         assert_eq!(
-            flows(&budget, 3).as_deref(),
+            flows(&budget).as_deref(),
             Some(
                 "a free slot goes to the next wave while failed + switching ≤ 2 (flow \"budget\")"
             )
         );
         assert_eq!(
-            flows(&policy(0, OnFailure::Continue, Flow::Budget), 3).as_deref(),
+            flows(&policy(0, OnFailure::Continue, Flow::Budget)).as_deref(),
             Some("a free slot goes to the next wave at once (flow \"budget\")")
         );
         // Under `budget`, nothing may fail (the default) or a failure stops: whole waves.
@@ -484,12 +483,12 @@ mod tests {
             policy(2, OnFailure::Stop, Flow::Budget),
         ] {
             assert_eq!(
-                flows(&p, 3).as_deref(),
+                flows(&p).as_deref(),
                 Some("each wave waits for the whole one before it (flow \"budget\")")
             );
         }
         assert_eq!(
-            flows(&policy(2, OnFailure::Rollback, Flow::Waves), 3).as_deref(),
+            flows(&policy(2, OnFailure::Rollback, Flow::Waves)).as_deref(),
             Some("each wave waits for the whole one before it (flow \"waves\")")
         );
     }
