@@ -16,6 +16,7 @@ use support::hooks::{write_platform_without, EV};
 struct Conf {
     lb_install: &'static str,
     lb_start: &'static str,
+    lb_rollback: &'static str,
     mode: &'static str,
     /// lb's batch.
     batch: u32,
@@ -26,6 +27,7 @@ impl Default for Conf {
         Conf {
             lb_install: "ev install",
             lb_start: "ev start",
+            lb_rollback: "ev rollback",
             mode: "fast",
             batch: 1,
         }
@@ -109,12 +111,13 @@ service "lb" {{
     start #"{EV}{start}"#
     reload #"{EV}ev reload; [ ! -e /srv/fail-reload ]"#
     check #"{EV}ev checked; [ -s /srv/lb/upstreams ]"# timeout="5s" interval="100ms"
-    rollback #"{EV}ev rollback"#
+    rollback #"{EV}{rollback}"#
 }}
 "####,
             mode = c.mode,
             install = c.lb_install,
             start = c.lb_start,
+            rollback = c.lb_rollback,
         );
         let path = dir.join("site.kdl");
         std::fs::write(&path, site).expect("site");
@@ -312,6 +315,30 @@ fn a_changed_install_hook_runs_even_when_the_service_has_reload() {
         "a file alone: only the reload and the check"
     );
     assert_eq!(s.file("lb2", "srv/lb/static.txt"), "static two\n");
+    // Only the rollback hook: no running process uses it; the new inputs are recorded, no
+    // hook runs, and the hosts are converged with it.
+    c.lb_rollback = "ev rollback; true";
+    let plan = s.plan(&c);
+    for lb in ["lb1", "lb2"] {
+        assert!(
+            plan.contains(&format!(
+                "reconfigure 1.0 (hooks: rollback) recorded only, nothing running uses it: {lb}\n"
+            )),
+            "{plan}"
+        );
+    }
+    let before = s.events().len();
+    s.apply_ok(&c);
+    assert_eq!(
+        since(&s.events(), before),
+        Vec::<String>::new(),
+        "no hook ran"
+    );
+    let plan = s.plan(&c);
+    assert!(
+        plan.contains("skipped, converged: lb1"),
+        "recorded:\n{plan}"
+    );
 }
 
 #[test]
