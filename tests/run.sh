@@ -19,6 +19,8 @@ command -v unshare >/dev/null || missing+=(util-linux)
 # with openssl)
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v etcd >/dev/null || missing+=(etcd-server)
+# etcdctl, to set up etcd's users and roles for the `auth` test
+command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v openssl >/dev/null || missing+=(openssl)
 # pip, for moto below (only when moto is missing too)
 python3 -c 'import moto.server' 2>/dev/null || python3 -m pip --version >/dev/null 2>&1 \

@@ -2,7 +2,8 @@
 //! lease lock (two controllers refuse each other; a killed one frees it; a lease that lapses
 //! frees it), fencing (etcd gone mid-run: no new step, exit 6, host state exact), published
 //! state (`status` from the store equals the hosts', a host that stopped answering is not
-//! reporting, a converged site plans without SSH), a three-member cluster losing a member, TLS.
+//! reporting, a converged site plans without SSH), a three-member cluster losing a member, TLS,
+//! etcd's `auth` with tokens that lapse mid-run.
 #![cfg(feature = "etcd")]
 
 mod support;
@@ -80,6 +81,7 @@ service "api" {{
 
     fn deploy_in(&self, dir: &Path, args: &[&str]) -> Output {
         support::cli::deploy_in(dir)
+            .env(support::etcd::PASSWORD_ENV, support::etcd::PASSWORD)
             .args(args)
             .output()
             .expect("run deploy")
@@ -94,6 +96,7 @@ service "api" {{
         let err = self.fleet.dir.join(format!("spawned-{}.err", args.len()));
         let file = std::fs::File::create(&err).expect("stderr file");
         let child = support::cli::deploy_in(&self.fleet.dir)
+            .env(support::etcd::PASSWORD_ENV, support::etcd::PASSWORD)
             .args(args)
             .stdout(Stdio::null())
             .stderr(file)
@@ -740,4 +743,38 @@ fn a_tls_endpoint_with_the_sites_ca_works_and_without_it_fails_clearly() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{err}");
     assert!(err.contains("etcd does not answer"), "{err}");
+}
+
+#[test]
+fn with_etcd_auth_tokens_that_lapse_mid_run_are_renewed_and_the_run_keeps_its_lock() {
+    // etcd's simple tokens lapse after 2 s unused; each step sleeps 4 s, so every step's
+    // publish (and the lease revoke at the end) is sent with a token etcd no longer knows.
+    let site = Site::start(7, Etcd::start_auth(2, PREFIX), "3s");
+    let path = site.write("1.0", "4");
+    let p = path.to_str().unwrap();
+    let started = Instant::now();
+    let out = site.deploy(&["apply", p, "--yes"]);
+    let err = text(&out.stderr);
+    assert!(started.elapsed() > Duration::from_secs(25), "{err}");
+    applied_and_published(&out);
+    assert!(!err.contains("lock in etcd"), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    for h in site.fleet.names() {
+        assert_eq!(site.recorded(h).as_deref(), Some("1.0"), "{h}");
+        assert_eq!(site.whats(h), ["install", "start", "checked"], "{h}");
+        assert_eq!(
+            site.published(h).expect("published")["version"],
+            "1.0",
+            "{h}"
+        );
+    }
+    // The store and every host's state file agree, category by category.
+    let hosts = status_json(&site, &path, &["--hosts"]);
+    assert_eq!(hosts["disagreements"], serde_json::json!([]), "{hosts}");
+    assert_eq!(hosts["converged"], 7, "{hosts}");
+    // The lease went with the run: the lock is free, and the store answers a new command.
+    assert!(site.lock_holder().is_none());
+    let store = status_json(&site, &path, &[]);
+    assert_eq!(store["source"], "store", "{store}");
+    assert_eq!(store["converged"], 7, "{store}");
 }

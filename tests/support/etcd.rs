@@ -1,6 +1,7 @@
 //! A real etcd (Debian's `etcd-server`, 3.4) on loopback for tests: one member or a cluster of
 //! three, on ports of their own (a system etcd may hold 2379), data in a temporary directory,
-//! `--unsafe-no-fsync` for speed; optionally TLS with a CA the test makes (openssl).
+//! `--unsafe-no-fsync` for speed; optionally TLS with a CA the test makes (openssl), or etcd's
+//! own users (`auth`: a `deploy` user allowed only the tests' prefix, tokens of a short TTL).
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -33,7 +34,16 @@ pub struct Etcd {
     /// With TLS: the CA's certificate (`tls ca=`).
     pub ca: Option<PathBuf>,
     sync: Sync,
+    /// With `auth`: the simple tokens' TTL in seconds.
+    auth: Option<u32>,
 }
+
+/// With `auth`: the user the platform names, and its password (in [`PASSWORD_ENV`]).
+pub const USER: &str = "deploy";
+pub const PASSWORD: &str = "deploy-secret";
+pub const PASSWORD_ENV: &str = "ETCD_PASSWORD";
+/// The root user, for the test's own reads.
+const ROOT_PASSWORD: &str = "root-secret";
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -110,7 +120,7 @@ impl Etcd {
 
     /// One member that syncs every commit to disk, as etcd does by default (benchmarks).
     pub fn start_durable() -> Etcd {
-        Etcd::launch_with(1, false, Sync::Durable)
+        Etcd::launch_with(1, false, Sync::Durable, None)
     }
 
     /// Three members.
@@ -123,11 +133,20 @@ impl Etcd {
         Etcd::launch(1, true)
     }
 
-    fn launch(n: usize, tls: bool) -> Etcd {
-        Etcd::launch_with(n, tls, Sync::Never)
+    /// One member with etcd's `auth` enabled: simple tokens that lapse after `token_ttl`
+    /// seconds unused (`--auth-token-ttl`), a root user, and the user [`USER`] whose role may
+    /// read and write only under `prefix` (as a site's own etcd user would).
+    pub fn start_auth(token_ttl: u32, prefix: &str) -> Etcd {
+        let etcd = Etcd::launch_with(1, false, Sync::Never, Some(token_ttl));
+        etcd.enable_auth(prefix);
+        etcd
     }
 
-    fn launch_with(n: usize, tls: bool, sync: Sync) -> Etcd {
+    fn launch(n: usize, tls: bool) -> Etcd {
+        Etcd::launch_with(n, tls, Sync::Never, None)
+    }
+
+    fn launch_with(n: usize, tls: bool, sync: Sync, auth: Option<u32>) -> Etcd {
         let dir = tempfile::tempdir().expect("etcd dir");
         if tls {
             make_certs(dir.path());
@@ -145,12 +164,66 @@ impl Etcd {
             members,
             dir,
             sync,
+            auth,
         };
         for i in 0..n {
             etcd.spawn(i, "new");
         }
         etcd.wait_ready(Duration::from_secs(30));
         etcd
+    }
+
+    /// `etcdctl` on the first member, as `user` (root when `None` before auth is on).
+    fn etcdctl(&self, user: Option<&str>, args: &[&str]) {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.endpoints().split(',').next().unwrap_or_default());
+        if let Some(user) = user {
+            cmd.arg("--user").arg(user);
+        }
+        let out = cmd
+            .args(args)
+            .output()
+            .expect("run etcdctl (Debian's etcd-client; tests/run.sh installs it)");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn enable_auth(&self, prefix: &str) {
+        let root_pw = format!("--new-user-password={ROOT_PASSWORD}");
+        let deploy_pw = format!("--new-user-password={PASSWORD}");
+        let under = format!("{}/", prefix.trim_end_matches('/'));
+        for args in [
+            vec!["user", "add", "root", &root_pw],
+            vec!["user", "grant-role", "root", "root"],
+            vec!["role", "add", "drover"],
+            vec![
+                "role",
+                "grant-permission",
+                "drover",
+                "--prefix=true",
+                "readwrite",
+                &under,
+            ],
+            vec!["user", "add", USER, &deploy_pw],
+            vec!["user", "grant-role", USER, "drover"],
+            vec!["auth", "enable"],
+        ] {
+            self.etcdctl(None, &args);
+        }
+    }
+
+    /// A token of the root user, for the JSON gateway (`None` without `auth`).
+    fn token(&self, port: u16) -> Option<String> {
+        self.auth?;
+        let body = format!("{{\"name\":\"root\",\"password\":\"{ROOT_PASSWORD}\"}}");
+        let reply = http_post(port, "/v3/auth/authenticate", &body, None);
+        let json: serde_json::Value = serde_json::from_str(&reply).expect("token JSON");
+        Some(json["token"].as_str().expect("a token").to_string())
     }
 
     fn scheme(&self) -> &'static str {
@@ -187,6 +260,14 @@ impl Etcd {
             .args(["--logger", "zap"]);
         if self.sync == Sync::Never {
             cmd.arg("--unsafe-no-fsync");
+        }
+        if let Some(ttl) = self.auth {
+            cmd.args([
+                "--auth-token",
+                "simple",
+                "--auth-token-ttl",
+                &ttl.to_string(),
+            ]);
         }
         if self.ca.is_some() {
             let p = |n: &str| self.dir.path().join(n);
@@ -240,12 +321,21 @@ impl Etcd {
 
     /// The platform's `store` node.
     pub fn store_node(&self, prefix: &str, ttl: &str) -> String {
-        let tls = match &self.ca {
-            Some(ca) => format!(" {{ tls ca=\"{}\"; }}", ca.display()),
-            None => String::new(),
+        let mut children = Vec::new();
+        if let Some(ca) = &self.ca {
+            children.push(format!("tls ca=\"{}\";", ca.display()));
+        }
+        if self.auth.is_some() {
+            children.push(format!(
+                "auth user=\"{USER}\" password-env=\"{PASSWORD_ENV}\";"
+            ));
+        }
+        let children = match children.is_empty() {
+            true => String::new(),
+            false => format!(" {{ {} }}", children.join(" ")),
         };
         format!(
-            "store \"etcd\" endpoints=\"{}\" prefix=\"{prefix}\" lock-ttl=\"{ttl}\"{tls}",
+            "store \"etcd\" endpoints=\"{}\" prefix=\"{prefix}\" lock-ttl=\"{ttl}\"{children}",
             self.endpoints()
         )
     }
@@ -293,7 +383,7 @@ impl Etcd {
             .iter()
             .find(|m| m.child.lock().unwrap().is_some())
             .expect("a running member");
-        let reply = http_post(m.client, "/v3/kv/range", &body);
+        let reply = http_post(m.client, "/v3/kv/range", &body, self.token(m.client));
         let json: serde_json::Value = serde_json::from_str(&reply).expect("etcd's JSON");
         json["kvs"]
             .as_array()
@@ -326,11 +416,13 @@ fn healthy(port: u16) -> bool {
     reply.contains("\"health\":\"true\"")
 }
 
-fn http_post(port: u16, path: &str, body: &str) -> String {
+/// `body` posted to etcd's JSON gateway, with `token` (etcd's `auth`) if any; the reply's body.
+fn http_post(port: u16, path: &str, body: &str, token: Option<String>) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to etcd");
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
     let req = format!(
-        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("send");
@@ -360,10 +452,12 @@ impl Etcd {
 
 /// A lease of `ttl` seconds, granted through the JSON gateway; its id.
 pub fn grant(etcd: &Etcd, ttl: u64) -> String {
+    let port = etcd.any_client_port();
     let reply = http_post(
-        etcd.any_client_port(),
+        port,
         "/v3/lease/grant",
         &format!("{{\"TTL\":{ttl}}}"),
+        etcd.token(port),
     );
     let json: serde_json::Value = serde_json::from_str(&reply).expect("lease JSON");
     json["ID"].as_str().expect("lease id").to_string()
@@ -378,6 +472,7 @@ pub fn put(etcd: &Etcd, key: &str, value: &str, lease: String) {
         b64.encode(key),
         b64.encode(value)
     );
-    let reply = http_post(etcd.any_client_port(), "/v3/kv/put", &body);
+    let port = etcd.any_client_port();
+    let reply = http_post(port, "/v3/kv/put", &body, etcd.token(port));
     assert!(reply.contains("header"), "put: {reply}");
 }

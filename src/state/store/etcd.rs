@@ -2,7 +2,8 @@
 //! (a call to a member that is down fails with `Unavailable`), so every call here goes to the
 //! endpoint that last answered and, when it cannot be reached, to the next one, round after
 //! round, until the call's patience runs out. Every call is safe to send twice: reads, lease
-//! renewals, and writes fenced by the lock (the lock's own creation checks its holder).
+//! renewals, and writes fenced by the lock (the lock's own creation checks its holder). With
+//! etcd's `auth`, a call whose token etcd refuses is sent again with a fresh one.
 
 use super::{Fence, Keys, Store, StoreError, View, Write, MAX_OPS};
 use crate::site::StoreSpec;
@@ -49,6 +50,35 @@ fn retryable(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// Whether etcd refused the token a call was sent with (`auth`): expired (a simple token
+/// lapses after `--auth-token-ttl` unused, 300 s by default; a JWT after its TTL), or issued
+/// before etcd's users or roles changed. A fresh token makes the same call good.
+fn stale_token(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    s.code() == tonic::Code::Unauthenticated
+        || s.message().contains("invalid auth token")
+        || s.message().contains("revision of auth store is old")
+}
+
+/// `call` on `client`; when etcd refuses its token, `client` authenticates again (with `auth`'s
+/// user and password, kept by the client) and `call` is sent once more. Every kind of call
+/// comes here: reads, writes, lease grants, renewals and revokes.
+async fn authenticated<T, F, Fut>(client: Client, call: &F) -> Result<T, etcd_client::Error>
+where
+    F: Fn(Client) -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    match call(client.clone()).await {
+        Err(e) if stale_token(&e) => {
+            client.refresh_token().await?;
+            call(client).await
+        }
+        result => result,
+    }
+}
+
 impl Etcd {
     /// Connects to `spec`'s endpoints (the password, with `auth`, from its variable) and
     /// checks that one of them answers.
@@ -83,9 +113,15 @@ impl Etcd {
             current: AtomicUsize::new(0),
             patience: spec.lock_ttl,
         };
-        etcd.call(
-            |mut c| async move { c.get("/", Some(GetOptions::new().with_count_only())).await },
-        )
+        // A count of the keys under the prefix: a user of etcd's `auth` may read nothing else.
+        let under = format!("{}/", spec.prefix.trim_end_matches('/'));
+        etcd.call(|mut c| {
+            let under = under.clone();
+            async move {
+                let count = GetOptions::new().with_prefix().with_count_only();
+                c.get(under, Some(count)).await
+            }
+        })
         .await?;
         Ok(etcd)
     }
@@ -133,7 +169,7 @@ impl Etcd {
                 }
                 let attempt = async {
                     let c = self.client(i).await?;
-                    call(c).await
+                    authenticated(c, &call).await
                 };
                 let result = match tokio::time::timeout(left, attempt).await {
                     Ok(r) => r,
@@ -320,4 +356,43 @@ impl Store for Etcd {
 /// `d` as a person reads it: `1.5 s`.
 fn seconds(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stale_token;
+    use etcd_client::Error;
+    use tonic::{Code, Status};
+
+    fn status(code: Code, message: &str) -> Error {
+        Error::GRpcStatus(Status::new(code, message))
+    }
+
+    #[test]
+    fn a_refused_token_is_renewed_and_nothing_else_is() {
+        // etcd's own errors (rpctypes): an expired token, and as the Lock and Election services
+        // relay it; a token from before a change to users or roles.
+        for e in [
+            status(Code::Unauthenticated, "etcdserver: invalid auth token"),
+            status(Code::Unknown, "etcdserver: invalid auth token"),
+            status(
+                Code::InvalidArgument,
+                "etcdserver: revision of auth store is old",
+            ),
+        ] {
+            assert!(stale_token(&e), "{e}");
+        }
+        // A wrong password or a user not allowed the key: a new token changes nothing.
+        for e in [
+            status(
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            status(Code::PermissionDenied, "etcdserver: permission denied"),
+            status(Code::Unavailable, "etcdserver: leader changed"),
+            Error::LeaseKeepAliveError("the keep-alive stream closed".into()),
+        ] {
+            assert!(!stale_token(&e), "{e}");
+        }
+    }
 }
