@@ -14,10 +14,10 @@ impl Etcd {
             platform: platform.to_string(),
         })
     }
-    pub async fn grant(&self, _ttl: Duration) -> Result<i64, StoreError> {
+    pub async fn grant(&self, _ttl: Duration) -> Result<(i64, i64), StoreError> {
         match *self {}
     }
-    pub async fn renew(&self, _lease: i64, _patience: Duration) -> Result<i64, StoreError> {
+    pub async fn renew(&self, _lease: i64, _patience: Duration) -> Result<bool, StoreError> {
         match *self {}
     }
     pub async fn revoke(&self, _lease: i64) -> Result<(), StoreError> {
@@ -29,6 +29,7 @@ impl Etcd {
         _key: &str,
         _value: &str,
         _lease: i64,
+        _patience: Duration,
     ) -> Result<Result<i64, (Vec<u8>, i64, i64)>, StoreError> {
         match *self {}
     }
