@@ -777,4 +777,15 @@ fn with_etcd_auth_tokens_that_lapse_mid_run_are_renewed_and_the_run_keeps_its_lo
     let store = status_json(&site, &path, &[]);
     assert_eq!(store["source"], "store", "{store}");
     assert_eq!(store["converged"], 7, "{store}");
+    // A password etcd refuses is not a lapsed token: the command fails at once, saying why.
+    let started = Instant::now();
+    let out = support::cli::deploy_in(&site.fleet.dir)
+        .env(support::etcd::PASSWORD_ENV, "not-the-password")
+        .args(["status", p])
+        .output()
+        .expect("run deploy");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("authentication failed"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{err}");
 }
