@@ -110,8 +110,20 @@ pub fn line(kind: &EventKind) -> Option<String> {
             to,
             kind,
             reasons,
+            path,
+            restarts,
             decided: true,
-        } => decided_line(service, host, from.as_deref(), to, *kind, reasons),
+        } => {
+            let step = Decided {
+                from: from.as_deref(),
+                to,
+                kind: *kind,
+                reasons,
+                path: *path,
+                restarts,
+            };
+            decided_line(service, host, &step)
+        }
         EventKind::StepStarted { .. }
         | EventKind::HookStarted { .. }
         | EventKind::HookFinished { .. } => return None,
@@ -250,15 +262,26 @@ pub fn line(kind: &EventKind) -> Option<String> {
 }
 
 /// A step decided during the run: `api: app3 reconfigure 2.0 (env: MODE), decided as read`.
-fn decided_line(
-    service: &str,
-    host: &str,
-    from: Option<&str>,
-    to: &str,
+/// A step decided during the run, as its `step-started` event says it.
+struct Decided<'a> {
+    from: Option<&'a str>,
+    to: &'a str,
     kind: crate::plan::StepKind,
-    reasons: &[String],
-) -> String {
+    reasons: &'a [String],
+    path: crate::plan::Path,
+    restarts: &'a [String],
+}
+
+fn decided_line(service: &str, host: &str, step: &Decided<'_>) -> String {
     use crate::plan::StepKind;
+    let Decided {
+        from,
+        to,
+        kind,
+        reasons,
+        path,
+        restarts,
+    } = *step;
     let what = match kind {
         StepKind::Install => format!("install {to}"),
         StepKind::Upgrade => format!("upgrade {} → {to}", from.unwrap_or("?")),
@@ -272,7 +295,11 @@ fn decided_line(
     } else {
         format!(" ({})", reasons.join("; "))
     };
-    format!("{service}: {host} {what}{why}, decided once read")
+    let by = match kind {
+        StepKind::Reconfigure => super::plan_text::path_words(Some(path), restarts),
+        _ => String::new(),
+    };
+    format!("{service}: {host} {what}{why}{by}, decided once read")
 }
 
 /// One bar per service (hosts done of hosts planned), with failures and notable lines above.

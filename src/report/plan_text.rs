@@ -352,23 +352,23 @@ fn step_words(st: &crate::plan::Step, to: &str, dropped: &[&DroppedWait]) -> Str
         what.push_str(&format!(" ({})", notes.join("; ")));
     }
     if st.kind == StepKind::Reconfigure {
-        what.push_str(&path_words(st));
+        what.push_str(&path_words(st.path, &st.restarts));
     }
     what
 }
 
 /// Which hooks a reconfigure runs, and why: ` by reload`, ` by switch-over, restarting for
 /// hook:install, env:MODE`, ` by switch-over, no reload hook`, ` recorded only, …`.
-fn path_words(st: &crate::plan::Step) -> String {
+pub(crate) fn path_words(path: Option<crate::plan::Path>, restarts: &[String]) -> String {
     use crate::plan::Path;
-    match st.path {
+    match path {
         Some(Path::Reload) => " by reload".into(),
         Some(Path::Record) => " recorded only, nothing running uses it".into(),
-        Some(Path::SwitchOver) | None if st.restarts.is_empty() => {
+        Some(Path::SwitchOver) | None if restarts.is_empty() => {
             " by switch-over, no reload hook".into()
         }
         Some(Path::SwitchOver) | None => {
-            format!(" by switch-over, restarting for {}", st.restarts.join(", "))
+            format!(" by switch-over, restarting for {}", restarts.join(", "))
         }
     }
 }

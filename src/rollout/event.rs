@@ -89,6 +89,12 @@ pub enum EventKind {
         /// Why a reconfigure (as in the plan; absent when none).
         #[serde(skip_serializing_if = "Vec::is_empty")]
         reasons: Vec<String>,
+        /// Which hooks it runs, as in the plan: `switch-over`, `reload` or `record`.
+        path: crate::plan::Path,
+        /// A reconfigure by switch-over of a service with `reload`: the changed inputs that
+        /// need a restart, as in the plan (absent when none).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        restarts: Vec<String>,
         /// Decided during the run, once its host was read at its step (`deploy apply --yes`
         /// over `--max-connections`, or a service planned as its hosts are read): the plan
         /// shown before the run did not hold this step's kind and reasons (absent when false).

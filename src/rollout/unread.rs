@@ -89,6 +89,7 @@ impl<L: Link> Unread<L> {
                 job.kind = d.kind;
                 job.reasons = d.reasons;
                 job.path = d.path;
+                job.restarts = d.restarts;
                 Ok(job)
             }
             Ok(None) => {

@@ -242,6 +242,8 @@ mod tests {
             to: "2.0".into(),
             kind: crate::plan::StepKind::Upgrade,
             reasons: Vec::new(),
+            path: crate::plan::Path::SwitchOver,
+            restarts: Vec::new(),
             decided: false,
         }
     }

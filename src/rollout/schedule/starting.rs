@@ -57,6 +57,7 @@ impl<T: Transport> Scheduler<T> {
                 .join(&*host.name)
                 .join(format!("{}.log", sp.name)),
             reasons: st.reasons.clone(),
+            restarts: st.restarts.clone(),
             release: (self.hosts[h].steps_left == 1
                 && self.r.held_to_end.as_deref() != Some(&*host.name))
             .then(|| self.r.release.as_deref().map(Arc::from))
@@ -90,6 +91,8 @@ impl<T: Transport> Scheduler<T> {
                     to: job.to.clone(),
                     kind: job.kind,
                     reasons: job.reasons.clone(),
+                    path: job.path,
+                    restarts: job.restarts.clone(),
                     decided,
                 }))
             };

@@ -59,6 +59,9 @@ pub struct StepJob {
     pub release: Option<Arc<str>>,
     /// Why a reconfigure (the plan's, or decided once an unread step's host was read).
     pub reasons: Vec<String>,
+    /// A reconfigure by switch-over of a service with `reload`: the changed inputs that need
+    /// a restart ([`crate::plan::Step::restarts`]).
+    pub restarts: Vec<String>,
 }
 
 /// How it went; `record` is the host's record as now written.
