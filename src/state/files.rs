@@ -5,7 +5,9 @@
 //! directory until the step passes, to be put back by a rename if it fails.
 //!
 //! Every function builds shell text (POSIX sh and coreutils: `cat`, `cp`, `ln`, `mv`, `rm`,
-//! `sync`, `chmod`, `mkdir`, `stat`, `wc`, `grep`); every value in it is quoted.
+//! `sync`, `chmod`, `mkdir`, `stat`, `wc`, `grep`, `tr`); every value in it is quoted. Every
+//! rename that puts something in place (a file, a list) is followed by a sync of its
+//! directory, so that a crash of the host after the step cannot bring the old name back.
 //!
 //! - What drover writes beside a target `<dir>/<name>` is in `<dir>/.drover/`, a directory of
 //!   the user drover logs in as alone (0700; one that is a link, or another user's, is refused):
@@ -43,6 +45,13 @@ const STAMP: &str = "%d:%i:%s:%.9Y:%.9Z";
 /// `<state_dir>/files`.
 fn store_dir(state_dir: &str) -> String {
     format!("{state_dir}/files")
+}
+
+/// Shell that syncs the directory of `path`, so that a rename in it stays done; never fails (a
+/// `sync` that takes no operand, as some busybox builds, syncs everything).
+fn sync_dir_of(path: &str) -> String {
+    let (dir, _) = split(path);
+    format!("{{ sync {} 2>/dev/null || sync; }}", quote(&dir))
 }
 
 /// `<store>/<list>/<service>` (a file name safe for any service).
@@ -165,13 +174,20 @@ pub fn kept(files: &[Placed], survey: &str) -> Vec<Option<String>> {
 /// `<name>.new` only once its size is right: an earlier attempt for the same file still running
 /// on the host (its connection lost, the content resent over another) can neither truncate nor
 /// remove this one's bytes. Parts that attempts cut off left behind go first (only names
-/// ending in `.new.` and digits: another target's files have other endings).
+/// ending in `.new.` and digits: another target's files have other endings). A part that
+/// cannot be written whole (a full disk) is removed at once, and the reason names the target
+/// and what the write said (`No space left on device`): nothing is left to fill the disk.
 pub fn receive_script(to: &str, size: u64, mode: u32) -> String {
     let tmp = quote(&received_at(to));
     format!(
-        "umask 077 && {private} && new={tmp} && {{ {leftovers}; true; }} && part=\"$new.$$\" && cat >\"$part\" && {{ [ \"$(wc -c <\"$part\")\" -eq {size} ] || {{ echo \"drover: received $(wc -c <\"$part\") of {size} bytes\" >&2; rm -f \"$part\"; exit 1; }}; }} && chmod {mode:o} \"$part\" && {{ sync \"$part\" 2>/dev/null || true; }} && mv -f \"$part\" \"$new\"",
+        "umask 077 && {private} && new={tmp} && {{ {leftovers}; true; }} && part=\"$new.$$\" && \
+         if why=$(cat 2>&1 >\"$part\"); then \
+         got=$(wc -c <\"$part\"); [ \"$got\" -eq {size} ] || {{ rm -f \"$part\"; echo \"drover: received $got of {size} bytes for {shown}\" >&2; exit 1; }}; \
+         {{ chmod {mode:o} \"$part\" && {{ sync \"$part\" 2>/dev/null || true; }} && mv -f \"$part\" \"$new\"; }} || {{ rm -f \"$part\"; echo \"drover: cannot keep what was received for {shown}\" >&2; exit 1; }}; \
+         else rm -f \"$part\"; why=$(printf '%s' \"$why\" | tr '\\n' ' '); echo \"drover: cannot receive {shown}: ${{why:-the write failed}} (the partial file is removed)\" >&2; exit 1; fi",
         private = make_private(to),
         leftovers = remove_numbered("\"$new\""),
+        shown = shown(to),
     )
 }
 
@@ -235,25 +251,28 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[St
         ));
     }
     s.push_str(&format!(
-        "mv -f {prev_tmp} {prev} || exit {NOTHING_PLACED}\n"
+        "{{ sync {prev_tmp} 2>/dev/null || true; }}; mv -f {prev_tmp} {prev} || exit {NOTHING_PLACED}\n{}\n",
+        sync_dir_of(&prev_list),
     ));
     // Copies first: the content they are made from is renamed away below.
     for f in files.iter().filter(|f| !receives(files, f)) {
         let tmp = quote(&beside(&f.to, "tmp"));
         s.push_str(&format!(
-            "{{ rm -f {tmp} && cat {new} >{tmp} && chmod {mode:o} {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {to}; }} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n",
+            "{{ rm -f {tmp} && cat {new} >{tmp} && chmod {mode:o} {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {to}; }} || {{ rm -f {tmp}; echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n{synced}\n",
             new = quote(&received_at(&first_of(files, f).to)),
             mode = f.mode,
             to = quote(&f.to),
             shown = shown(&f.to),
+            synced = sync_dir_of(&f.to),
         ));
     }
     for f in files.iter().filter(|f| receives(files, f)) {
         s.push_str(&format!(
-            "mv -f {new} {to} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n",
+            "mv -f {new} {to} || {{ echo \"drover: cannot put {shown} in place\" >&2; exit 1; }}\n{synced}\n",
             new = quote(&received_at(&f.to)),
             to = quote(&f.to),
             shown = shown(&f.to),
+            synced = sync_dir_of(&f.to),
         ));
     }
     s.push_str(&format!("{{ : >{placed_tmp}"));
@@ -272,8 +291,9 @@ pub fn place_script(state_dir: &str, service: &str, files: &[Placed], kept: &[St
         ));
     }
     s.push_str(&format!(
-        " && mv -f {placed_tmp} {placed}; }} || {{ echo \"drover: cannot write down what was placed\" >&2; exit 1; }}\n",
-        placed = quote(&placed),
+        " && {{ sync {placed_tmp} 2>/dev/null || true; }} && mv -f {placed_tmp} {placed_q}; }} || {{ echo \"drover: cannot write down what was placed\" >&2; exit 1; }}\n{synced}\n",
+        placed_q = quote(&placed),
+        synced = sync_dir_of(&placed),
     ));
     s
 }
@@ -304,6 +324,7 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
     let prev = quote(&list_file(state_dir, "prev", service));
     let placed = list_file(state_dir, "placed", service);
     let placed_tmp = quote(&format!("{placed}.tmp"));
+    let placed_synced = sync_dir_of(&placed);
     let placed = quote(&placed);
     format!(
         "[ -f {prev} ] || exit 0\n\
@@ -314,7 +335,7 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
          \x20 if [ \"$k\" = - ]; then rm -f -- \"$p\" || exit 1; continue; fi\n\
          \x20 if [ -e \"$l\" ] || [ -L \"$l\" ]; then\n\
          \x20   if [ \"$l\" -ef \"$p\" ]; then rm -f -- \"$l\" || exit 1\n\
-         \x20   else mv -f -- \"$l\" \"$p\" || {{ echo \"drover: cannot put back $p\" >&2; exit 1; }}; fi\n\
+         \x20   else mv -f -- \"$l\" \"$p\" || {{ echo \"drover: cannot put back $p\" >&2; exit 1; }}; {{ sync \"$d\" 2>/dev/null || sync; }}; fi\n\
          \x20 fi\n\
          done <{prev}\n\
          if [ -f {placed} ]; then\n\
@@ -323,7 +344,8 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
          \x20   p=\"${{line#* * * }}\"\n\
          \x20   grep -qxF -e \"+ $p\" -e \"- $p\" {prev} || printf '%s\\n' \"$line\" >>{placed_tmp} || exit 1\n\
          \x20 done <{placed}\n\
-         \x20 mv -f {placed_tmp} {placed} || exit 1\n\
+         \x20 {{ sync {placed_tmp} 2>/dev/null || true; }}; mv -f {placed_tmp} {placed} || exit 1\n\
+         \x20 {placed_synced}\n\
          fi\n\
          rm -f {prev}"
     )

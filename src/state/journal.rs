@@ -141,6 +141,10 @@ struct Queue {
     syncing: bool,
     /// The lines (from, to) of the last sync that failed, and its error.
     failed: Option<(u64, u64, String)>,
+    /// A write failed: the file may end in part of a line, so the next write starts on a line
+    /// of its own (an empty line is nothing to a reader; two entries glued into one would be
+    /// a damaged line).
+    torn: bool,
 }
 
 impl Journal {
@@ -149,6 +153,14 @@ impl Journal {
     #[cfg(test)]
     pub(crate) fn refuse_writes(&self) {
         if let Ok(f) = std::fs::File::open(&self.path) {
+            self.state.lock().unwrap_or_else(|p| p.into_inner()).file = Some(f);
+        }
+    }
+
+    /// For tests: writes go to the journal's file again (after [`Journal::refuse_writes`]).
+    #[cfg(test)]
+    pub(crate) fn accept_writes(&self) {
+        if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&self.path) {
             self.state.lock().unwrap_or_else(|p| p.into_inner()).file = Some(f);
         }
     }
@@ -175,6 +187,7 @@ impl Journal {
                 done: 0,
                 syncing: false,
                 failed: None,
+                torn: false,
             }),
             synced: Condvar::new(),
         })
@@ -226,7 +239,10 @@ impl Journal {
             }
             // Lead a sync of everything queued so far.
             q.syncing = true;
-            let batch = std::mem::take(&mut q.pending);
+            let mut batch = std::mem::take(&mut q.pending);
+            if q.torn {
+                batch.insert(0, b'\n');
+            }
             let (from, upto) = (q.done + 1, q.queued);
             let mut file = q.file.take();
             drop(q);
@@ -238,6 +254,7 @@ impl Journal {
             q.file = file;
             q.syncing = false;
             q.done = upto;
+            q.torn = result.is_err();
             if let Err(e) = result {
                 q.failed = Some((from, upto, e.to_string()));
             }
@@ -315,6 +332,10 @@ pub struct RunRecord {
     pub unreachable: usize,
     /// Steps begun and never ended, in the order they began.
     pub in_flight: Vec<InFlight>,
+    /// Lines that are not entries, but for a last line cut short (`line N: why`): the journal
+    /// was damaged, and what this record says may miss what they said.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<String>,
 }
 
 impl RunRecord {
@@ -361,6 +382,14 @@ impl RunRecord {
                 .collect();
             text.push_str(&format!("; in flight: {}", steps.join(", ")));
         }
+        if !self.damaged.is_empty() {
+            text.push_str(&format!(
+                "; its journal {} has {} damaged line(s), whose entries are not counted: {}",
+                self.journal,
+                self.damaged.len(),
+                self.damaged.join("; ")
+            ));
+        }
         text
     }
 }
@@ -390,7 +419,9 @@ pub fn unfinished(root: &Path, site: &str) -> Result<Option<RunRecord>, String> 
 }
 
 /// Folds a journal's lines into where its run stands. A last line cut short (the process died
-/// while writing it) is ignored.
+/// while writing it: no newline after it) is ignored; any other line that is not an entry is
+/// reported in [`RunRecord::damaged`], never passed over in silence. Empty lines are nothing
+/// (a write after a failed one starts on a line of its own).
 pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
     let mut rec = RunRecord {
         run: run.to_string(),
@@ -409,14 +440,25 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
         skipped: 0,
         unreachable: 0,
         in_flight: Vec::new(),
+        damaged: Vec::new(),
     };
     let mut open: BTreeMap<(String, String), (usize, InFlight)> = BTreeMap::new();
     let mut order = 0;
     let mut ended = false;
-    for line in text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
-    {
+    let torn_last = !text.is_empty() && !text.ends_with('\n');
+    let count = text.lines().count();
+    let mut lines = Vec::with_capacity(count);
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Line>(l) {
+            Ok(line) => lines.push(line),
+            Err(_) if torn_last && i + 1 == count => {}
+            Err(e) => rec.damaged.push(format!("line {}: {e}", i + 1)),
+        }
+    }
+    for line in lines {
         rec.last = Some(line.time.clone());
         match line.entry {
             Entry::RunStarted {
@@ -558,5 +600,61 @@ mod tests {
             said.contains(": 2 of 4 steps done, 0 failed, 1 left alone (unreachable), none"),
             "{said}"
         );
+    }
+
+    fn result(host: &str) -> Entry {
+        Entry::StepResult {
+            service: "api".into(),
+            host: host.into(),
+            ok: true,
+            failed_hook: None,
+            rolled_back: false,
+            reason: None,
+        }
+    }
+
+    /// Only a last line cut short (no newline after it) is passed over; a damaged line
+    /// anywhere else is reported, by line number, and said by `describe`.
+    #[test]
+    fn only_a_torn_last_line_is_dropped_any_other_bad_line_is_reported() {
+        let good = line(result("a1"));
+        let torn = &good[..good.len() / 2];
+        let rec = read("r1", "j", &format!("{good}\n{torn}"));
+        assert_eq!(rec.succeeded, 1);
+        assert!(rec.damaged.is_empty(), "{:?}", rec.damaged);
+        let rec = read("r1", "j", &format!("{good}\n{torn}\n\n{good}\n"));
+        assert_eq!(rec.succeeded, 2);
+        assert_eq!(rec.damaged.len(), 1, "{:?}", rec.damaged);
+        assert!(rec.damaged[0].starts_with("line 2: "), "{:?}", rec.damaged);
+        let said = rec.describe();
+        assert!(said.contains("has 1 damaged line(s)"), "{said}");
+        // Cut short but followed by its newline: not the process dying mid-line.
+        let rec = read("r1", "j", &format!("{good}\n{torn}\n"));
+        assert_eq!(rec.damaged.len(), 1, "{:?}", rec.damaged);
+    }
+
+    /// An append that failed part-way (a full disk) leaves part of a line: the next append
+    /// starts on a line of its own, so its entry is read, not glued to the fragment.
+    #[test]
+    fn an_append_after_a_failed_one_starts_on_a_fresh_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let journal = Journal::create(dir.path()).expect("journal");
+        let t = "2026-11-28T07:00:00.000Z";
+        journal.append(t, result("a1")).expect("first");
+        journal.refuse_writes();
+        assert!(journal.append(t, result("a2")).is_err());
+        // What the failed write got onto the disk before failing.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(journal.path())
+            .expect("open");
+        f.write_all(br#"{"time":"2026-11-28T07:00:00.000Z","ent"#)
+            .expect("fragment");
+        journal.accept_writes();
+        journal.append(t, result("a3")).expect("after");
+        let text = std::fs::read_to_string(journal.path()).expect("read");
+        let rec = read("r1", "j", &text);
+        assert_eq!(rec.succeeded, 2, "{text}");
+        assert_eq!(rec.damaged.len(), 1, "{:?}", rec.damaged);
     }
 }
