@@ -140,6 +140,7 @@ fixtures! {
     shared_path => INVALID,
     state_dir_file => INVALID,
     template_problems => INVALID,
+    template_names => INVALID,
     store_problems => INVALID,
     store_lock_ttl_fraction => INVALID,
     service_template_problems => INVALID,
@@ -293,6 +294,22 @@ fn every_policy_problem_is_reported_in_one_run() {
         );
     }
     assert_eq!(diagnostics(&run.stderr).len(), 4, "{}", run.stderr);
+}
+
+#[test]
+fn template_names_the_site_does_not_give_are_said_with_the_near_one() {
+    let run = check(&format!("{FIXTURES}/template-names.kdl"));
+    for e in [
+        "`needs.apu` is not given to service `lb`",
+        "did you mean `needs.api`? (`lb` needs api)",
+        "`env.MODEE` is not given to service `lb`",
+        "did you mean `env.MODE`? (`lb` is given MODE)",
+        "╭─[tests/fixtures/check/templates/names.j2:3:",
+        "╭─[tests/fixtures/check/templates/names.j2:1:",
+    ] {
+        assert!(run.stderr.contains(e), "`{e}` not said in:\n{}", run.stderr);
+    }
+    assert_eq!(diagnostics(&run.stderr).len(), 2, "{}", run.stderr);
 }
 
 #[test]

@@ -172,7 +172,19 @@ impl Checker {
                 Some(p) => p,
                 None => cx.default_policy.clone(),
             };
-            match (version, policy, merged.ok) {
+            let env = check_files::merged_env(cx.site_env, &merged.env);
+            let given = merged.ok && {
+                let needs: Vec<&str> = merged.needs.iter().map(|(n, _)| names[n.service]).collect();
+                let env: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+                super::template_names::check(
+                    &s.name.value,
+                    &merged.files,
+                    &needs,
+                    &env,
+                    &mut self.errors,
+                )
+            };
+            match (version, policy, merged.ok && given) {
                 (Some(version), Some(policy), true) => out.push(Service {
                     name: s.name.value.clone(),
                     version,
@@ -182,7 +194,7 @@ impl Checker {
                     policy,
                     hooks: merged.hooks,
                     secrets: merged.secrets,
-                    env: check_files::merged_env(cx.site_env, &merged.env),
+                    env,
                     files: merged.files,
                 }),
                 _ => ok = false,

@@ -17,6 +17,7 @@ mod source;
 mod spread;
 pub(crate) mod suggest;
 mod template;
+mod template_names;
 #[cfg(test)]
 mod tests;
 pub mod value;
