@@ -11,6 +11,12 @@ use std::collections::BTreeSet;
 use std::io::Write;
 
 pub fn run(args: &PlanArgs) -> Result<u8, Error> {
+    if args.repair && args.offline {
+        return Err(Error::Usage {
+            reason: "--repair runs the checks on the hosts, and --offline contacts none".into(),
+            help: "drop one of them".into(),
+        });
+    }
     let site = site::load(&args.site)?;
     let mut selection = selection(&site, &args.only)?;
     let on = selector(&args.on)?;
@@ -30,7 +36,7 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
         )?
     };
     let mut plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
-    if args.repair && !args.offline {
+    if args.repair {
         let transport = std::sync::Arc::new(AnyTransport::for_platform(
             &site.platform,
             hosts.hosts.len(),
