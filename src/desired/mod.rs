@@ -410,8 +410,46 @@ impl Desired {
         host: &crate::inventory::Host,
         secrets: &Secrets,
     ) -> Result<Vec<Delivery>, String> {
+        self.deliveries_with(site, service, host, secrets, self.needs(service))
+    }
+
+    /// What `service` on `host` is given when the pools of its needs are `needs` instead of
+    /// the site's (a dependent's hosts while a needed service's wave runs): its inputs, as
+    /// the host records them, and its files.
+    pub fn given_pools(
+        &self,
+        site: &Site,
+        service: ServiceId,
+        host: (HostId, &crate::inventory::Host),
+        secrets: &Secrets,
+        needs: Arc<BTreeMap<String, Pool>>,
+    ) -> Result<(Inputs, Vec<Delivery>), String> {
+        let mut inputs = self.inputs(service, host.0);
+        for (name, pool) in needs.iter() {
+            inputs.0.insert(format!("needs:{name}"), pool.entry.clone());
+        }
+        let files = self.deliveries_with(site, service, host.1, secrets, needs)?;
+        for (f, d) in site.services[service].files.iter().zip(&files) {
+            if f.template.is_some() {
+                inputs.0.insert(
+                    format!("file:{}", f.to),
+                    format!("{} {:o}", d.digest, d.mode).into(),
+                );
+            }
+        }
+        Ok((inputs, files))
+    }
+
+    fn deliveries_with(
+        &self,
+        site: &Site,
+        service: ServiceId,
+        host: &crate::inventory::Host,
+        secrets: &Secrets,
+        needs: Arc<BTreeMap<String, Pool>>,
+    ) -> Result<Vec<Delivery>, String> {
         let s = &site.services[service];
-        let r = render::Renderer::new(site, service, self.needs(service), secrets);
+        let r = render::Renderer::new(site, service, needs, secrets);
         let mut out = Vec::with_capacity(s.files.len());
         for f in &s.files {
             match &f.template {

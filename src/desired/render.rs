@@ -26,33 +26,43 @@ pub struct Pool {
 /// The hosts of service `sid`, in name order.
 pub fn pool(site: &Site, hosts: &Hosts, sid: ServiceId) -> Pool {
     let service = &site.services[sid];
-    let members: Vec<Member> = hosts
-        .of_classes(&service.classes)
-        .into_iter()
-        .map(|h| Member {
-            host: hosts.hosts[h].name.clone(),
-            address: hosts.hosts[h].address.clone(),
-            port: service.port,
-        })
-        .collect();
-    let port = service.port.map(|p| p.to_string());
-    let mut entry = String::with_capacity(members.len() * 32);
-    for (i, m) in members.iter().enumerate() {
-        if i > 0 {
-            entry.push(' ');
-        }
-        // `host=address[:port]`, as the inputs record each member.
-        entry.push_str(&m.host);
-        entry.push('=');
-        entry.push_str(&m.address);
-        if let Some(p) = &port {
-            entry.push(':');
-            entry.push_str(p);
+    Pool::of(
+        hosts
+            .of_classes(&service.classes)
+            .into_iter()
+            .map(|h| Member {
+                host: hosts.hosts[h].name.clone(),
+                address: hosts.hosts[h].address.clone(),
+                port: service.port,
+            })
+            .collect(),
+    )
+}
+
+impl Member {
+    /// How the inputs record it: `host=address[:port]`.
+    pub fn entry(&self) -> String {
+        match self.port {
+            Some(p) => format!("{}={}:{p}", self.host, self.address),
+            None => format!("{}={}", self.host, self.address),
         }
     }
-    Pool {
-        members: Arc::new(members),
-        entry: Arc::from(entry),
+}
+
+impl Pool {
+    /// The pool of these members, in the order given.
+    pub fn of(members: Vec<Member>) -> Pool {
+        let mut entry = String::with_capacity(members.len() * 32);
+        for (i, m) in members.iter().enumerate() {
+            if i > 0 {
+                entry.push(' ');
+            }
+            entry.push_str(&m.entry());
+        }
+        Pool {
+            members: Arc::new(members),
+            entry: Arc::from(entry),
+        }
     }
 }
 

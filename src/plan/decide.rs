@@ -7,7 +7,7 @@ use super::{service_hosts, Path, Selection, Skip, SkipReason, StepKind};
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::site::{ServiceId, Site};
-use crate::state::{added_hosts, Observed};
+use crate::state::{added_hosts, moved_hosts, Observed};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -31,7 +31,9 @@ pub(super) struct Todo {
     /// `None`: an unread step.
     pub(super) path: Option<Path>,
     pub(super) restarts: Vec<String>,
-    /// The needed services' hosts this step's host does not list yet: `(service, hosts)`.
+    /// The needed services' hosts this step's host does not list yet, or lists at another
+    /// address or port, or (`drain=#true`) every one: `(service, hosts)`. Its step waits for
+    /// their steps, so that it never lists a host where it does not serve.
     pub(super) added: Vec<(ServiceId, Vec<String>)>,
 }
 
@@ -114,7 +116,8 @@ pub(super) fn sort(
     }
 }
 
-/// The hosts each pool `sid` is given lists and the host's record of it (`record`) does not:
+/// The hosts each pool `sid` is given lists and the host's record of it (`record`) does not,
+/// or lists at another address or port; for a need with `drain=#true`, every host of the pool:
 /// `(needed service, hosts)`, once per needed service.
 fn added(
     site: &Site,
@@ -131,7 +134,14 @@ fn added(
         let Some(pool) = pools.get(name) else {
             continue;
         };
-        let new = added_hosts(&pool.entry, was.get(&format!("needs:{name}")));
+        let then = was.get(&format!("needs:{name}"));
+        let new = if need.drain {
+            added_hosts(&pool.entry, None)
+        } else {
+            let mut new = added_hosts(&pool.entry, then);
+            new.extend(moved_hosts(&pool.entry, then));
+            new
+        };
         if !new.is_empty() && !added.iter().any(|(t, _)| *t == need.service) {
             added.push((need.service, new));
         }

@@ -229,6 +229,7 @@ fn build(spec: &Spec) -> Built {
                     service,
                     healthy,
                     addressable,
+                    drain: false,
                 });
             }
         }
@@ -697,6 +698,7 @@ fn check_planned_from(
                 service: t,
                 healthy: None,
                 addressable: Some(q),
+                drain: false,
             });
         }
     }

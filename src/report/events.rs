@@ -170,6 +170,36 @@ pub fn line(kind: &EventKind) -> Option<String> {
             "{service}: {host} left alone: {}",
             reason.as_deref().unwrap_or("unreachable")
         ),
+        EventKind::RepointStarted {
+            service,
+            host,
+            needs,
+            phase,
+            hosts,
+            ..
+        } => match phase {
+            crate::rollout::Phase::Drop => format!(
+                "{service}: {host} drops {} of {needs} before {} stop{}",
+                hosts.join(", "),
+                if hosts.len() == 1 { "it" } else { "they" },
+                if hosts.len() == 1 { "s" } else { "" }
+            ),
+            crate::rollout::Phase::List => {
+                format!("{service}: {host} lists {} of {needs} again", hosts.join(", "))
+            }
+        },
+        EventKind::RepointFinished { ok: true, .. } => return None,
+        EventKind::RepointFinished {
+            service,
+            host,
+            needs,
+            reason,
+            log,
+            ..
+        } => format!(
+            "{service}: {host} FAILED to change its hosts of {needs}: {} (log: {log})",
+            reason.as_deref().unwrap_or("failed")
+        ),
         EventKind::WaveFinished {
             service,
             wave,

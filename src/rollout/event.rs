@@ -155,6 +155,30 @@ pub enum EventKind {
         failed: usize,
         not_started: usize,
     },
+    /// A dependent's host is reconfigured with a pool of the service it needs other than the
+    /// site's, while a wave of that service runs: `drop` before the wave stops `hosts` (their
+    /// address or port changes, or the need says `drain=#true`), `list` once their steps
+    /// ended. `listed`: the hosts of `needs` it is given now.
+    RepointStarted {
+        service: String,
+        host: String,
+        needs: String,
+        phase: Phase,
+        hosts: Vec<String>,
+        listed: Vec<String>,
+    },
+    RepointFinished {
+        service: String,
+        host: String,
+        needs: String,
+        phase: Phase,
+        ok: bool,
+        reason: Option<String>,
+        log: String,
+        /// The dependent's record as the reconfigure left it on the host (not in the NDJSON).
+        #[serde(skip)]
+        record: Option<Box<crate::state::ServiceRecord>>,
+    },
     /// The run was told to stop (`abort: false`: no new step starts, running steps finish)
     /// or to abort (`abort: true`: running steps are killed and recorded as interrupted).
     Interrupted {
@@ -262,6 +286,16 @@ pub enum ServiceOutcome {
     Blocked,
     /// The run was interrupted: the service's steps not yet started never will be.
     Interrupted,
+}
+
+/// What a dependent's reconfigure during a needed service's wave does ([`EventKind::RepointStarted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Drops the wave's hosts before they stop.
+    Drop,
+    /// Lists them again, at their current address, once their steps ended.
+    List,
 }
 
 /// Where events go. The engine never prints.

@@ -23,7 +23,7 @@ mod tests;
 
 pub use budget::{flowing, Flowing};
 pub use cancel::{Cancel, Level};
-pub use event::{Event, EventKind, Gate, Kinds, ServiceOutcome, Sink, EVENT_SCHEMA};
+pub use event::{Event, EventKind, Gate, Kinds, Phase, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
 pub use interrupt::kill_script;

@@ -13,10 +13,12 @@ use std::time::Instant;
 use tokio::task::JoinSet;
 use tokio::time::Instant as TokioInstant;
 
+mod draining;
 mod ending;
 mod finishing;
 mod flowing;
 mod planned;
+mod repointing;
 mod rounds;
 mod starting;
 mod stopping;
@@ -125,10 +127,15 @@ pub struct Scheduler<T: Transport> {
     dropped: HashSet<crate::plan::WaitKey>,
     /// Waits may have come to light since they were last looked at.
     rounds_due: bool,
+    /// Per service: the services that need it, and whether each drains it (`drain=#true`).
+    dependents: Vec<Vec<(usize, bool)>>,
+    /// The dependents' reconfigures while a needed service's waves run.
+    repoints: draining::Repoints,
 }
 
 /// What woke the coordinator.
 enum Woke {
+    Repointed(Result<(tokio::task::Id, (draining::Repoint, StepResult)), tokio::task::JoinError>),
     Ended(Option<Result<(tokio::task::Id, Ended), tokio::task::JoinError>>),
     Planned(Option<super::Planned>),
     Other,
@@ -208,6 +215,7 @@ impl<T: Transport> Scheduler<T> {
         let stepping = planned::stepping(&plan, &host_index);
         let early = crate::plan::may_start_early(&r.site, &plan);
         let closure = crate::plan::RuntimeClosure::new(&r.site);
+        let dependents = draining::dependents(&r.site, &plan);
         let mut scheduler = Scheduler {
             r,
             links,
@@ -230,8 +238,15 @@ impl<T: Transport> Scheduler<T> {
             unread_waits: HashMap::new(),
             dropped: HashSet::new(),
             rounds_due: true,
+            dependents,
+            repoints: draining::Repoints::default(),
         };
         scheduler.dropped = scheduler.dropped_by_plan();
+        for h in 0..scheduler.hosts.len() {
+            if scheduler.may_repoint(h) {
+                scheduler.hosts[h].steps_left += 1;
+            }
+        }
         scheduler
     }
 
@@ -284,7 +299,7 @@ impl<T: Transport> Scheduler<T> {
             let wake = self.advance();
             // Services still to be planned are waited for, unless every service is over.
             let waiting = self.updates.is_some() && self.svcs.iter().any(|s| s.finished.is_none());
-            if self.tasks.is_empty() && wake.is_none() && !waiting {
+            if self.tasks.is_empty() && self.repoints.idle() && wake.is_none() && !waiting {
                 break;
             }
             let timer = async {
@@ -295,8 +310,12 @@ impl<T: Transport> Scheduler<T> {
             };
             let tasks = &mut self.tasks;
             let updates = &mut self.updates;
+            let repoints = &mut self.repoints.tasks;
             let woke = tokio::select! {
                 done = tasks.join_next_with_id(), if !tasks.is_empty() => Woke::Ended(done),
+                Some(done) = repoints.join_next_with_id(), if !repoints.is_empty() => {
+                    Woke::Repointed(done)
+                }
                 update = next_update(updates), if updates.is_some() => Woke::Planned(update),
                 _ = timer => Woke::Other,
                 _ = interrupts.changed() => Woke::Other,
@@ -305,6 +324,10 @@ impl<T: Transport> Scheduler<T> {
                 Woke::Ended(done) => done,
                 Woke::Planned(update) => {
                     self.planned(update);
+                    None
+                }
+                Woke::Repointed(done) => {
+                    self.repointed(done);
                     None
                 }
                 Woke::Other => None,
@@ -330,6 +353,17 @@ impl<T: Transport> Scheduler<T> {
 
     /// Starts what may start; returns when to look again if something waits on a timer.
     fn advance(&mut self) -> Option<TokioInstant> {
+        loop {
+            let wake = self.advance_steps();
+            // The dependents' reconfigures queued meanwhile (their host may be free now); a
+            // wave they no longer hold may start.
+            if !self.start_repoints() {
+                return wake;
+            }
+        }
+    }
+
+    fn advance_steps(&mut self) -> Option<TokioInstant> {
         self.drop_rounds();
         let mut wake: Option<TokioInstant> = None;
         let mut changed = true;
@@ -358,7 +392,10 @@ impl<T: Transport> Scheduler<T> {
                         continue;
                     }
                 }
-                if self.svcs[s].pending.is_empty() && (self.svcs[s].running == 0 || self.flows(s)) {
+                if self.svcs[s].pending.is_empty()
+                    && (self.svcs[s].running == 0 || self.flows(s))
+                    && !self.repoints.holds(s)
+                {
                     match self.svcs[s].not_before {
                         Some(at) if at > TokioInstant::now() => {
                             wake = Some(wake.map_or(at, |w| w.min(at)));
@@ -464,6 +501,8 @@ impl<T: Transport> Scheduler<T> {
             running: 0,
             failed: 0,
         });
+        // The dependents drop the hosts this wave must not find listed; its steps wait.
+        self.drop_before(s, w);
         if let Some(next) = sp.waves.get(w + 1) {
             // The slots this wave's steps take (a flowing service keeps `batch` switching).
             let reserve = sp.policy.batch_hosts.max(wave.steps.len());
@@ -481,7 +520,10 @@ impl<T: Transport> Scheduler<T> {
 
     /// Launches every pending step of `s` whose host is free and whose same-host needs are done.
     fn launch(&mut self, s: usize) -> bool {
-        if self.svcs[s].finished.is_some() || self.svcs[s].pending.is_empty() {
+        if self.svcs[s].finished.is_some()
+            || self.svcs[s].pending.is_empty()
+            || self.repoints.holds(s)
+        {
             return false;
         }
         let plan = self.r.plan.clone();

@@ -339,6 +339,26 @@ impl Sink for Publishing {
                 };
                 self.shared.publish(writes);
             }
+            // A dependent reconfigured while a needed service's wave ran: the store says what
+            // it was given, as its host's record does.
+            EventKind::RepointFinished {
+                service,
+                host,
+                record: Some(record),
+                ..
+            } => {
+                let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let host_address = self.addresses.get(host).cloned().unwrap_or_default();
+                let port = self.ports.get(service).copied().flatten();
+                let hs = store::HostService {
+                    service,
+                    host,
+                    address: address(&host_address, port),
+                    record,
+                };
+                self.shared
+                    .publish(store::recorded(&self.shared.keys, &hs, &run, &now()));
+            }
             _ => {}
         }
         self.inner.emit(event);

@@ -294,6 +294,7 @@ impl Checker {
                 service,
                 healthy,
                 addressable: n.addressable.as_ref().map(|a| a.value),
+                drain: n.drain.as_ref().is_some_and(|d| d.value),
             };
             let edge = Edge {
                 to: service,

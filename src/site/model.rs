@@ -118,6 +118,10 @@ pub struct Need {
     pub healthy: Option<Quota>,
     /// Data: this service's hooks get the needed service's addresses; no ordering.
     pub addressable: Option<Quota>,
+    /// `drain=#true`: before a wave of the needed service stops its hosts, this service's
+    /// hosts drop them from its configuration, and list them again once their steps ended
+    /// (done anyway when their address or port changes).
+    pub drain: bool,
 }
 
 /// The switch-over hooks of a service; each is optional.

@@ -95,6 +95,8 @@ pub struct RawNeed {
     pub service: Spanned<String>,
     pub healthy: Option<Spanned<Quota>>,
     pub addressable: Option<Spanned<Quota>>,
+    /// `drain=#true`: dependents drop a host of the needed service before it stops.
+    pub drain: Option<Spanned<bool>>,
     /// The whole `needs` line.
     pub span: SourceSpan,
 }
@@ -440,14 +442,16 @@ fn service(r: &mut Reader<'_>, node: &KdlNode, origin: &Origin) -> Option<RawSer
 }
 
 fn need(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawNeed> {
-    r.shape(n, 1, &["healthy", "addressable"], false);
+    r.shape(n, 1, &["healthy", "addressable", "drain"], false);
     let healthy = r.quota_prop(n, "healthy");
     let addressable = r.quota_prop(n, "addressable");
+    let drain = r.bool_prop(n, "drain");
     let service = r.string_arg(n, "the needed service")?;
     Some(RawNeed {
         service,
         healthy,
         addressable,
+        drain,
         span: n.span(),
     })
 }

@@ -226,3 +226,33 @@ fn a_changed_template_changes_only_the_services_that_take_it() {
     assert_ne!(check(&s1, "a"), check(&s2, "a"));
     assert_eq!(check(&s1, "b"), check(&s2, "b"));
 }
+
+#[test]
+fn a_need_drains_only_when_it_says_so() {
+    let text = format!(
+        "{HEAD}{}",
+        r#"
+class "db" { service "db"; service "cache" }
+class "app" { service "api" }
+service "db" { start "db" }
+service "cache" { start "cache" }
+service "api" {
+    needs "db" addressable="all" drain=#true
+    needs "cache" addressable="all"
+}
+"#
+    );
+    let (_dir, path) = tree(&[("site.kdl", &text)]);
+    let site = load(&path).unwrap_or_else(|e| panic!("{e:?}"));
+    let drains: Vec<(&str, bool)> = service(&site, "api")
+        .needs
+        .iter()
+        .map(|n| (site.services[n.service].name.as_str(), n.drain))
+        .collect();
+    assert_eq!(drains, [("db", true), ("cache", false)]);
+    // Not a flag: refused like any property of the wrong type.
+    let wrong = text.replace("drain=#true", "drain=\"yes\"");
+    let (_dir, path) = tree(&[("site.kdl", &wrong)]);
+    let err = load(&path).expect_err("drain is a boolean");
+    assert!(format!("{err:?}").contains("drain"), "{err:?}");
+}

@@ -178,6 +178,23 @@ pub fn added_hosts(now: &str, was: Option<&str>) -> Vec<String> {
         .collect()
 }
 
+/// The hosts of the `needs:` entry `now` that the entry `was` lists at another address or
+/// port, in order.
+pub fn moved_hosts(now: &str, was: Option<&str>) -> Vec<String> {
+    let Some(was) = was else {
+        return Vec::new();
+    };
+    members(now)
+        .filter(|m| member_of(was, host(m)).is_some_and(|then| then != *m))
+        .map(|m| host(m).to_string())
+        .collect()
+}
+
+/// How the `needs:` entry `entry` lists `name`: `name=address[:port]`.
+pub fn member_of<'a>(entry: &'a str, name: &str) -> Option<&'a str> {
+    members(entry).find(|m| host(m) == name)
+}
+
 /// How a pool's entry changed: `+new -gone ~kept=other:address`.
 fn pool_change(now: &str, then: &str) -> String {
     let then_members: HashSet<&str> = members(then).collect();

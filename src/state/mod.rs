@@ -15,7 +15,7 @@ pub use files::{
     discard_script, kept, let_go_script, place_script, receive_script, received_at, receives,
     replaced_listed, restore_script, survey_script, Placed, NOTHING_PLACED,
 };
-pub use inputs::{added_hosts, Inputs, Takes};
+pub use inputs::{added_hosts, member_of, moved_hosts, Inputs, Takes};
 pub use observe::{observed_from, Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};

@@ -9,3 +9,4 @@ pub mod moto;
 pub mod process;
 pub mod relay;
 pub mod shop;
+pub mod traffic;

@@ -27,6 +27,8 @@ impl<T: Transport> Scheduler<T> {
     }
 
     fn wave_over(&mut self, s: usize, w: usize) {
+        // Its hosts' steps ended: the dependents that dropped them list them again.
+        self.list_after(s, w);
         let sp = &self.r.plan.services[s];
         let failed = self.svcs[s].failed;
         self.emit(EventKind::WaveFinished {
@@ -102,6 +104,7 @@ impl<T: Transport> Scheduler<T> {
         outcome: ServiceOutcome,
         reason: Option<String>,
     ) {
+        self.list_left(s);
         let svc = &mut self.svcs[s];
         svc.finished = Some(outcome);
         let (succeeded, failed, not_started) = (svc.succeeded, svc.failed, svc.not_started);
@@ -164,6 +167,8 @@ impl<T: Transport> Scheduler<T> {
                         && unreachable.contains(&ph.name))
             })
             .count();
+        // A dependent's reconfigure while a needed service's wave ran that failed.
+        sum.failed += self.repoints.failures.len();
         sum.failures = self
             .hosts
             .iter()
@@ -182,6 +187,7 @@ impl<T: Transport> Scheduler<T> {
                 )
             })
             .collect();
+        sum.failures.extend(self.repoints.failures.iter().cloned());
         sum.failures.sort();
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.emit(EventKind::RunFinished {

@@ -73,6 +73,9 @@ impl<T: Transport> Scheduler<T> {
             }
         }
         host.awaiting = false;
+        if self.may_repoint(h) {
+            self.hosts[h].steps_left += 1;
+        }
         for s in 0..self.svcs.len() {
             if self.svcs[s].early && self.healthy_here(s, h) {
                 self.svcs[s].healthy += 1;

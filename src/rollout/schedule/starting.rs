@@ -175,7 +175,10 @@ impl<T: Transport> Scheduler<T> {
 }
 
 /// A planned host as the inventory gave it (class names back to ids).
-fn planned_host(site: &crate::site::Site, h: &crate::plan::PlannedHost) -> crate::inventory::Host {
+pub(super) fn planned_host(
+    site: &crate::site::Site,
+    h: &crate::plan::PlannedHost,
+) -> crate::inventory::Host {
     crate::inventory::Host {
         name: h.name.clone(),
         address: h.address.clone(),

@@ -1,0 +1,287 @@
+//! A dependent never points at an address where the needed host does not serve: a real
+//! haproxy in front of two api hosts on the sshd fleet, its configuration rendered from
+//! `needs.api`, with no `retries` or `redispatch` to hide a server that goes away, and a client
+//! sending requests through it without pause. During a rolling change of the api's port, and
+//! during a same-address upgrade with `drain=#true` (no drain written in the api's hooks), no
+//! request fails: before each api wave stops its host, haproxy's configuration drops it (a
+//! reload), and lists it again (at its new port) once its check passed; at most two reloads
+//! per api wave.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use support::fleet::{Fleet, FleetHost};
+use support::hooks::EV;
+use support::traffic::with_traffic;
+
+const API: &[&str] = &["app1", "app2"];
+
+fn site(api_version: &str, api_port: u16, drain: bool) -> String {
+    let api_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; o = u.build_opener(u.ProxyHandler({})); b = "http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]); o.open(b + "health", timeout=1); v = o.open(b, timeout=1).read().decode().split()[1]; raise SystemExit(v != a["DEPLOY_NEW_VERSION"])'"#;
+    let lb_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; u.build_opener(u.ProxyHandler({})).open("http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]), timeout=1).read()'"#;
+    // What haproxy's configuration lists, as one event word: `servers:app1@18080,app2@18080,`.
+    let servers = r#"ev "servers:$(awk '/^ *server /{split($3, a, ":"); printf "%s@%s,", $2, a[2]}' /srv/lb/haproxy.cfg)""#;
+    let drain = if drain { " drain=#true" } else { "" };
+    r####"site "proxied" {
+    version "1.0"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}
+class "app" { service "api" }
+class "lb" { service "lb" }
+
+service "api" {
+    version "@API_VERSION@"
+    port @API_PORT@
+    file "api.py" to="/srv/api/server.py"
+    install #"@EV@ev install; printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version"#
+    // No drain of its own: the server just goes.
+    stop #"""
+        @EV@ev stop
+        [ -f /srv/api/pid ] || exit 0
+        pid="$(cat /srv/api/pid)"; kill "$pid"; rm -f /srv/api/pid
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+        """#
+    start #"@EV@ev start; setsid nohup python3 /srv/api/server.py "$DEPLOY_ADDRESS" "$DEPLOY_PORT" >/srv/api/log 2>&1 </dev/null & echo $! >/srv/api/pid"#
+    check #"@API_CHECK@ && @EV@ev checked"# timeout="10s" interval="100ms"
+}
+
+service "lb" {
+    port 18000
+    needs "api" addressable="all"@DRAIN@
+    file "haproxy.cfg.j2" to="/srv/lb/haproxy.cfg" template=#true
+    start #"@EV@ev start; @SERVERS@; haproxy -W -D -f /srv/lb/haproxy.cfg -p /srv/lb/haproxy.pid </dev/null >/srv/lb/log 2>&1"#
+    // Master-worker mode: new workers take the listening sockets, the old ones finish what
+    // they serve.
+    reload #"@EV@ev reload; @SERVERS@; haproxy -c -q -f /srv/lb/haproxy.cfg && kill -USR2 "$(cat /srv/lb/haproxy.pid)" && sleep 0.3"#
+    stop #"@EV@ev stop; [ -f /srv/lb/haproxy.pid ] && kill -USR1 "$(cat /srv/lb/haproxy.pid)"; sleep 0.2"#
+    check #"@LB_CHECK@ && @EV@ev checked"# timeout="10s" interval="100ms"
+}
+"####
+        .replace("@API_VERSION@", api_version)
+        .replace("@API_PORT@", &api_port.to_string())
+        .replace("@DRAIN@", drain)
+        .replace("@API_CHECK@", api_check)
+        .replace("@LB_CHECK@", lb_check)
+        .replace("@SERVERS@", servers)
+        .replace("@EV@", EV)
+}
+
+struct Proxied {
+    fleet: Fleet,
+}
+
+impl Proxied {
+    fn start() -> Proxied {
+        assert!(
+            std::path::Path::new("/usr/sbin/haproxy").exists(),
+            "haproxy is missing: tests/run.sh installs Debian's haproxy"
+        );
+        let fleet = Fleet::start(&[
+            FleetHost::new("app1", "app"),
+            FleetHost::new("app2", "app"),
+            FleetHost::new("lb1", "lb"),
+        ]);
+        Proxied { fleet }
+    }
+
+    fn write(&self, api_version: &str, api_port: u16, drain: bool) -> PathBuf {
+        self.fleet.write_platform("/var/lib/drover");
+        let dir = &self.fleet.dir;
+        std::fs::write(
+            dir.join("policy.kdl"),
+            "policy \"half\" { batch \"50%\"; max-failed 0; }\n",
+        )
+        .expect("policy");
+        let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/haproxy");
+        std::fs::copy(fixtures.join("api.py"), dir.join("api.py")).expect("fixture");
+        std::fs::copy(
+            fixtures.join("haproxy-strict.cfg.j2"),
+            dir.join("haproxy.cfg.j2"),
+        )
+        .expect("fixture");
+        let path = dir.join("site.kdl");
+        std::fs::write(&path, site(api_version, api_port, drain)).expect("site");
+        path
+    }
+
+    fn apply(&self, api_version: &str, api_port: u16, drain: bool) -> String {
+        let site = self.write(api_version, api_port, drain);
+        support::cli::ok(
+            support::cli::deploy_in(&self.fleet.dir)
+                .args(["apply", site.to_str().unwrap(), "--yes"])
+                .output()
+                .expect("run deploy"),
+        )
+    }
+
+    fn lb(&self) -> SocketAddr {
+        format!("{}:18000", self.fleet.address("lb1"))
+            .parse()
+            .expect("address")
+    }
+
+    /// `(ns, host, what, service)` of every hook event, oldest first.
+    fn events(&self) -> Vec<(u128, String, String, String)> {
+        support::hooks::events(&self.fleet)
+    }
+}
+
+/// haproxy's configuration over time, from lb1's `servers:` events since `from`: `(ns,
+/// [(host, port)])`.
+fn configs(events: &[(u128, String, String, String)]) -> Vec<(u128, Vec<(String, u16)>)> {
+    events
+        .iter()
+        .filter(|(_, h, ..)| h == "lb1")
+        .filter_map(|(ns, _, what, _)| {
+            let list = what.strip_prefix("servers:")?;
+            let servers = list
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .filter_map(|s| {
+                    let (host, port) = s.split_once('@')?;
+                    Some((host.to_string(), port.parse().ok()?))
+                })
+                .collect();
+            Some((*ns, servers))
+        })
+        .collect()
+}
+
+/// The order the run kept, from the hooks' own logs (`events`: this run's): each api host left
+/// haproxy's configuration before its `stop`, was listed at a port where it does not serve at
+/// no time, and came back (at `port`) only after its check passed; haproxy reloaded at most
+/// twice per api wave (`waves`).
+fn assert_drained(events: &[(u128, String, String, String)], port: u16, waves: usize) {
+    let configs = configs(events);
+    let at = |host: &str, what: &str| {
+        events
+            .iter()
+            .find(|(_, h, w, s)| h == host && w == what && s == "api")
+            .map(|(ns, ..)| *ns)
+            .unwrap_or_else(|| panic!("no api {what} on {host}: {events:?}"))
+    };
+    for host in API {
+        let (stop, checked) = (at(host, "stop"), at(host, "checked"));
+        // The configuration haproxy ran with when the host stopped.
+        let before: Vec<&(u128, Vec<(String, u16)>)> =
+            configs.iter().filter(|(ns, _)| *ns < stop).collect();
+        let last = before
+            .last()
+            .unwrap_or_else(|| panic!("haproxy never reloaded before {host} stopped"));
+        assert!(
+            !last.1.iter().any(|(h, _)| h == host),
+            "{host} stopped at {stop} while haproxy listed it: {configs:?}"
+        );
+        for (ns, servers) in configs.iter().filter(|(ns, _)| *ns > stop) {
+            if servers.iter().any(|(h, _)| h == host) {
+                assert!(
+                    *ns > checked,
+                    "{host} listed again at {ns}, before its check passed at {checked}: \
+                     {configs:?}"
+                );
+                assert!(
+                    servers.contains(&(host.to_string(), port)),
+                    "{host} listed again at another port than {port}: {configs:?}"
+                );
+            }
+        }
+        assert!(
+            configs
+                .last()
+                .is_some_and(|(_, s)| s.contains(&(host.to_string(), port))),
+            "haproxy ends listing {host} at {port}: {configs:?}"
+        );
+    }
+    let reloads = events
+        .iter()
+        .filter(|(_, h, w, _)| h == "lb1" && w == "reload")
+        .count();
+    assert!(
+        reloads <= 2 * waves,
+        "{reloads} reloads of haproxy for {waves} api waves: {configs:?}"
+    );
+}
+
+#[test]
+fn a_rolling_port_change_of_the_backends_fails_no_request() {
+    let p = Proxied::start();
+    p.apply("1.0", 18080, false);
+    // lb1's own step waits for both api hosts, whose port changes.
+    let site = p.write("1.0", 18081, false);
+    let out = support::cli::deploy_in(&p.fleet.dir)
+        .args(["plan", site.to_str().unwrap()])
+        .output()
+        .expect("run deploy");
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        plan.contains("reconfigure 1.0 (port: 18080 → 18081) by switch-over, no reload hook: app1"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("after api on app1, api on app2) by reload: lb1"),
+        "{plan}"
+    );
+    let before = p.events().len();
+    let seen = with_traffic(p.lb(), || {
+        p.apply("1.0", 18081, false);
+    });
+    assert!(
+        seen.failed.is_empty(),
+        "failed requests during the port change: {:?}",
+        seen.failed
+    );
+    assert!(
+        seen.ok > 50,
+        "the client kept sending ({} answers)",
+        seen.ok
+    );
+    let events = p.events();
+    assert_drained(&events[before..], 18081, 2);
+    let cfg = std::fs::read_to_string(p.fleet.host_root("lb1").join("srv/lb/haproxy.cfg"))
+        .expect("haproxy.cfg");
+    for host in API {
+        assert!(
+            cfg.contains(&format!(
+                "server {host} {}:18081 check",
+                p.fleet.address(host)
+            )),
+            "{cfg}"
+        );
+    }
+}
+
+#[test]
+fn a_same_address_upgrade_with_drain_fails_no_request() {
+    let p = Proxied::start();
+    p.apply("1.0", 18080, true);
+    let before = p.events().len();
+    let seen = with_traffic(p.lb(), || {
+        p.apply("2.0", 18080, true);
+    });
+    assert!(
+        seen.failed.is_empty(),
+        "failed requests during the upgrade: {:?}",
+        seen.failed
+    );
+    for host in API {
+        for v in ["1.0", "2.0"] {
+            assert!(
+                seen.bodies.contains_key(&format!("{host} {v}")),
+                "{:?}",
+                seen.bodies
+            );
+        }
+    }
+    let events = p.events();
+    assert_drained(&events[before..], 18080, 2);
+    // Converged: the next plan has nothing to do, and haproxy lists both.
+    let site = p.write("2.0", 18080, true);
+    let out = support::cli::deploy_in(&p.fleet.dir)
+        .args(["plan", site.to_str().unwrap()])
+        .output()
+        .expect("run deploy");
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(plan.contains("\n0 steps in 0 waves"), "{plan}");
+}
