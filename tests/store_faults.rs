@@ -131,6 +131,24 @@ fn a_controller_cut_off_from_etcd_starts_no_step_once_its_lease_can_have_expired
     assert_eq!(status.code(), Some(6), "{err}");
     assert!(err.contains("the site's lock in etcd is lost"), "{err}");
 
+    // Said once, in words: what was lost, what the run does, the endpoint and what happened
+    // there; no lock left to give back, no debug text.
+    assert_eq!(err.matches("etcd does not answer").count(), 1, "{err}");
+    assert_eq!(err.matches(&relay.url()).count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("\n  {}: no answer in ", relay.url())),
+        "{err}"
+    );
+    for debug in [
+        "tonic",
+        "Os {",
+        "Error(",
+        "given back",
+        "cannot take the lock",
+    ] {
+        assert!(!err.contains(debug), "{debug:?} in:\n{err}");
+    }
+
     let limit = cut + (ttl + CLOCK_MARGIN).as_nanos();
     let events = support::hooks::events(&fleet);
     if let Some(last) = events[before..].last().filter(|e| e.0 > cut) {
@@ -164,4 +182,78 @@ fn a_controller_cut_off_from_etcd_starts_no_step_once_its_lease_can_have_expired
     );
     let upgraded = events[before..].iter().filter(|e| e.2 == "stop").count();
     assert!(upgraded < 10, "every host was upgraded\n{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a person reads when etcd is not there
+
+/// A port on loopback where nothing listens.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[test]
+fn with_nothing_listening_status_and_plan_say_each_endpoint_once_in_words() {
+    let dir = tempfile::tempdir().expect("site directory");
+    let (a, b) = (closed_port(), closed_port());
+    std::fs::write(
+        dir.path().join("platform.kdl"),
+        format!(
+            r#"platform "here" {{
+    transport "local"
+    store "etcd" endpoints="http://127.0.0.1:{a},http://127.0.0.1:{b}" lock-ttl="2s"
+    inventory "static" {{
+        host "app1" address="127.0.0.1" class="app"
+    }}
+}}
+"#
+        ),
+    )
+    .expect("platform");
+    std::fs::write(
+        dir.path().join("site.kdl"),
+        "site \"s\" {\n    version \"1.0\"\n    platform \"platform.kdl\"\n}\n\
+         class \"app\" { service \"api\"; }\nservice \"api\" {\n    start \"true\"\n}\n",
+    )
+    .expect("site");
+    for command in ["status", "plan"] {
+        let out = support::cli::deploy_in(dir.path())
+            .args([command, "site.kdl"])
+            .output()
+            .expect("run deploy");
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{command}: {err}");
+        for debug in [
+            "tonic",
+            "Os {",
+            "Error(",
+            "ConnectError",
+            "os error",
+            "grpc",
+        ] {
+            assert!(!err.contains(debug), "{command}: {debug:?} in:\n{err}");
+        }
+        // One line per endpoint, what happened there in words; each endpoint named once.
+        for port in [a, b] {
+            let endpoint = format!("http://127.0.0.1:{port}");
+            assert_eq!(err.matches(&endpoint).count(), 1, "{command}: {err}");
+            let line = err
+                .lines()
+                .find(|l| l.contains(&endpoint))
+                .expect("the endpoint's line");
+            assert!(
+                line.trim_start_matches([' ', '│'])
+                    .starts_with(&format!("{endpoint}: connection refused")),
+                "{command}: {line:?} in:\n{err}"
+            );
+        }
+        assert_eq!(
+            err.matches("etcd does not answer").count(),
+            1,
+            "{command}: {err}"
+        );
+    }
 }

@@ -513,11 +513,12 @@ impl Session {
                  reads every host and publishes what it finds",
             );
         }
-        let why = shared.lost()?;
-        self.say(&format!(
-            "stopped: the site's lock in etcd was lost ({why}); every step that ran is recorded \
-             on its host and in the journal; run `deploy apply` again once etcd answers"
-        ));
+        // Why was said when it was lost, once.
+        shared.lost()?;
+        self.say(
+            "stopped: the site's lock in etcd was lost (said above); every step that ran is \
+             recorded on its host and in the journal; run `deploy apply` again once etcd answers",
+        );
         Some(Ended::LockLost)
     }
 }

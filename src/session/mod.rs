@@ -411,9 +411,12 @@ impl Drop for Session {
         if let Some(shared) = self.shared.get() {
             // What was queued for the store (a run with nothing to do publishes what it read).
             self.finish_shared();
-            if let Err(e) = self.runtime.block_on(shared.release(&held.holder)) {
+            if let Err(LockError::Failed { reason, .. } | LockError::Held { place: reason, .. }) =
+                self.runtime.block_on(shared.release(&held.holder))
+            {
                 self.say(&format!(
-                    "warning: {e}; its lease frees it within the platform's lock-ttl"
+                    "warning: the site's lock in etcd was not given back, its lease frees it \
+                     within the platform's lock-ttl; {reason}"
                 ));
             }
         }

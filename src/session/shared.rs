@@ -62,15 +62,14 @@ impl Shared {
         tokio::spawn(async move {
             if let Ok(reason) = watch.wait_for(Option::is_some).await {
                 let reason = reason.clone().unwrap_or_default();
+                // The reason may end in one line per endpoint: what the run does comes first.
                 say(&format!(
-                    "error: the site's lock in etcd is lost ({reason}); no new step starts, \
-                     running steps end and are recorded on their hosts and in the journal"
+                    "error: the site's lock in etcd is lost: no new step starts, running steps \
+                     end and are recorded on their hosts and in the journal; {reason}"
                 ));
                 *why.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
-                stop.raise(
-                    Level::Stop,
-                    &format!("the site's lock in etcd is lost: {reason}"),
-                );
+                // Why was just said: the run's own line names the loss only.
+                stop.raise(Level::Stop, "the site's lock in etcd is lost");
             }
         });
         let shared = Shared {

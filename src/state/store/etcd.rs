@@ -5,6 +5,9 @@
 //! renewals, and writes fenced by the lock (the lock's own creation checks its holder). With
 //! etcd's `auth`, a call whose token etcd refuses is sent again with a fresh one.
 
+#[path = "etcd_words.rs"]
+mod words;
+
 use super::{Fence, Keys, Store, StoreError, View, Write, MAX_OPS};
 use crate::site::StoreSpec;
 use etcd_client::{
@@ -156,9 +159,11 @@ impl Etcd {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let deadline = Instant::now() + patience;
+        let began = Instant::now();
+        let deadline = began + patience;
         let n = self.endpoints.len();
-        let mut last = String::new();
+        // What happened last at each endpoint.
+        let mut last: Vec<Option<String>> = vec![None; n];
         loop {
             let start = self.current.load(Ordering::Relaxed);
             for k in 0..n {
@@ -174,7 +179,7 @@ impl Etcd {
                 let result = match tokio::time::timeout(left, attempt).await {
                     Ok(r) => r,
                     Err(_) => {
-                        last = format!("{}: no answer in {}", self.endpoints[i], seconds(left));
+                        last[i] = Some(format!("no answer in {}", seconds(left)));
                         continue;
                     }
                 };
@@ -183,17 +188,30 @@ impl Etcd {
                         self.current.store(i, Ordering::Relaxed);
                         return Ok(v);
                     }
-                    Err(e) if retryable(&e) => {
-                        last = format!("{}: {e}", self.endpoints[i]);
+                    Err(e) if retryable(&e) => last[i] = Some(words::said(&e)),
+                    Err(e) => {
+                        return Err(StoreError::Failed(format!(
+                            "{}: {}",
+                            self.endpoints[i],
+                            words::said(&e)
+                        )))
                     }
-                    Err(e) => return Err(StoreError::Failed(e.to_string())),
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                let tried = self
+                    .endpoints
+                    .iter()
+                    .zip(&last)
+                    .map(|(endpoint, what)| {
+                        let what = what.as_deref().unwrap_or("not tried: no time was left");
+                        format!("\n  {endpoint}: {what}")
+                    })
+                    .collect();
                 return Err(StoreError::Unavailable {
-                    endpoints: self.endpoints.join(","),
-                    reason: last,
+                    waited: seconds(began.elapsed()),
+                    tried,
                 });
             }
             tokio::time::sleep(left.min(Duration::from_millis(200))).await;

@@ -239,6 +239,10 @@ impl Lock for LeaseLock {
             return Ok(());
         };
         held.keeper.abort();
+        // Lost: the lease is gone or about to be, and etcd did not answer for most of it.
+        if self.lost.borrow().is_some() {
+            return Ok(());
+        }
         let failed = |e: StoreError| LockError::Failed {
             place: self.place(),
             reason: e.to_string(),

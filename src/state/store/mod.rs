@@ -61,13 +61,13 @@ pub enum StoreError {
         help("build it with `cargo build --release --features etcd` (it needs protoc: Debian's protobuf-compiler), or remove the store from the platform")
     )]
     NotBuilt { platform: String },
-    /// No endpoint answered.
-    #[error("etcd does not answer ({endpoints}): {reason}")]
+    /// No endpoint answered: `tried` has one line per endpoint, what happened there.
+    #[error("etcd does not answer (each endpoint tried for {waited}):{tried}")]
     #[diagnostic(
         code(drover::store::unavailable),
-        help("check that etcd runs and that the platform's `store` endpoints, TLS and auth are right; `--read-hosts` does not help: the store holds the lock")
+        help("the command stopped there: nothing was read from etcd or changed; check that etcd runs and that the platform's `store` endpoints, TLS and auth are right; `--read-hosts` does not help: the store holds the lock")
     )]
-    Unavailable { endpoints: String, reason: String },
+    Unavailable { waited: String, tried: String },
     /// A fenced write found the lock no longer this run's.
     #[error("the site's lock in etcd is no longer this run's: {0}")]
     #[diagnostic(code(drover::store::fenced))]
