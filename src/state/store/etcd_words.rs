@@ -26,6 +26,9 @@ fn status(s: &tonic::Status) -> String {
     use tonic::Code;
     let message = s.message().trim_start_matches("etcdserver: ");
     match s.code() {
+        Code::Unauthenticated if message.contains("token") => {
+            format!("etcd refused the auth token ({message})")
+        }
         Code::Unauthenticated => format!("the user name or password was refused ({message})"),
         Code::PermissionDenied => format!("permission denied ({message})"),
         Code::DeadlineExceeded => "no answer before the request's deadline".into(),
