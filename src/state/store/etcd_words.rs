@@ -26,6 +26,10 @@ fn status(s: &tonic::Status) -> String {
     use tonic::Code;
     let message = s.message().trim_start_matches("etcdserver: ");
     match s.code() {
+        // etcd 3.4 refuses a password with InvalidArgument.
+        _ if message.contains("authentication failed") => {
+            format!("the user name or password was refused ({message})")
+        }
         Code::Unauthenticated if message.contains("token") => {
             format!("etcd refused the auth token ({message})")
         }
@@ -106,7 +110,7 @@ mod tests {
 
     #[test]
     fn etcd_refusing_the_password_says_so_without_its_prefix() {
-        let s = tonic::Status::unauthenticated(
+        let s = tonic::Status::invalid_argument(
             "etcdserver: authentication failed, invalid user ID or password",
         );
         assert_eq!(
