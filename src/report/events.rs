@@ -412,6 +412,7 @@ impl Sink for Bars {
             EventKind::StepStarted { decided: true, .. }
             | EventKind::StepBlocked { .. }
             | EventKind::WaitDropped { .. }
+            | EventKind::RepointFinished { ok: false, .. }
             | EventKind::RunStarted { .. }
             | EventKind::ServicePlanned { .. }
             | EventKind::Refused { .. }
