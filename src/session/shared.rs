@@ -25,10 +25,16 @@ pub struct Shared {
     lock: LeaseLock,
     /// Why the lock was lost, once it was.
     lost: Arc<Mutex<Option<String>>>,
-    /// Units of writes (a step's keys, a host's): each reaches etcd in one transaction.
-    queue: Mutex<Option<mpsc::UnboundedSender<Vec<Write>>>>,
+    /// Units of writes (a step's keys, a host's): each reaches etcd in one transaction; told
+    /// on the sender, when one is given, once it has.
+    queue: Mutex<Option<mpsc::UnboundedSender<Unit>>>,
+    /// The run's stop, raised when a step's intent cannot be published.
+    cancel: Cancel,
     writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
+
+/// Writes that reach etcd in one transaction, and who waits to hear that they did.
+type Unit = (Vec<Write>, Option<std::sync::mpsc::Sender<()>>);
 
 /// Time a write is stamped with.
 fn now() -> String {
@@ -79,6 +85,7 @@ impl Shared {
             lost,
             queue: Mutex::new(None),
             writer: Mutex::new(None),
+            cancel: cancel.clone(),
         };
         shared.start_writer(cancel);
         Ok(Some((shared, taken)))
@@ -158,7 +165,13 @@ impl Shared {
                 Observed::Unreachable { reason } => Some(reason.as_str()),
                 _ => None,
             };
-            let mut unit = vec![store::host_seen(
+            let mut unit = Vec::new();
+            if unreachable.is_none() {
+                // Read now: what it records is published here, whatever a run that died
+                // while changing it left.
+                unit.push(store::not_busy(&self.keys, &host.name));
+            }
+            unit.push(store::host_seen(
                 &self.keys,
                 &host.name,
                 &host.address,
@@ -166,7 +179,7 @@ impl Shared {
                 unreachable,
                 run,
                 &at,
-            )];
+            ));
             if let Observed::Running { services } = o {
                 for (name, record) in services {
                     let port = site.service(name).and_then(|sid| site.services[sid].port);
@@ -193,7 +206,31 @@ impl Shared {
             return;
         }
         if let Some(q) = &*self.queue.lock().unwrap_or_else(|p| p.into_inner()) {
-            let _ = q.send(writes);
+            let _ = q.send((writes, None));
+        }
+    }
+
+    /// Writes `writes` as one unit and waits (blocking this thread) until etcd has them;
+    /// whether it does within `lock-ttl` (not when the lock is lost meanwhile).
+    fn publish_acknowledged(&self, writes: Vec<Write>) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(q) = &*queue else {
+                return false;
+            };
+            if q.send((writes, Some(tx))).is_err() {
+                return false;
+            }
+        }
+        let wait = || rx.recv_timeout(self.lock.ttl()).is_ok();
+        // On a worker of the runtime, its other tasks (the writer among them) move to another
+        // thread while this one waits: steps that start at once never starve the writer.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            // A runtime of one thread runs the writer only once this returns: queued.
+            Ok(_) => true,
+            Err(_) => wait(),
         }
     }
 
@@ -201,19 +238,23 @@ impl Shared {
     /// unit ([`store::transactions`]), each fenced by the lock. A transaction etcd does not
     /// take is tried again until the lock is lost.
     fn start_writer(&self, cancel: Cancel) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<Write>>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Unit>();
         let (etcd, lost) = (self.etcd.clone(), self.lost.clone());
         let Some(fence) = self.fence() else {
             return;
         };
         let writer = tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
+            while let Some((first, ack)) = rx.recv().await {
+                let mut acks: Vec<std::sync::mpsc::Sender<()>> = ack.into_iter().collect();
                 let mut units = vec![first];
                 let mut ops = units[0].len();
                 while ops < store::MAX_OPS * 4 {
-                    let Ok(more) = rx.try_recv() else { break };
+                    let Ok((more, ack)) = rx.try_recv() else {
+                        break;
+                    };
                     ops += more.len();
                     units.push(more);
+                    acks.extend(ack);
                 }
                 for txn in store::transactions(&units) {
                     loop {
@@ -233,6 +274,9 @@ impl Shared {
                             Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
                         }
                     }
+                }
+                for ack in acks {
+                    let _ = ack.send(());
                 }
             }
         });
@@ -302,6 +346,23 @@ impl Sink for Publishing {
             EventKind::RunStarted { run, .. } => {
                 *self.run.lock().unwrap_or_else(|p| p.into_inner()) = run.clone();
             }
+            // The step's intent, in etcd before its first command: a run that dies before it
+            // publishes the step's result leaves it, and every later run reads the host.
+            EventKind::StepStarted {
+                service, host, to, ..
+            } => {
+                let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let intent = store::busy(&self.shared.keys, host, service, to, &run, &now());
+                if !self.shared.publish_acknowledged(vec![intent]) && self.shared.lost().is_none() {
+                    self.shared.cancel.raise(
+                        Level::Stop,
+                        &format!(
+                            "the intent of {service} on {host} did not reach etcd within \
+                             lock-ttl; no new step starts"
+                        ),
+                    );
+                }
+            }
             EventKind::StepFinished {
                 service,
                 host,
@@ -336,6 +397,8 @@ impl Sink for Publishing {
                     }
                     (_, None) => Vec::new(),
                 };
+                let mut writes = writes;
+                writes.push(store::not_busy(&self.shared.keys, host));
                 self.shared.publish(writes);
             }
             // A dependent reconfigured while a needed service's wave ran: the store says what

@@ -15,6 +15,9 @@
 //!   each, with time, run, version and log, both written in one transaction (update_status).
 //! - `hosts/<host>`: every host of the inventory, its classes, and whether it answered the last
 //!   run that tried it (to find the hosts that are not reporting).
+//! - `busy/<host>`: a step is changing the host: written (and acknowledged by etcd) before the
+//!   step's first command, removed in the transaction that publishes its result. A run that
+//!   dies between leaves it, so that every later run, from any controller, reads the host.
 //!
 //! Service and host names are escaped in keys (`%` → `%25`, `/` → `%2F`).
 
@@ -134,6 +137,9 @@ impl Keys {
     pub fn host(&self, host: &str) -> String {
         format!("{}hosts/{}", self.root, segment(host))
     }
+    pub fn busy(&self, host: &str) -> String {
+        format!("{}busy/{}", self.root, segment(host))
+    }
 }
 
 /// The two categories a host records per service.
@@ -199,6 +205,38 @@ pub struct HostValue {
     pub reason: Option<String>,
     pub run: String,
     pub at: String,
+}
+
+/// `busy/<host>`: a step of `run` is changing the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BusyValue {
+    pub schema: u32,
+    pub service: String,
+    /// The version the step goes to.
+    pub to: String,
+    pub run: String,
+    pub at: String,
+}
+
+/// `busy/<host>`: a step of `service` (to version `to`) is about to change `host`.
+pub fn busy(keys: &Keys, host: &str, service: &str, to: &str, run: &str, at: &str) -> Write {
+    Write::put(
+        keys.busy(host),
+        &BusyValue {
+            schema: STORE_SCHEMA,
+            service: service.into(),
+            to: to.into(),
+            run: run.into(),
+            at: at.into(),
+        },
+    )
+}
+
+/// Removes `busy/<host>`: what the host records is published in the same transaction.
+pub fn not_busy(keys: &Keys, host: &str) -> Write {
+    Write::Delete {
+        key: keys.busy(host),
+    }
 }
 
 /// One write of a run, as data.

@@ -507,3 +507,37 @@ fn a_status_of_another_version_or_missing_is_unknown_and_the_host_is_read() {
     assert_eq!(read[1].0, 2);
     assert!(read[1].1.contains("no configured status"), "{}", read[1].1);
 }
+
+/// A host with a step's intent left in the store (`busy/<host>`) is read by `plan` and
+/// `status`, whatever its keys say; the result's transaction removes the intent.
+#[test]
+fn a_host_with_an_unfinished_intent_is_read_not_taken_from_the_store() {
+    let (_dir, site, hosts) = site();
+    let given = Given { odd: None };
+    let mut writes = Vec::new();
+    for h in ["app1", "app2", "app3"] {
+        writes.extend(step(h, &healthy("2.0")));
+        writes.push(seen(h, true));
+    }
+    writes.push(busy(&keys(), "app2", "api", "3.0", "r2", "t"));
+    let view = view_of(&writes);
+    let known = converged(&view, &site, &hosts, &given);
+    assert!(known[0].is_some() && known[2].is_some());
+    assert!(known[1].is_none(), "a host with an intent is read");
+    let said = observed(&view, &site, &hosts, &given);
+    assert_eq!(said.unvouched.len(), 1, "{:?}", said.unvouched);
+    assert_eq!(said.unvouched[0].0, 1);
+    assert!(
+        said.unvouched[0]
+            .1
+            .starts_with("in flux: run r2 set out to change it"),
+        "{}",
+        said.unvouched[0].1
+    );
+    // The step's result, published with the intent's removal: taken from the store again.
+    let mut result = step("app2", &healthy("2.0"));
+    result.push(not_busy(&keys(), "app2"));
+    writes.extend(result);
+    let view = view_of(&writes);
+    assert!(converged(&view, &site, &hosts, &given)[1].is_some());
+}

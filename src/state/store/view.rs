@@ -1,7 +1,7 @@
 //! One range read of a site's keys, made sense of: what the store says each host runs, which
 //! hosts a command must still read itself, and where the store and the hosts disagree.
 
-use super::{unsegment, HostValue, Keys, RunningValue, StatusValue, STORE_SCHEMA};
+use super::{unsegment, BusyValue, HostValue, Keys, RunningValue, StatusValue, STORE_SCHEMA};
 use crate::inventory::{Host, HostId, Hosts};
 use crate::site::{ServiceId, Site};
 use crate::state::lock::Holder;
@@ -27,6 +27,9 @@ pub struct View {
 #[derive(Debug, Clone, Default)]
 pub struct HostEntry {
     pub value: Option<HostValue>,
+    /// A step's intent never cleared: the run that wrote it may have changed the host and died
+    /// before publishing what it did.
+    pub busy: Option<BusyValue>,
     /// By service name.
     pub services: BTreeMap<String, Published>,
 }
@@ -148,6 +151,9 @@ impl View {
                     other => return Err(format!("no category `{other}`")),
                 }
             }
+            ["busy", host] => {
+                self.hosts.entry(unsegment(host)).or_default().busy = Some(typed(json(value)?)?);
+            }
             ["hosts", host] => {
                 self.hosts.entry(unsegment(host)).or_default().value = Some(typed(json(value)?)?);
             }
@@ -239,6 +245,9 @@ pub fn converged(
     (0..hosts.hosts.len())
         .map(|h| {
             let entry = view.hosts.get(&*hosts.hosts[h].name)?;
+            if entry.busy.is_some() {
+                return None;
+            }
             if !entry.value.as_ref()?.reporting || replaced(entry, &hosts.hosts[h]).is_some() {
                 return None;
             }
@@ -305,7 +314,16 @@ pub fn observed(view: &View, site: &Site, hosts: &Hosts, desired: &dyn Fingerpri
                     ),
                 };
             }
-            if let Some(why) = replaced(entry, host) {
+            if let Some(b) = &entry.busy {
+                unvouched.push((
+                    h,
+                    format!(
+                        "in flux: run {} set out to change it ({} to {}, at {}) and has not \
+                         published what it did: what it runs is read from it",
+                        b.run, b.service, b.to, b.at
+                    ),
+                ));
+            } else if let Some(why) = replaced(entry, host) {
                 unvouched.push((h, why));
             }
             let mut services = BTreeMap::new();
