@@ -233,7 +233,20 @@ pub struct Place {
 /// lock, its fencing token and the files' own store) could overwrite what `deploy` trusts the
 /// host to say: refused, once per place.
 pub fn outside_state_dir(state_dir: &str, places: &[Vec<Place>], errors: &mut Vec<SiteError>) {
-    let dir = state_dir.trim_end_matches('/');
+    // As a path is compared: `//`, `/./` and `/../` resolved (a `to=` is refused unless
+    // written so already).
+    let mut parts: Vec<&str> = Vec::new();
+    for part in state_dir.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            _ => parts.push(part),
+        }
+    }
+    let dir = format!("/{}", parts.join("/"));
+    let dir = dir.trim_end_matches('/');
     let mut seen: HashSet<(String, usize)> = HashSet::new();
     for p in places.iter().flatten() {
         let inside = dir.is_empty()

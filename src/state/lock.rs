@@ -32,7 +32,7 @@ use thiserror::Error;
 mod fleet;
 mod host_scripts;
 pub use fleet::FleetLock;
-pub use host_scripts::{guard_script, hooks_dir, GUARDED, GUARD_MARK};
+pub use host_scripts::{guard_script, hooks_dir, GUARDED, GUARD_MARK, UNLOCKED_MARK};
 
 /// Who holds a lock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

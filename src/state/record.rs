@@ -92,12 +92,16 @@ pub fn read_script(state_dir: &str) -> String {
 /// The exit code of [`read_script`] for a host with no state file.
 pub const NO_STATE: i32 = 3;
 
-/// Writes `record` atomically: a private temporary file, synced, then renamed over the old one,
-/// and the directory synced (so that a crash of the host cannot bring the old record back).
+/// Writes `record` atomically: a temporary file of this shell's own (`$$`: two writers, a run
+/// and one that broke its lock, never write into one file), synced, then renamed over the old
+/// one, and the directory synced (so that a crash of the host cannot bring the old record back).
 pub fn write_script(state_dir: &str, record: &HostRecord) -> String {
     let json = serde_json::to_string(record).unwrap_or_default();
     let dir = quote(state_dir);
-    let tmp = quote(&format!("{state_dir}/.{STATE_FILE}.tmp"));
+    let tmp = format!(
+        "{}.\"$$\"",
+        quote(&format!("{state_dir}/.{STATE_FILE}.tmp"))
+    );
     let file = quote(&format!("{state_dir}/{STATE_FILE}"));
     format!(
         "umask 077 && {{ [ -d {dir} ] || mkdir -p {dir}; }} && printf '%s\\n' {} > {tmp} && {{ sync {tmp} 2>/dev/null || true; }} && mv -f {tmp} {file} && {{ sync {dir} 2>/dev/null || sync; }}",

@@ -14,7 +14,7 @@ use crate::desired::Delivery;
 use crate::plan::{Path, StepKind};
 use crate::secrets::Secrets;
 use crate::site::{Hook, Hooks, OnFailure};
-use crate::state::lock::GUARD_MARK;
+use crate::state::lock::{GUARD_MARK, UNLOCKED_MARK};
 use crate::state::{write_script, HostRecord, Inputs, Mark, Outcome, ServiceRecord};
 use crate::transport::{Chain, Link, Output, TransportError};
 use std::path::PathBuf;
@@ -249,6 +249,8 @@ impl<L: Link> Running<'_, L> {
                 Err(e) if e.0 != "check" || Instant::now() + check.interval * 2 >= deadline => {
                     return Err(e)
                 }
+                // Refused by the host: this run no longer holds it. No attempt will do better.
+                Err(e) if e.1.contains(GUARD_MARK) || e.1.contains(UNLOCKED_MARK) => return Err(e),
                 Err(_) => tokio::time::sleep(check.interval).await,
             }
         }
@@ -267,10 +269,9 @@ impl<L: Link> Running<'_, L> {
         let stop = (calls.len() > 1).then(|| hook_run::chain_stop_file(&svc.state_dir));
         let mut prepared = Vec::with_capacity(calls.len());
         for (i, call) in calls.iter().enumerate() {
-            let then_script = call
-                .then
-                .as_ref()
-                .map(|r| self.then_release(write_script(&svc.state_dir, r), call.last));
+            let then_script = call.then.as_ref().map(|r| {
+                self.guarded(self.then_release(write_script(&svc.state_dir, r), call.last))
+            });
             prepared.push(hook_run::prepare(&hook_run::Call {
                 guard: svc.guard.as_deref(),
                 env: &self.job.env,
@@ -604,9 +605,11 @@ impl<L: Link> Running<'_, L> {
         // another run, which also ended this step's hook there, or a newer fencing token).
         // That is the reason, not what it did to the hook.
         let reason = match marked {
-            Err((_, why)) if why.contains(GUARD_MARK) && !reason.contains(GUARD_MARK) => {
-                let fenced = why.find(GUARD_MARK).map_or(why.as_str(), |at| &why[at..]);
-                format!("{fenced} ({hook}: {reason})")
+            Err((_, why)) if !reason.contains(GUARD_MARK) && !reason.contains(UNLOCKED_MARK) => {
+                match [GUARD_MARK, UNLOCKED_MARK].iter().find_map(|m| why.find(m)) {
+                    Some(at) => format!("{} ({hook}: {reason})", &why[at..]),
+                    None => reason,
+                }
             }
             _ => reason,
         };

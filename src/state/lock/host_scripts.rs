@@ -50,7 +50,9 @@ pub(super) fn acquire_script(
     let taken = then.map_or("exit 0".to_string(), |then| {
         format!("printf {}; {then}; exit $?", quote(TAKEN))
     });
-    let fence = token.map_or(String::new(), |t| format!("{}; ", fence_body(state_dir, t)));
+    let fence = token.map_or(String::new(), |t| {
+        format!("{}; ", fence_body(state_dir, me, t))
+    });
     format!(
         "umask 077; d={d}; {{ [ -d {h} ] || mkdir -p {h}; }} || exit 12; \
          if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {fence}{taken}; fi; \
@@ -65,14 +67,20 @@ pub(super) fn acquire_script(
 /// exit [`FENCED`] with the host's token on stderr when it is above `token`; else `token` is
 /// written to a temporary file of this shell's own, synced, renamed over the fence and the
 /// directory synced, so that neither a crash nor a second writer leaves a torn or older token.
-fn fence_body(state_dir: &str, token: i64) -> String {
+fn fence_body(state_dir: &str, me: &str, token: i64) -> String {
+    // The lock is given back only while it is still this run's (a run breaking it meanwhile
+    // keeps its own).
+    let give_back = format!(
+        "_h=; {{ IFS= read -r _h <\"$d/holder.json\"; }} 2>/dev/null; [ \"$_h\" = {} ] && rm -rf \"$d\"",
+        quote(me)
+    );
     format!(
         "f={f}; t=0; {{ IFS= read -r t <\"$f\"; }} 2>/dev/null; \
          case \"$t\" in ''|*[!0-9]*) t=0;; esac; \
-         if [ \"$t\" -gt {token} ]; then rm -rf \"$d\"; printf '%s\\n' \"$t\" >&2; exit {FENCED}; fi; \
+         if [ \"$t\" -gt {token} ]; then {give_back}; printf '%s\\n' \"$t\" >&2; exit {FENCED}; fi; \
          if [ \"$t\" != {token} ]; then \
          printf '%s\\n' {token} >\"$f.$$\" && sync \"$f.$$\" && mv -f \"$f.$$\" \"$f\" && sync {sd} \
-         || {{ rm -f \"$f.$$\"; rm -rf \"$d\"; exit 12; }}; fi",
+         || {{ rm -f \"$f.$$\"; {give_back}; exit 12; }}; fi",
         f = quote(&format!("{state_dir}/fence")),
         sd = quote(state_dir),
     )
@@ -84,11 +92,17 @@ pub const GUARDED: i32 = 14;
 /// The start of what a command refused by [`guard_script`] prints on standard error.
 pub const GUARD_MARK: &str = "drover: fenced:";
 
+/// The start of what a command refused by [`guard_script`] prints on standard error when the
+/// host has no lock of this run's at all: given back (this run's own last command there gave
+/// it back, and an answer was lost), or broken and not taken again.
+pub const UNLOCKED_MARK: &str = "drover: unlocked:";
+
 /// Shell text that every command changing a host starts with (hooks, file placements, record
 /// writes): exit [`GUARDED`] unless the host's lock is held by `me` and (with a `token`) the
 /// host has seen no fencing token above it. A run whose lock was broken (`--break-lock`) or
 /// given to a later run by etcd then changes nothing more there, whatever it still believes.
-/// Builtins only (`read`, `case`, `[`): no process per command.
+/// What it prints says which: [`GUARD_MARK`] (another run holds the host, or a newer token)
+/// or [`UNLOCKED_MARK`] (no lock there). Builtins only (`read`, `case`, `[`): no process.
 pub fn guard_script(state_dir: &str, me: &str, token: Option<i64>) -> String {
     let lock = quote(&format!(
         "{}/lock/holder.json",
@@ -96,9 +110,13 @@ pub fn guard_script(state_dir: &str, me: &str, token: Option<i64>) -> String {
     ));
     let mut out = format!(
         "_h=; {{ IFS= read -r _h <{lock}; }} 2>/dev/null; \
-         [ \"$_h\" = {me} ] || {{ echo {} >&2; exit {GUARDED}; }}; ",
+         if [ \"$_h\" != {me} ]; then if [ -z \"$_h\" ]; then echo {} >&2; \
+         else echo {} >&2; fi; exit {GUARDED}; fi; ",
         quote(&format!(
-            "{GUARD_MARK} this run no longer holds the host's lock (broken, or taken by another run)"
+            "{UNLOCKED_MARK} this run no longer holds the host's lock (given back, or broken)"
+        )),
+        quote(&format!(
+            "{GUARD_MARK} the host's lock is held by another run (this run's was broken)"
         )),
         me = quote(me),
     );
