@@ -1870,3 +1870,44 @@ async fn a_host_gives_its_lock_back_with_its_last_passing_command_only() {
         assert!(text.contains("&& { trap - EXIT; GIVE-BACK; }"), "{text}");
     }
 }
+
+/// `--repair` plans a repair only where a check ran and failed (or timed out): a check that
+/// could not be run (no connection, a broken one) says nothing of the service.
+#[test]
+fn only_a_check_that_ran_and_failed_plans_a_repair() {
+    let body = format!("class \"app\" {{ service \"api\" }}\n{}", svc("api", ""));
+    let fx = fixture(
+        &body,
+        &[("app1", "app"), ("app2", "app"), ("app3", "app")],
+        &[],
+        &[],
+    );
+    let hosts = crate::inventory::resolve(&fx.site).expect("inventory");
+    let result = |host: &str, ok: bool, ran: bool| super::verify::CheckResult {
+        host: host.into(),
+        service: "api".into(),
+        ok,
+        detail: String::new(),
+        why: if ran {
+            "exited 1: dead".into()
+        } else {
+            "connection refused".into()
+        },
+        ran,
+    };
+    let results = [
+        result("app1", false, true),
+        result("app2", false, false),
+        result("app3", true, true),
+    ];
+    let repairs = super::verify::repairs(&fx.site, &hosts, &results);
+    let api = fx.site.service("api").expect("api");
+    assert_eq!(repairs.len(), 1, "{repairs:?}");
+    assert_eq!(
+        repairs
+            .get(&(api, hosts.find("app1").expect("app1")))
+            .map(String::as_str),
+        Some("check failed: exited 1: dead"),
+        "{repairs:?}"
+    );
+}

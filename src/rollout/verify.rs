@@ -26,6 +26,10 @@ pub struct CheckResult {
     /// timeout, or why it could not run.
     #[serde(skip)]
     pub why: String,
+    /// The check ran on its host (it passed, failed or timed out); false when it could not be
+    /// run (no connection, the transport failed): that says nothing of the service.
+    #[serde(skip)]
+    pub ran: bool,
 }
 
 /// Runs the `check` hook of every service with one on every reachable host of the plan,
@@ -87,7 +91,10 @@ pub async fn check_converged<T: Transport>(
 }
 
 /// The failed checks among `results`, as the planner takes them for `--repair`
-/// ([`crate::plan::Selection::repair`]): per service and host, why.
+/// ([`crate::plan::Selection::repair`]): per service and host, why. Only a check that ran and
+/// failed (or timed out) plans a repair: one that could not be run (the host did not answer,
+/// the connection broke) says nothing of the service, and a healthy service is not stopped
+/// for it.
 pub fn repairs(
     site: &Site,
     hosts: &Hosts,
@@ -95,7 +102,7 @@ pub fn repairs(
 ) -> BTreeMap<(ServiceId, HostId), String> {
     results
         .iter()
-        .filter(|c| !c.ok)
+        .filter(|c| !c.ok && c.ran)
         .filter_map(|c| {
             let key = (site.service(&c.service)?, hosts.find(&c.host)?);
             Some((key, format!("check failed: {}", c.why)))
@@ -240,6 +247,7 @@ async fn check_host<T: Transport>(
                     ok: false,
                     detail: e.to_string(),
                     why: e.to_string(),
+                    ran: false,
                 })
                 .collect()
         }
@@ -274,6 +282,7 @@ async fn check_host<T: Transport>(
             after: false,
         };
         ran_any = true;
+        let mut ran = true;
         let (ok, detail, why) = match hook_run::run(&link, &call).await {
             Ran::Done(Ok(o)) if o.success() => (true, "check passed".into(), String::new()),
             Ran::Done(Ok(o)) => {
@@ -293,7 +302,10 @@ async fn check_host<T: Transport>(
                     why,
                 )
             }
-            Ran::Done(Err(e)) => (false, e.to_string(), e.to_string()),
+            Ran::Done(Err(e)) => {
+                ran = false;
+                (false, e.to_string(), e.to_string())
+            }
             Ran::TimedOut { after, killed } => {
                 let reason = Ran::timeout_reason("check", after, &killed);
                 (false, reason.clone(), reason)
@@ -305,6 +317,7 @@ async fn check_host<T: Transport>(
             ok,
             detail,
             why,
+            ran,
         });
     }
     // `apply` removes its pid file with the host's lock; `verify` takes no lock, so it removes
