@@ -175,12 +175,14 @@ fn a_controller_cut_off_from_etcd_starts_no_step_once_its_lease_can_have_expired
         after.is_empty(),
         "hooks started after the lease could have expired (cut + {ttl:?}): {after:?}\n{err}"
     );
-    // Not vacuous: the run went on after the cut, and stopped before its end.
-    assert!(
-        events[before..].iter().any(|e| e.0 > cut),
-        "nothing started after the cut: {events:?}"
-    );
+    // Not vacuous: the cut came mid-run (the second step had started: its `stop` ran), and
+    // the run stopped before its end. (A step said just before the cut may run nothing at
+    // all: its intent is not acknowledged, or the run is stopping before its first command.)
     let upgraded = events[before..].iter().filter(|e| e.2 == "stop").count();
+    assert!(
+        upgraded >= 2,
+        "the cut came before the second step: {events:?}"
+    );
     assert!(upgraded < 10, "every host was upgraded\n{err}");
 }
 

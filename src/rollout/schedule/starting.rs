@@ -96,11 +96,38 @@ impl<T: Transport> Scheduler<T> {
                     decided,
                 }))
             };
+            // Said, its intent published and acknowledged (with a store), as the run was being
+            // stopped (a signal, the lease lost, an intent etcd did not take): nothing has
+            // touched its host, and nothing does now; said blocked, counted not started.
+            let held_back = |job: &StepJob| {
+                cancel.stopping().then(|| {
+                    let why = format!("the run is stopping ({})", cancel.reason());
+                    step::log_line(&job.log, &format!("== not started: {why}"));
+                    sink.emit(Event::now(EventKind::StepBlocked {
+                        service: service.clone(),
+                        host: job.host.clone(),
+                        reason: why,
+                    }));
+                    StepResult {
+                        record: job.record.clone(),
+                        failed_hook: None,
+                        reason: None,
+                        rolled_back: false,
+                        released: false,
+                        skipped: None,
+                        not_started: true,
+                        ran: None,
+                    }
+                })
+            };
             // Emitted by the step itself, before its first command: the journal syncs the
             // intents of a wave's steps together instead of one after another. An unread
             // step's is emitted once its host is read: until then it is not known to run.
             if !unread_step {
                 started(&job);
+                if let Some(result) = held_back(&job) {
+                    return (s, w, i, result);
+                }
             }
             if let Some(why) = gone {
                 step::log_line(&job.log, &format!("== connect: {why}"));
@@ -132,9 +159,14 @@ impl<T: Transport> Scheduler<T> {
                             if unread_step {
                                 started(&job);
                             }
-                            let state_dir = job.service.state_dir.clone();
-                            let run = step::run(job, &*link, &*sink);
-                            stopping::abortable(run, &*link, &state_dir, &cancel).await
+                            match held_back(&job) {
+                                Some(result) => result,
+                                None => {
+                                    let state_dir = job.service.state_dir.clone();
+                                    let run = step::run(job, &*link, &*sink);
+                                    stopping::abortable(run, &*link, &state_dir, &cancel).await
+                                }
+                            }
                         }
                         Err(ended) => ended,
                     }
