@@ -340,6 +340,37 @@ impl Etcd {
         )
     }
 
+    /// Member `i`'s client address, `127.0.0.1:<port>` (for a relay in front of it).
+    pub fn client_addr(&self, i: usize) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.members[i].client))
+    }
+
+    /// The member that leads now: each running member's status names the leader's id, and
+    /// its own (etcd's JSON gateway, plain HTTP only).
+    pub fn leader(&self) -> usize {
+        let status = |m: &Member| -> serde_json::Value {
+            let reply = http_post(m.client, "/v3/maintenance/status", "{}", None);
+            serde_json::from_str(&reply).expect("etcd's status JSON")
+        };
+        let running: Vec<(usize, serde_json::Value)> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.child.lock().unwrap().is_some())
+            .map(|(i, m)| (i, status(m)))
+            .collect();
+        let leader = running
+            .iter()
+            .find_map(|(_, s)| s["leader"].as_str().filter(|l| *l != "0"))
+            .expect("a member names a leader")
+            .to_string();
+        running
+            .iter()
+            .find(|(_, s)| s["header"]["member_id"].as_str() == Some(leader.as_str()))
+            .map(|(i, _)| *i)
+            .expect("the leader is a running member")
+    }
+
     /// Kills member `i` (SIGKILL: a member left without quorum may ignore SIGTERM).
     pub fn kill(&self, i: usize) {
         if let Some(mut c) = self.members[i].child.lock().unwrap().take() {
