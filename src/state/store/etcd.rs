@@ -176,10 +176,14 @@ impl Etcd {
                     let c = self.client(i).await?;
                     authenticated(c, &call).await
                 };
-                let result = match tokio::time::timeout(left, attempt).await {
+                // One endpoint that drops packets silently (or waits for an election) takes at
+                // most a quarter of the patience, so that another (or the same one again, an
+                // election over) is still tried in time.
+                let cap = left.min((patience / 4).max(Duration::from_millis(300)));
+                let result = match tokio::time::timeout(cap, attempt).await {
                     Ok(r) => r,
                     Err(_) => {
-                        last[i] = Some(format!("no answer in {}", seconds(left)));
+                        last[i] = Some(format!("no answer in {}", seconds(cap)));
                         continue;
                     }
                 };

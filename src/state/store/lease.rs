@@ -1,5 +1,5 @@
 //! The site's lock in etcd: `<prefix>/<site>/lock`, created in a transaction only if absent,
-//! attached to a lease of `lock-ttl` that this process renews every third of it. The key's
+//! attached to a lease of `lock-ttl` that this process renews every sixth of it. The key's
 //! create revision is the run's fencing token: every write of the run is a transaction
 //! conditioned on it ([`super::Store::write`]), and each host records it beside its own lock.
 //!
@@ -106,14 +106,21 @@ fn margin(ttl: Duration) -> Duration {
     ttl / 10
 }
 
-/// Renews `lease` every third of its TTL until it may have expired in etcd (a tenth of the TTL
+/// How often a lease is renewed: every sixth of its TTL, so that a renewal that fails (a member
+/// killed, an election under way: about a second with etcd's default election timeout) leaves
+/// most of the TTL to find another member or the new leader before the run must stop.
+fn every(ttl: Duration) -> Duration {
+    ttl / 6
+}
+
+/// Renews `lease` every sixth of its TTL until it may have expired in etcd (a tenth of the TTL
 /// before [`Lease::ends`]: each renewal is tried only for the time left), or until etcd says it
 /// expired; then says why on `lost` and stops.
 async fn keep(etcd: Arc<Etcd>, mut lease: Lease, lost: watch::Sender<Option<String>>) {
     let ttl = lease.ttl;
     let mut next = lease
         .ends
-        .checked_sub(ttl - ttl / 3)
+        .checked_sub(ttl - every(ttl))
         .unwrap_or_else(Instant::now);
     let mut last_error = None;
     loop {
@@ -126,7 +133,7 @@ async fn keep(etcd: Arc<Etcd>, mut lease: Lease, lost: watch::Sender<Option<Stri
         match etcd.renew(lease.id, left).await {
             Ok(true) => {
                 lease.ends = sent + ttl;
-                next = sent + ttl / 3;
+                next = sent + every(ttl);
                 last_error = None;
             }
             Ok(false) => {
