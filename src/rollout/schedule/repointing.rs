@@ -129,16 +129,7 @@ impl<T: Transport> Scheduler<T> {
                 }
                 Err(e) => {
                     step::log_line(&job.log, &format!("== connect: {e}"));
-                    StepResult {
-                        record: job.record,
-                        failed_hook: Some("connect".into()),
-                        reason: Some(e.to_string()),
-                        rolled_back: false,
-                        released: false,
-                        skipped: None,
-                        not_started: false,
-                        ran: None,
-                    }
+                    StepResult::not_connected(job.record, e.to_string())
                 }
             };
             links.step_done();

@@ -108,16 +108,7 @@ impl<T: Transport> Scheduler<T> {
                         host: job.host.clone(),
                         reason: why,
                     }));
-                    StepResult {
-                        record: job.record.clone(),
-                        failed_hook: None,
-                        reason: None,
-                        rolled_back: false,
-                        released: false,
-                        skipped: None,
-                        not_started: true,
-                        ran: None,
-                    }
+                    StepResult::not_started(job.record.clone())
                 })
             };
             // Emitted by the step itself, before its first command: the journal syncs the
@@ -144,16 +135,7 @@ impl<T: Transport> Scheduler<T> {
                         // (a step already running before the stop goes on).
                         Ok(job) if unread_step && cancel.stopping() => {
                             step::log_line(&job.log, "== not started: the run is stopping");
-                            StepResult {
-                                record: job.record,
-                                failed_hook: None,
-                                reason: None,
-                                rolled_back: false,
-                                released: false,
-                                skipped: None,
-                                not_started: true,
-                                ran: None,
-                            }
+                            StepResult::not_started(job.record)
                         }
                         Ok(job) => {
                             if unread_step {
@@ -177,16 +159,7 @@ impl<T: Transport> Scheduler<T> {
                 }
                 Err(e) => {
                     step::log_line(&job.log, &format!("== connect: {e}"));
-                    StepResult {
-                        record: job.record,
-                        failed_hook: Some("connect".into()),
-                        reason: Some(e.to_string()),
-                        rolled_back: false,
-                        released: false,
-                        skipped: None,
-                        not_started: false,
-                        ran: None,
-                    }
+                    StepResult::not_connected(job.record, e.to_string())
                 }
             };
             links.step_done();

@@ -87,6 +87,34 @@ impl StepResult {
     pub fn ok(&self) -> bool {
         self.failed_hook.is_none()
     }
+
+    /// A step that could not connect to its host: failed, nothing ran, its record as it was.
+    pub fn not_connected(record: HostRecord, reason: String) -> StepResult {
+        StepResult {
+            record,
+            failed_hook: Some("connect".into()),
+            reason: Some(reason),
+            rolled_back: false,
+            released: false,
+            skipped: None,
+            not_started: false,
+            ran: None,
+        }
+    }
+
+    /// A step held back as the run was being stopped: nothing ran, counted not started.
+    pub fn not_started(record: HostRecord) -> StepResult {
+        StepResult {
+            record,
+            failed_hook: None,
+            reason: None,
+            rolled_back: false,
+            released: false,
+            skipped: None,
+            not_started: true,
+            ran: None,
+        }
+    }
 }
 
 /// Runs the step over `link`.
