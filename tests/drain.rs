@@ -5,7 +5,7 @@
 //! during a same-address upgrade with `drain=#true` (no drain written in the api's hooks), no
 //! request fails: before each api wave stops its host, haproxy's configuration drops it (a
 //! reload), and lists it again (at its new port) once its check passed; at most two reloads
-//! per api wave.
+//! per api wave. The same when one api host moves to another address.
 
 mod support;
 
@@ -20,8 +20,10 @@ const API: &[&str] = &["app1", "app2"];
 fn site(api_version: &str, api_port: u16, drain: bool) -> String {
     let api_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; o = u.build_opener(u.ProxyHandler({})); b = "http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]); o.open(b + "health", timeout=1); v = o.open(b, timeout=1).read().decode().split()[1]; raise SystemExit(v != a["DEPLOY_NEW_VERSION"])'"#;
     let lb_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; u.build_opener(u.ProxyHandler({})).open("http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]), timeout=1).read()'"#;
-    // What haproxy's configuration lists, as one event word: `servers:app1@18080,app2@18080,`.
-    let servers = r#"ev "servers:$(awk '/^ *server /{split($3, a, ":"); printf "%s@%s,", $2, a[2]}' /srv/lb/haproxy.cfg)""#;
+    // What haproxy's configuration lists, as one event word:
+    // `servers:app1@127.1.2.1:18080,app2@127.1.2.2:18080,`.
+    let servers =
+        r#"ev "servers:$(awk '/^ *server /{printf "%s@%s,", $2, $3}' /srv/lb/haproxy.cfg)""#;
     let drain = if drain { " drain=#true" } else { "" };
     r####"site "proxied" {
     version "1.0"
@@ -79,7 +81,7 @@ impl Proxied {
             "haproxy is missing: tests/run.sh installs Debian's haproxy"
         );
         let fleet = Fleet::start(&[
-            FleetHost::new("app1", "app"),
+            FleetHost::new("app1", "app").movable(),
             FleetHost::new("app2", "app"),
             FleetHost::new("lb1", "lb"),
         ]);
@@ -128,9 +130,9 @@ impl Proxied {
     }
 }
 
-/// haproxy's configuration over time, from lb1's `servers:` events since `from`: `(ns,
-/// [(host, port)])`.
-fn configs(events: &[(u128, String, String, String)]) -> Vec<(u128, Vec<(String, u16)>)> {
+/// haproxy's configuration over time, from lb1's `servers:` events: `(ns, [(host,
+/// address:port)])`.
+fn configs(events: &[(u128, String, String, String)]) -> Vec<(u128, Vec<(String, String)>)> {
     events
         .iter()
         .filter(|(_, h, ..)| h == "lb1")
@@ -140,8 +142,8 @@ fn configs(events: &[(u128, String, String, String)]) -> Vec<(u128, Vec<(String,
                 .split(',')
                 .filter(|s| !s.is_empty())
                 .filter_map(|s| {
-                    let (host, port) = s.split_once('@')?;
-                    Some((host.to_string(), port.parse().ok()?))
+                    let (host, at) = s.split_once('@')?;
+                    Some((host.to_string(), at.to_string()))
                 })
                 .collect();
             Some((*ns, servers))
@@ -149,11 +151,16 @@ fn configs(events: &[(u128, String, String, String)]) -> Vec<(u128, Vec<(String,
         .collect()
 }
 
-/// The order the run kept, from the hooks' own logs (`events`: this run's): each api host left
-/// haproxy's configuration before its `stop`, was listed at a port where it does not serve at
-/// no time, and came back (at `port`) only after its check passed; haproxy reloaded at most
-/// twice per api wave (`waves`).
-fn assert_drained(events: &[(u128, String, String, String)], port: u16, waves: usize) {
+/// The order the run kept, from the hooks' own logs (`events`: this run's): each api host of
+/// `hosts` left haproxy's configuration before its `stop`, was listed where it does not serve
+/// at no time, and came back (at `serves(host)`, `address:port`) only after its check passed;
+/// haproxy reloaded at most twice per api wave (`waves`).
+fn assert_drained(
+    events: &[(u128, String, String, String)],
+    hosts: &[&str],
+    serves: impl Fn(&str) -> String,
+    waves: usize,
+) {
     let configs = configs(events);
     let at = |host: &str, what: &str| {
         events
@@ -162,10 +169,11 @@ fn assert_drained(events: &[(u128, String, String, String)], port: u16, waves: u
             .map(|(ns, ..)| *ns)
             .unwrap_or_else(|| panic!("no api {what} on {host}: {events:?}"))
     };
-    for host in API {
+    for &host in hosts {
         let (stop, checked) = (at(host, "stop"), at(host, "checked"));
+        let port = serves(host);
         // The configuration haproxy ran with when the host stopped.
-        let before: Vec<&(u128, Vec<(String, u16)>)> =
+        let before: Vec<&(u128, Vec<(String, String)>)> =
             configs.iter().filter(|(ns, _)| *ns < stop).collect();
         let last = before
             .last()
@@ -182,15 +190,15 @@ fn assert_drained(events: &[(u128, String, String, String)], port: u16, waves: u
                      {configs:?}"
                 );
                 assert!(
-                    servers.contains(&(host.to_string(), port)),
-                    "{host} listed again at another port than {port}: {configs:?}"
+                    servers.contains(&(host.to_string(), port.clone())),
+                    "{host} listed again elsewhere than {port}: {configs:?}"
                 );
             }
         }
         assert!(
             configs
                 .last()
-                .is_some_and(|(_, s)| s.contains(&(host.to_string(), port))),
+                .is_some_and(|(_, s)| s.contains(&(host.to_string(), port.clone()))),
             "haproxy ends listing {host} at {port}: {configs:?}"
         );
     }
@@ -238,7 +246,12 @@ fn a_rolling_port_change_of_the_backends_fails_no_request() {
         seen.ok
     );
     let events = p.events();
-    assert_drained(&events[before..], 18081, 2);
+    assert_drained(
+        &events[before..],
+        API,
+        |h| format!("{}:18081", p.fleet.address(h)),
+        2,
+    );
     let cfg = std::fs::read_to_string(p.fleet.host_root("lb1").join("srv/lb/haproxy.cfg"))
         .expect("haproxy.cfg");
     for host in API {
@@ -275,9 +288,71 @@ fn a_same_address_upgrade_with_drain_fails_no_request() {
         }
     }
     let events = p.events();
-    assert_drained(&events[before..], 18080, 2);
+    assert_drained(
+        &events[before..],
+        API,
+        |h| format!("{}:18080", p.fleet.address(h)),
+        2,
+    );
     // Converged: the next plan has nothing to do, and haproxy lists both.
     let site = p.write("2.0", 18080, true);
+    let out = support::cli::deploy_in(&p.fleet.dir)
+        .args(["plan", site.to_str().unwrap()])
+        .output()
+        .expect("run deploy");
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(plan.contains("\n0 steps in 0 waves"), "{plan}");
+}
+
+#[test]
+fn a_backend_moved_to_another_address_fails_no_request() {
+    let p = Proxied::start();
+    p.apply("1.0", 18080, false);
+    let old = p.fleet.address("app1");
+    p.fleet.move_host("app1");
+    let new = p.fleet.address("app1");
+    assert_ne!(old, new);
+    // Its hooks have its address (DEPLOY_ADDRESS): app1 runs the switch-over, and lb1 lists
+    // it at the new address only once it serves there.
+    let site = p.write("1.0", 18080, false);
+    let out = support::cli::deploy_in(&p.fleet.dir)
+        .args(["plan", site.to_str().unwrap()])
+        .output()
+        .expect("run deploy");
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        plan.contains(&format!(
+            "reconfigure 1.0 (address: {old} → {new}) by switch-over, no reload hook: app1"
+        )),
+        "{plan}"
+    );
+    assert!(plan.contains("after api on app1) by reload: lb1"), "{plan}");
+    let before = p.events().len();
+    let seen = with_traffic(p.lb(), || {
+        p.apply("1.0", 18080, false);
+    });
+    assert!(
+        seen.failed.is_empty(),
+        "failed requests while app1 moved: {:?}",
+        seen.failed
+    );
+    let events = p.events();
+    let events = &events[before..];
+    assert_drained(
+        events,
+        &["app1"],
+        |h| format!("{}:18080", p.fleet.address(h)),
+        1,
+    );
+    // app2 did not move: it ran no hook.
+    assert!(
+        !events
+            .iter()
+            .any(|(_, h, w, s)| h == "app2" && s == "api" && w == "stop"),
+        "{events:?}"
+    );
+    // Nothing listens at the old address any more, and the next plan has nothing to do.
+    assert!(std::net::TcpStream::connect(format!("{old}:18080")).is_err());
     let out = support::cli::deploy_in(&p.fleet.dir)
         .args(["plan", site.to_str().unwrap()])
         .output()

@@ -1,5 +1,6 @@
 //! What each host must run: per service and host, every input its hooks are given (version,
-//! hook texts, port, env, the addresses it needs, its files after rendering, its secrets), as
+//! hook texts, port, the host's own address, env, the addresses it needs, its files after
+//! rendering, its secrets), as
 //! the [`Inputs`] a host records. Takes the site and the resolved hosts; `plan` compares these
 //! with what each host recorded, `rollout` delivers the files and records them.
 //!
@@ -22,10 +23,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use thiserror::Error;
 
+/// The input that holds the host's own address.
+const ADDRESS: &str = "address";
+
 /// Every service's desired inputs on each of its hosts.
 #[derive(Debug, Default)]
 pub struct Desired {
     services: Vec<ServiceInputs>,
+    /// Each host's address, as the inventory gives it (`DEPLOY_ADDRESS`): the `address` input
+    /// of every service on it.
+    addresses: Vec<Arc<str>>,
     /// The sha256 of every plain file's source, read once when the run resolved what each
     /// host must run, and the source's stamp then: the steps send the content recorded under
     /// that digest, and check that the source they sent still has that stamp.
@@ -251,7 +258,11 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
         });
     }
     if errors.is_empty() {
-        Ok(Desired { services, digests })
+        Ok(Desired {
+            services,
+            addresses: hosts.hosts.iter().map(|h| h.address.clone()).collect(),
+            digests,
+        })
     } else {
         Err(DesiredErrors { errors })
     }
@@ -309,6 +320,9 @@ impl Desired {
         if let Some(files) = s.rendered.get(&host) {
             all.0.extend(files.iter().cloned());
         }
+        if let Some(address) = self.addresses.get(host) {
+            all.0.insert(ADDRESS.into(), address.clone());
+        }
         all
     }
 
@@ -342,6 +356,12 @@ impl Desired {
     /// command cannot read) taken as `recorded` has it.
     fn as_known(&self, service: ServiceId, host: HostId, recorded: &Inputs) -> Inputs {
         let mut now = self.inputs(service, host);
+        if !recorded.0.contains_key(ADDRESS) {
+            // Recorded by a deploy that did not record the address: taken as the same, so
+            // that a new deploy does not restart every service (the store and the connection
+            // still tell a host that moved).
+            now.0.remove(ADDRESS);
+        }
         if let Some(s) = self.services.get(service) {
             for key in &s.unknown {
                 match recorded.0.get(key) {
@@ -362,7 +382,10 @@ impl Desired {
             return self.reasons(service, host, recorded).is_empty();
         }
         let files = s.rendered.get(&host).map_or(&[][..], Vec::as_slice);
-        if recorded.0.len() != s.common.0.len() + files.len() {
+        let address = recorded.0.get(ADDRESS);
+        if address.is_some_and(|a| self.addresses.get(host) != Some(a))
+            || recorded.0.len() != s.common.0.len() + files.len() + usize::from(address.is_some())
+        {
             return false;
         }
         s.common.0.iter().all(|(k, v)| recorded.0.get(k) == Some(v))

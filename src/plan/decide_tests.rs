@@ -205,9 +205,47 @@ fn a_failed_check_makes_a_converged_host_a_repair_and_nothing_else() {
     assert_eq!(repair.reasons, ["check failed: exited 3: gone"]);
     // A host that changes anyway takes its own step.
     assert_eq!(step("api").kind, StepKind::Upgrade);
+    // Its check failed: lb1 is not counted healthy for lb's dependents until its repair
+    // passes.
+    let lb_plan = |p: &super::super::Plan| p.services.iter().find(|s| s.name == "lb").cloned();
+    let (before, after) = (lb_plan(&without).expect("lb"), lb_plan(&with).expect("lb"));
+    assert_eq!(without.healthy_before(&before), 1);
+    assert_eq!(with.healthy_before(&after), 0);
     assert!(
         with.inconsistencies().is_empty(),
         "{:?}",
         with.inconsistencies()
     );
+}
+
+#[test]
+fn a_host_at_another_address_runs_the_switch_over_and_an_older_record_is_left_alone() {
+    let was = inputs(BASE, true, "one", "t");
+    assert_eq!(was.get("address"), Some("10.0.1.1"));
+    // Its hooks have the address (DEPLOY_ADDRESS): the whole switch-over, even with reload.
+    let mut moved = was.clone();
+    moved.0.insert("address".into(), "10.0.9.9".into());
+    let d = decided(Some(moved), BASE, true, "one", "t");
+    assert_eq!(d.path, Path::SwitchOver);
+    assert_eq!(d.reasons, ["address: 10.0.9.9 → 10.0.1.1"]);
+    assert_eq!(d.restarts, ["address"]);
+    // Recorded by a deploy that did not record the address: nothing to do.
+    let mut older = was;
+    older.0.remove("address");
+    let (_dir, site, hosts) = load(BASE, true, "one");
+    let secrets = Secrets::from_values(vec![("TOKEN".into(), "t".into())], Default::default());
+    let desired = crate::desired::resolve(&site, &hosts, &secrets).expect("resolves");
+    let mut record = ServiceRecord::at("1.0");
+    record.inputs = Some(older.clone());
+    let observed = Observed::Running {
+        services: [("lb".to_string(), record)].into_iter().collect(),
+    };
+    let (lb, lb1) = (
+        site.service("lb").expect("lb"),
+        hosts.find("lb1").expect("lb1"),
+    );
+    assert_eq!(decide(&site, &desired, lb, lb1, &observed), Ok(None));
+    assert!(desired.matches(lb, lb1, &older));
+    // The store's fingerprint leaves the address out (it compares addresses on its own).
+    assert_eq!(desired.fingerprint(lb, lb1), Some(older.fingerprint()));
 }

@@ -70,16 +70,17 @@ impl Plan {
     /// recorded failure (what its dependents' conditions count from).
     /// A host whose step is unread is not counted (its step counts it once it has read it):
     /// the host may have been read since the plan was made ([`Plan::hosts`] of a plan made
-    /// during the run).
+    /// during the run). Nor is a host planned for `repair`: its check failed (its step counts
+    /// it once the check passes).
     pub fn healthy_before(&self, service: &ServicePlan) -> usize {
-        let unread: BTreeSet<&str> = service
+        let uncounted: BTreeSet<&str> = service
             .each_step()
-            .filter(|st| st.kind == StepKind::Unread)
+            .filter(|st| matches!(st.kind, StepKind::Unread | StepKind::Repair))
             .map(|st| &*st.host)
             .collect();
         self.hosts
             .iter()
-            .filter(|h| service.runs_on(h) && !unread.contains(&*h.name))
+            .filter(|h| service.runs_on(h) && !uncounted.contains(&*h.name))
             .filter(|h| service.healthy_in(h.observed.service(&service.name)))
             .count()
     }

@@ -218,7 +218,7 @@ impl<'p> Sim<'p> {
         }
         let svc = &mut self.svcs[s];
         svc.running -= 1;
-        if !matches!(st.kind, StepKind::Reconfigure | StepKind::Repair) {
+        if st.kind != StepKind::Reconfigure {
             svc.healthy += 1;
         }
         // A wave that has ended, with another to come: its pause runs from now.

@@ -2,7 +2,8 @@
 //! two sets of inputs can say, in words, how they differ.
 //!
 //! Keys and values (what counts, and why, is in the book's "Desired state" chapter):
-//! `version`, `port` (as written); `hook:<name>` (a digest of its text); `env:<NAME>` (a digest of
+//! `version`, `port` (as written); `address` (the host's, as the inventory gives it: hooks have
+//! it as `DEPLOY_ADDRESS`); `hook:<name>` (a digest of its text); `env:<NAME>` (a digest of
 //! its value); `needs:<service>` (the `host=address[:port]` list, space-separated, in host name
 //! order); `file:<path>` (`<content digest> <mode in octal>`); `secret:<NAME>` (an HMAC under the
 //! controller's key, never a plain digest) and `key` (which key: the HMAC of a fixed text).
@@ -20,10 +21,12 @@ pub struct Inputs(pub BTreeMap<String, Arc<str>>);
 impl Inputs {
     /// One digest of every key and value (sha256, 128 bits, hex): what the shared store keeps
     /// of a host's inputs, to tell whether they are the site's without holding them all.
+    /// The host's `address` does not count: the store keeps it beside, and compares it with
+    /// the inventory's on its own (a record of an older deploy lacks it).
     pub fn fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
-        for (k, v) in &self.0 {
+        for (k, v) in self.0.iter().filter(|(k, _)| *k != "address") {
             h.update((k.len() as u64).to_le_bytes());
             h.update(k.as_bytes());
             h.update((v.len() as u64).to_le_bytes());
@@ -69,7 +72,7 @@ impl Inputs {
     }
 
     /// How `self` (what the site says now) differs from `was` (what the host records), one
-    /// reason per kind, in a fixed order: `port`, `hooks: start, check`, `env: MODE`,
+    /// reason per kind, in a fixed order: `port`, `address`, `hooks: start, check`, `env: MODE`,
     /// `needs api: +app8 -app3`, `file: /etc/x`, `secret: TOKEN`. Empty when they are equal.
     pub fn reasons(&self, was: &Inputs) -> Vec<String> {
         let mut out = Vec::new();
@@ -82,6 +85,11 @@ impl Inputs {
                     .to_string()
             };
             out.push(format!("port: {} → {}", show(was), show(self)));
+        }
+        if let (true, Some(then), Some(now)) =
+            (changed("address"), was.get("address"), self.get("address"))
+        {
+            out.push(format!("address: {then} → {now}"));
         }
         let keys = |prefix: &str| -> Vec<String> {
             let mut names: Vec<&str> = self
@@ -141,6 +149,7 @@ pub enum Takes {
     /// A reload: files, `needs` addresses, the `reload` and `check` hooks.
     Reload,
     /// A restart, the whole switch-over: every other key (a switch-over hook, `env`, `port`,
+    /// the host's `address`,
     /// a secret, which the hooks get in their environment, the controller's key, a key of a
     /// kind this version does not know).
     Restart,

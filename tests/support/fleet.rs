@@ -97,6 +97,9 @@ pub struct FleetHost {
     /// root's login shell on this host (the machine's own when `None`): an `/etc/passwd` of
     /// the host's, the machine's with root's shell changed, is mounted over `/etc/passwd`.
     pub login_shell: Option<String>,
+    /// Whether the host has a second address its sshd also listens on, which
+    /// [`Fleet::move_host`] makes the inventory's.
+    pub movable: bool,
 }
 
 impl FleetHost {
@@ -107,12 +110,20 @@ impl FleetHost {
             class: class.into(),
             tags: Vec::new(),
             login_shell: None,
+            movable: false,
         }
     }
 
     /// Gives root this login shell on the host (builder style).
     pub fn login_shell(mut self, shell: &str) -> FleetHost {
         self.login_shell = Some(shell.into());
+        self
+    }
+
+    /// Gives the host a second address, for [`Fleet::move_host`] (builder style).
+    #[allow(dead_code)]
+    pub fn movable(mut self) -> FleetHost {
+        self.movable = true;
         self
     }
 
@@ -139,7 +150,21 @@ pub struct Fleet {
 struct Host {
     spec: FleetHost,
     address: Ipv4Addr,
+    /// A movable host's second address.
+    second: Option<Ipv4Addr>,
+    /// Whether the inventory gives the second address.
+    moved: std::sync::atomic::AtomicBool,
     process: Mutex<Option<HostProcess>>,
+}
+
+impl Host {
+    /// The address the inventory gives.
+    fn current(&self) -> Ipv4Addr {
+        match self.second {
+            Some(second) if self.moved.load(std::sync::atomic::Ordering::SeqCst) => second,
+            _ => self.address,
+        }
+    }
 }
 
 struct HostProcess {
@@ -179,15 +204,19 @@ impl Fleet {
              (set TMPDIR to e.g. /tmp)"
         );
         let keep = std::env::var_os("DROVER_FLEET_KEEP").is_some();
-        let addresses = allocate_addresses(hosts.len(), sshd_port);
+        let movable = hosts.iter().filter(|h| h.movable).count();
+        let addresses = allocate_addresses(hosts.len() + movable, sshd_port);
+        let mut seconds = addresses[hosts.len()..].iter().copied();
         let fleet = Fleet {
             dir: dir.clone(),
             hosts: hosts
                 .iter()
-                .zip(addresses)
+                .zip(addresses.iter().copied())
                 .map(|(spec, address)| Host {
                     spec: spec.clone(),
                     address,
+                    second: if spec.movable { seconds.next() } else { None },
+                    moved: Default::default(),
                     process: Mutex::new(None),
                 })
                 .collect(),
@@ -211,9 +240,18 @@ impl Fleet {
         fleet
     }
 
-    /// The host's loopback address, e.g. `"127.42.1.3"`.
+    /// The host's loopback address, e.g. `"127.42.1.3"` (a moved host's second one).
     pub fn address(&self, host: &str) -> String {
-        self.host(host).address.to_string()
+        self.host(host).current().to_string()
+    }
+
+    /// Gives a movable host ([`FleetHost::movable`]) its second address in the inventory
+    /// (`platform.kdl` written from now on): its sshd listens on both.
+    #[allow(dead_code)]
+    pub fn move_host(&self, host: &str) {
+        let host = self.host(host);
+        assert!(host.second.is_some(), "{} is not movable", host.spec.name);
+        host.moved.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The names of the fleet's hosts, in the order given to [`Fleet::start`].
@@ -383,7 +421,7 @@ impl Fleet {
                 out,
                 "        host {} address={} class={}",
                 kdl_string(&host.spec.name),
-                kdl_string(&host.address.to_string()),
+                kdl_string(&host.current().to_string()),
                 kdl_string(&host.spec.class)
             )
             .unwrap();
@@ -434,7 +472,9 @@ impl Fleet {
         let mut ssh_config =
             String::from("# ssh_config for a drover test fleet; use with ssh -F\n");
         for host in &self.hosts {
-            writeln!(known_hosts, "[{}]:{SSH_PORT} {host_pub}", host.address).unwrap();
+            for address in std::iter::once(host.address).chain(host.second) {
+                writeln!(known_hosts, "[{address}]:{SSH_PORT} {host_pub}").unwrap();
+            }
             writeln!(
                 ssh_config,
                 "Host {}\n    HostName {}",
@@ -484,8 +524,12 @@ impl Fleet {
                     .collect();
                 fs::write(root.join("passwd"), ours).unwrap();
             }
+            let second = match host.second {
+                Some(a) => format!("ListenAddress {a}:{}\n", self.sshd_port),
+                None => String::new(),
+            };
             let sshd_config = format!(
-                "ListenAddress {}:{}\nAddressFamily inet\nHostKey {}\nAuthorizedKeysFile {}\n\
+                "{second}ListenAddress {}:{}\nAddressFamily inet\nHostKey {}\nAuthorizedKeysFile {}\n\
                  PidFile none\nPermitRootLogin prohibit-password\nPubkeyAuthentication yes\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
                  MaxStartups 500\nMaxSessions 100\nUseDNS no\nPrintMotd no\nPrintLastLog no\n\

@@ -203,8 +203,9 @@ impl<T: Transport> Scheduler<T> {
     }
 
     /// Whether a dependent's host still being read may have to drop hosts of wave `w` of `x`:
-    /// a dependent drains `x`, or a step of the wave moves its host to another port (or its
-    /// host is not read yet). Only then does the wave wait for those hosts to be read.
+    /// a dependent drains `x`, or a step of the wave moves its host to another port or
+    /// address (or its host is not read yet). Only then does the wave wait for those hosts to
+    /// be read.
     fn may_drop(&self, x: usize, w: usize) -> bool {
         let xs = &self.r.plan.services[x];
         if self.dependents[x].iter().any(|(_, drain)| *drain) {
@@ -219,9 +220,13 @@ impl<T: Transport> Scheduler<T> {
                 .record
                 .services
                 .get(&xs.name)
-                .and_then(|r| r.inputs.as_ref())
-                .and_then(|i| i.get("port"));
-            !self.hosts[h].read || recorded.is_some_and(|p| p != port)
+                .and_then(|r| r.inputs.as_ref());
+            let moved = recorded.is_some_and(|i| {
+                i.get("port").is_some_and(|p| p != port)
+                    || i.get("address")
+                        .is_some_and(|a| a != &*self.r.plan.hosts[h].address)
+            });
+            !self.hosts[h].read || moved
         })
     }
 

@@ -145,9 +145,9 @@ impl<T: Transport> Scheduler<T> {
                 if let Some(kind) = ran {
                     svc.kinds.add(kind);
                 }
-                // A host reconfigured or repaired at its version was counted healthy
-                // already.
-                if !matches!(st.kind, StepKind::Reconfigure | StepKind::Repair) {
+                // A host reconfigured at its version was counted healthy already (a
+                // repaired one was not: its check failed).
+                if st.kind != StepKind::Reconfigure {
                     svc.healthy += 1;
                 }
                 host.done.insert(s);
