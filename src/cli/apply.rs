@@ -348,7 +348,7 @@ fn confirm(args: &ApplyArgs, plan: &Plan) -> Result<(), Error> {
     let confirms = plan
         .services
         .iter()
-        .any(|s| s.policy.pause == "confirm" && s.waves.len() > 1);
+        .any(|s| s.policy.pause == crate::site::Pause::Confirm && s.waves.len() > 1);
     if confirms && !tty {
         return Err(Error::Refused {
             reason: "a policy pauses with \"confirm\" and there is no terminal to ask on".into(),

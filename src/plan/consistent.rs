@@ -281,7 +281,7 @@ mod tests {
                 max_failed_hosts: 0,
                 wave_max_failed: None,
                 canary: 0,
-                pause: "0s".into(),
+                pause: crate::site::Pause::Wait(std::time::Duration::ZERO),
                 spread: None,
                 on_failure: OnFailure::Rollback,
                 flow: Flow::default(),

@@ -156,8 +156,7 @@ pub struct PlannedPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wave_max_failed: Option<Quota>,
     pub canary: u64,
-    /// A duration such as `"30s"`, or `"confirm"`.
-    pub pause: String,
+    pub pause: Pause,
     pub spread: Option<String>,
     pub on_failure: OnFailure,
     /// When a later wave may take a freed slot (plans saved before it was written: `slots`).
@@ -579,10 +578,7 @@ fn service_plan(
             max_failed_hosts: policy.max_failed.of(members.len(), Round::Down),
             wave_max_failed: policy.wave_max_failed,
             canary: policy.canary,
-            pause: match policy.pause {
-                Pause::Wait(d) => crate::site::format_duration(d),
-                Pause::Confirm => "confirm".into(),
-            },
+            pause: policy.pause,
             spread: policy.spread.clone(),
             on_failure: policy.on_failure,
             flow: policy.flow,

@@ -259,7 +259,7 @@ fn policy_rules(p: &PlannedPolicy) -> Vec<String> {
             "no new step of a wave once more than {q} of its hosts failed"
         ));
     }
-    if p.pause != "0s" {
+    if !p.pause.is_none() {
         rules.push(format!("pause {}", p.pause));
     }
     match flowing {
@@ -406,7 +406,7 @@ mod tests {
             max_failed_hosts,
             wave_max_failed: None,
             canary: 0,
-            pause: "0s".into(),
+            pause: crate::site::Pause::Wait(std::time::Duration::ZERO),
             spread: None,
             on_failure,
             flow,
@@ -446,7 +446,7 @@ mod tests {
         let slots = policy(2, OnFailure::Rollback, Slots);
         let waves = |p: &PlannedPolicy| rules(p).starts_with("2 hosts per wave");
         let paused = PlannedPolicy {
-            pause: "10s".into(),
+            pause: crate::site::Pause::Wait(std::time::Duration::from_secs(10)),
             ..slots.clone()
         };
         assert!(waves(&paused));

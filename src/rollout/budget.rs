@@ -78,8 +78,7 @@ pub enum Flowing {
 /// `flow "budget"` also `on-failure "stop"` or `max-failed 0`. A limit of `usize::MAX`: under
 /// `"continue"`. The scheduler also never flows past the canary.
 pub fn flowing(policy: &PlannedPolicy) -> Option<Flowing> {
-    let no_pause = crate::site::parse_duration(&policy.pause).is_ok_and(|d| d.is_zero());
-    if !no_pause || policy.spread.is_some() {
+    if !policy.pause.is_none() || policy.spread.is_some() {
         return None;
     }
     match policy.flow {
@@ -114,7 +113,7 @@ mod tests {
             max_failed_hosts: 0,
             wave_max_failed: wave,
             canary: 0,
-            pause: "0s".into(),
+            pause: crate::site::Pause::Wait(std::time::Duration::ZERO),
             spread: None,
             on_failure,
             flow: Flow::Slots,

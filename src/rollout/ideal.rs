@@ -224,7 +224,10 @@ impl<'p> Sim<'p> {
         // A wave that has ended, with another to come: its pause runs from now.
         let wave_over = svc.running == 0 && svc.pending.is_empty();
         if wave_over && svc.next_wave < sp.waves.len() {
-            let pause = crate::site::parse_duration(&sp.policy.pause).unwrap_or_default();
+            let pause = match sp.policy.pause {
+                crate::site::Pause::Wait(d) => d,
+                crate::site::Pause::Confirm => std::time::Duration::ZERO,
+            };
             svc.not_before = self.now + pause;
         }
     }

@@ -478,7 +478,10 @@ impl<T: Transport> Scheduler<T> {
             return true;
         }
         let w = svc.next_wave;
-        if w > 0 && sp.policy.pause == "confirm" && !self.r.gate.confirm(&sp.name, w + 1) {
+        if w > 0
+            && sp.policy.pause == crate::site::Pause::Confirm
+            && !self.r.gate.confirm(&sp.name, w + 1)
+        {
             // A signal that left the question unanswered interrupts the run (`advance` winds
             // it down next); it refuses nothing.
             if !self.r.cancel.stopping() {

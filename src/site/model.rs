@@ -231,12 +231,49 @@ impl Flow {
     }
 }
 
-/// What happens between waves.
+/// What happens between waves. In a saved plan, as written in a policy: a duration (`"30s"`)
+/// or `"confirm"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pause {
     Wait(Duration),
     /// Ask on a terminal; refuse without one.
     Confirm,
+}
+
+impl Pause {
+    /// Whether waves follow one another at once.
+    pub fn is_none(&self) -> bool {
+        *self == Pause::Wait(Duration::ZERO)
+    }
+}
+
+impl std::fmt::Display for Pause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pause::Wait(d) => f.write_str(&super::format_duration(*d)),
+            Pause::Confirm => f.write_str("confirm"),
+        }
+    }
+}
+
+impl serde::Serialize for Pause {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Pause {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "confirm" => Ok(Pause::Confirm),
+            t => super::parse_duration(t).map(Pause::Wait).map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "pause {t:?}: {e} (a duration such as \"30s\", or \"confirm\")"
+                ))
+            }),
+        }
+    }
 }
 
 /// What a failed host does to the rest of the service's rollout.
@@ -435,5 +472,29 @@ impl Site {
     /// The class of this name.
     pub fn class(&self, name: &str) -> Option<ClassId> {
         self.classes.iter().position(|c| c.name == name)
+    }
+}
+
+#[cfg(test)]
+mod pause_tests {
+    use super::Pause;
+    use std::time::Duration;
+
+    #[test]
+    fn a_saved_pause_reads_back_and_a_bad_one_is_an_error_not_a_confirmation() {
+        for p in [
+            Pause::Wait(Duration::ZERO),
+            Pause::Wait(Duration::from_millis(1500)),
+            Pause::Confirm,
+        ] {
+            let text = serde_json::to_string(&p).expect("serialises");
+            assert_eq!(serde_json::from_str::<Pause>(&text).expect("reads"), p);
+        }
+        assert_eq!(
+            serde_json::to_string(&Pause::Confirm).unwrap(),
+            "\"confirm\""
+        );
+        let err = serde_json::from_str::<Pause>("\"confrim\"").expect_err("refused");
+        assert!(err.to_string().contains("\"confrim\""), "{err}");
     }
 }

@@ -36,10 +36,7 @@ impl<T: Transport> Scheduler<T> {
             wave: w + 1,
             failed,
         });
-        let pause = match crate::site::parse_duration(&sp.policy.pause) {
-            Ok(d) => Pause::Wait(d),
-            Err(_) => Pause::Confirm,
-        };
+        let pause = sp.policy.pause;
         // The pause is between waves: none after the last one.
         let another = w + 1 < sp.waves.len();
         if let (Pause::Wait(d), true) = (pause, another) {
