@@ -11,6 +11,7 @@ mod ideal;
 mod interrupt;
 mod links;
 mod planning;
+mod processes;
 mod schedule;
 mod step;
 mod unread;
@@ -26,8 +27,8 @@ pub use cancel::{Cancel, Level};
 pub use event::{Event, EventKind, Gate, Kinds, Phase, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
-pub use interrupt::kill_script;
 pub use planning::{Planned, Planning};
+pub use processes::kill_script;
 pub use unread::LockAtStep;
 pub use verify::{check_converged, check_status, plan_repairs, repairs, verify, CheckResult};
 

@@ -182,7 +182,10 @@ fn the_kill_script_never_signals_group_0_or_1() {
         std::fs::write(&f, bad).unwrap();
         let out = std::process::Command::new("/bin/sh")
             .arg("-c")
-            .arg(hook_run::kill_script(&f.display().to_string(), 5))
+            .arg(super::processes::kill_hook_script(
+                &f.display().to_string(),
+                5,
+            ))
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(3), "{bad:?}");

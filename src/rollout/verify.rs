@@ -323,7 +323,7 @@ async fn check_host<T: Transport>(
     // `apply` removes its pid file with the host's lock; `verify` takes no lock, so it removes
     // its own (one file per run and host, which would otherwise pile up with every verify).
     if ran_any {
-        let file = crate::transport::quote(&hook_run::pid_file(&state_dir));
+        let file = crate::transport::quote(&super::processes::pid_file(&state_dir));
         let _ = link.run(&format!("rm -f -- {file}")).await;
     }
     transport.park(&target.name, link).await;

@@ -403,7 +403,7 @@ impl Session {
             .filter_map(|s| targets.iter().find(|t| t.name == s.host))
             .collect();
         hosts.dedup_by(|a, b| a.name == b.name);
-        let script = kill_script(state_dir, holder.pid);
+        let script = kill_script(state_dir, &holder);
         for target in hosts {
             let killed = self.runtime.block_on(async {
                 let link = transport.connect(target).await.ok()?;

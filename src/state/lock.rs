@@ -50,6 +50,10 @@ pub struct Holder {
     /// When the process started, in clock ticks after boot (Linux): tells a reused pid apart.
     #[serde(default)]
     pub pid_start: Option<u64>,
+    /// What its hooks' pid and stop files on a host are named by ([`hooks_tag`]); empty in a
+    /// lock written by an older `deploy`, whose files are known by its pid alone.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hooks: String,
     /// RFC 3339, UTC.
     pub since: String,
     pub run: String,
@@ -77,6 +81,7 @@ impl Holder {
             machine: machine_id(),
             pid,
             pid_start: pid_start(pid),
+            hooks: hooks_tag().to_string(),
             since: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             run: run.to_string(),
             site: site.to_string(),
@@ -120,6 +125,50 @@ impl Holder {
     pub fn json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
+
+    /// Shell glob patterns, under the hooks directory, of this holder's hook files: its pid
+    /// file(s), and its stop files (the run's and its chains'). Safe to put in shell text
+    /// unquoted: made of digits, `-`, `.` and `*` only (a tag read from a host that is
+    /// anything else is not used: the pid is).
+    pub fn hook_files(&self) -> HookFiles {
+        let safe =
+            !self.hooks.is_empty() && self.hooks.bytes().all(|b| b.is_ascii_digit() || b == b'-');
+        match safe {
+            true => HookFiles {
+                pids: format!("{}.pid", self.hooks),
+                stops: vec![
+                    format!("{}.stop", self.hooks),
+                    format!("{}.*.stop", self.hooks),
+                ],
+            },
+            false => HookFiles {
+                pids: format!("{}-*.pid", self.pid),
+                stops: vec![format!("{}-*.stop", self.pid)],
+            },
+        }
+    }
+}
+
+/// A holder's hook files on a host, as shell glob patterns under the hooks directory
+/// ([`Holder::hook_files`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookFiles {
+    pub pids: String,
+    pub stops: Vec<String>,
+}
+
+/// This process's name for its hooks' files on every host: `<pid>-<start>` (the start in
+/// nanoseconds since the epoch, when first asked): `<tag>.pid` records the hook running, and
+/// `<tag>.stop`, `<tag>.<n>.stop` keep hooks from starting (`rollout::processes`). Unique per
+/// run whatever the machine, so that a run ends or cleans up no other run's hooks.
+pub fn hooks_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let start = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{start}", std::process::id())
+    })
 }
 
 /// A lock that was in the way and was removed: stale, or broken on request.

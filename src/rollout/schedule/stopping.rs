@@ -5,7 +5,7 @@
 
 use super::super::cancel::{Cancel, Level};
 use super::super::event::{EventKind, ServiceOutcome};
-use super::super::interrupt::kill_running;
+use super::super::processes::kill_running;
 use super::Scheduler;
 use crate::transport::{Link, Transport};
 use std::future::Future;

@@ -294,7 +294,7 @@ impl<L: Link> Running<'_, L> {
         if let Some(aborted) = super::interrupt::interrupted(&svc, first.name, false) {
             return Err(aborted);
         }
-        let stop = (calls.len() > 1).then(|| hook_run::chain_stop_file(&svc.state_dir));
+        let stop = (calls.len() > 1).then(|| super::processes::chain_stop_file(&svc.state_dir));
         let mut prepared = Vec::with_capacity(calls.len());
         for (i, call) in calls.iter().enumerate() {
             let then_script = call.then.as_ref().map(|r| {
@@ -325,7 +325,7 @@ impl<L: Link> Running<'_, L> {
         // sent must not start on the host, nor go on running there.
         if let (Some(stop), Some(chain)) = (&stop, &chain) {
             if chain.pending() {
-                let script = hook_run::abandon_script(&svc.state_dir, stop);
+                let script = super::processes::abandon_script(&svc.state_dir, stop);
                 let ran = tokio::time::timeout(Duration::from_secs(30), self.link.run(&script));
                 let said = match ran.await {
                     Ok(Ok(out)) if out.success() => {
@@ -435,7 +435,7 @@ impl<L: Link> Running<'_, L> {
         let ms = u64::try_from(self.last_started.elapsed().as_millis()).unwrap_or(u64::MAX);
         // The hook succeeded and the record that follows it was not written.
         let (result, state_failed) = match result {
-            Ok(out) => match hook_run::then_failed(&out) {
+            Ok(out) => match super::processes::then_failed(&out) {
                 Some(hook_out) => (Ok(hook_out), Some(exit_reason("state", &out))),
                 None => (Ok(out), None),
             },

@@ -43,7 +43,7 @@ pub struct FleetLock<T> {
     /// The shell text that ends the hooks a controller of this pid still runs on a host
     /// (`(state_dir, pid)`), run once a lock is broken and taken, before the host is read:
     /// the run whose lock was broken then runs nothing more there ([`FleetLock::ending_hooks`]).
-    end_hooks: Option<fn(&str, u32) -> String>,
+    end_hooks: Option<fn(&str, &Holder) -> String>,
 }
 
 /// How one host answered.
@@ -102,7 +102,7 @@ impl<T: Transport> FleetLock<T> {
     /// the hooks that run's controller still runs on the host with the text `end(state_dir,
     /// its pid)` gives, in the same command, before the host is read: two runs never run hooks
     /// on one host at once. (The text comes from the rollout, which owns the hooks' processes.)
-    pub fn ending_hooks(mut self, end: fn(&str, u32) -> String) -> Self {
+    pub fn ending_hooks(mut self, end: fn(&str, &Holder) -> String) -> Self {
         self.end_hooks = Some(end);
         self
     }
@@ -123,7 +123,7 @@ impl<T: Transport> FleetLock<T> {
     /// files), for a host's last command of the run; it never fails. Hosts released that
     /// way are then handed to [`FleetLock::released`].
     pub fn release_text(&self, me: &Holder) -> String {
-        release_body(&self.state_dir, &self.dir(), &me.json(), me.pid)
+        release_body(&self.state_dir, &self.dir(), me)
     }
 
     /// Shell text every command of `me`'s run that changes a host starts with: refused unless
@@ -266,7 +266,7 @@ impl<T: Transport> FleetLock<T> {
             let end = self
                 .end_hooks
                 .zip(holder.as_ref())
-                .map(|(end, h)| end(&self.state_dir, h.pid));
+                .map(|(end, h)| end(&self.state_dir, h));
             ending = end.is_some();
             broken = Some(Broken {
                 place: place.clone(),
@@ -362,12 +362,7 @@ impl<T: Transport> FleetLock<T> {
             .await
             .map_err(|e| e.to_string())?;
         let out = link
-            .run(&release_script(
-                &self.state_dir,
-                &self.dir(),
-                &me.json(),
-                me.pid,
-            ))
+            .run(&release_script(&self.state_dir, &self.dir(), me))
             .await;
         self.transport.park(&target.name, link).await;
         match out {

@@ -1,6 +1,7 @@
 //! The shell text that takes a host's lock (`mkdir`), fences it, breaks a stale one and
 //! gives it back, run by [`super::FleetLock`] over the transport.
 
+use super::Holder;
 use crate::transport::quote;
 
 /// The exit code of the scripts for a lock held by someone else (its holder on stdout).
@@ -144,21 +145,26 @@ pub(super) fn break_script(dir: &str, seen: &str) -> String {
 }
 
 /// Removes the lock if `me` holds it (`holder.json` is one line, read without a process).
-/// Also removes the run's hook pid files (`rollout::hook_run`), emptied as each hook ended,
+/// Also removes the run's hook pid files (`rollout::processes`), emptied as each hook ended,
 /// and the stop files of chains it left before their end.
-pub(super) fn release_script(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
-    format!("{}; exit 0", release_body(state_dir, dir, me, pid))
+pub(super) fn release_script(state_dir: &str, dir: &str, me: &Holder) -> String {
+    format!("{}; exit 0", release_body(state_dir, dir, me))
 }
 
 /// [`release_script`] without its `exit`, to end another command with; it ends in success.
-pub(super) fn release_body(state_dir: &str, dir: &str, me: &str, pid: u32) -> String {
-    let hooks = hooks_dir(state_dir);
+pub(super) fn release_body(state_dir: &str, dir: &str, me: &Holder) -> String {
+    let hooks = quote(&hooks_dir(state_dir));
+    let files = me.hook_files();
+    let files: Vec<String> = std::iter::once(&files.pids)
+        .chain(&files.stops)
+        .map(|pattern| format!("{hooks}/{pattern}"))
+        .collect();
+    let files = files.join(" ");
     format!(
         "d={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
-         if [ \"$h\" = {me} ]; then rm -rf \"$d\" {hooks}/{pid}-*.pid {hooks}/{pid}-*.stop; \
-         else rm -f {hooks}/{pid}-*.pid {hooks}/{pid}-*.stop; fi 2>/dev/null; :",
+         if [ \"$h\" = {me} ]; then rm -rf \"$d\" {files}; \
+         else rm -f {files}; fi 2>/dev/null; :",
         d = quote(dir),
-        me = quote(me),
-        hooks = quote(&hooks),
+        me = quote(&me.json()),
     )
 }

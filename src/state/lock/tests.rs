@@ -120,19 +120,27 @@ fn file_lock_refuses_then_takes_over_a_dead_holder_and_breaks_on_request() {
 }
 
 #[test]
-fn release_removes_only_its_own_lock_and_always_its_pid_files() {
+fn release_removes_only_its_own_lock_and_always_its_hook_files() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("st ate");
     let lock = state.join("lock");
-    let run = |me: &str| {
-        std::fs::create_dir_all(state.join("hooks")).unwrap();
-        std::fs::write(state.join("hooks/42-7.pid"), "").unwrap();
-        std::fs::write(state.join("hooks/43-7.pid"), "99").unwrap();
+    let hooks = state.join("hooks");
+    let files = [
+        "42-7.pid",
+        "42-7.stop",
+        "42-7.3.stop",
+        "42-8.pid",
+        "43-7.pid",
+    ];
+    let run = |me: &Holder| {
+        std::fs::create_dir_all(&hooks).unwrap();
+        for f in files {
+            std::fs::write(hooks.join(f), "").unwrap();
+        }
         let script = release_script(
             &state.display().to_string(),
             &lock.display().to_string(),
             me,
-            42,
         );
         let out = std::process::Command::new("/bin/sh")
             .arg("-c")
@@ -142,22 +150,41 @@ fn release_removes_only_its_own_lock_and_always_its_pid_files() {
             .unwrap();
         assert!(out.status.success());
     };
-    let mine = r#"{"user":"a b","pid":1,"x":"$(touch pwned)'"}"#;
+    let left = || -> Vec<&str> {
+        files
+            .into_iter()
+            .filter(|f| hooks.join(f).exists())
+            .collect()
+    };
+    let mine = Holder {
+        user: "a b".into(),
+        run: "$(touch pwned)'".into(),
+        pid: 42,
+        hooks: "42-7".into(),
+        ..Holder::me("s", "r")
+    };
     std::fs::create_dir_all(&lock).unwrap();
     std::fs::write(lock.join("holder.json"), "{\"someone\":\"else\"}\n").unwrap();
-    run(mine);
+    run(&mine);
     assert!(lock.join("holder.json").exists(), "another's lock stays");
-    assert!(!state.join("hooks/42-7.pid").exists());
-    assert!(
-        state.join("hooks/43-7.pid").exists(),
-        "another run's pid file stays"
-    );
-    std::fs::write(lock.join("holder.json"), format!("{mine}\n")).unwrap();
-    run(mine);
+    // Its own files go; another run's stay, one of the same pid (another machine's) too.
+    assert_eq!(left(), ["42-8.pid", "43-7.pid"]);
+    std::fs::write(lock.join("holder.json"), format!("{}\n", mine.json())).unwrap();
+    run(&mine);
     assert!(!lock.exists(), "its own lock goes");
     assert!(!dir.path().join("pwned").exists());
     // No lock at all: nothing to release, and no error.
-    run(mine);
+    run(&mine);
+    // A lock of an older deploy names no tag: its files are known by its pid; a tag that is
+    // not digits and dashes is not put in the shell's text.
+    for hooks in ["", "42-7; touch pwned", "*"] {
+        run(&Holder {
+            hooks: hooks.into(),
+            ..mine.clone()
+        });
+        assert_eq!(left(), ["43-7.pid"], "{hooks:?}");
+        assert!(!dir.path().join("pwned").exists());
+    }
 }
 
 #[test]
@@ -278,7 +305,7 @@ fn the_lock_command_also_reads_once_taken_and_only_then() {
     assert!(lock_b.take_reads().is_empty());
     // Given back by a host's last command, in a hook's wrapper shell: the lock and the
     // run's pid file go, and the wrapper's exit trap does not bring the pid file back.
-    let pid = state("h1").join(format!("hooks/{}-1.pid", a.pid));
+    let pid = state("h1").join(format!("hooks/{}.pid", a.hooks));
     std::fs::create_dir_all(pid.parent().unwrap()).unwrap();
     std::fs::write(&pid, "").unwrap();
     let script = format!(
