@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A chain of N services (each needs the one before it), one host each, on the `local` transport,
 # with hooks that are `true`: what a step costs `deploy` beyond its hooks when nothing runs
-# beside it (book/src/performance.md, "Drover with bare hooks").
+# beside it (book/src/appendix-measurements.md, "Drover with bare hooks").
 #
 # usage: bash benches/chain.sh [DEPLOY] [RUNS] [SERVICES] [DIR]
 #   DEPLOY    the binary to time (default target/release/deploy, built if missing)

@@ -26,7 +26,8 @@
 //! Options: `--runs N`, `--only small,large,mixed`, `--dir DIR` (generate under DIR, e.g.
 //! `/dev/shm`, and keep it), `--deploy PATH` (another `deploy`), `--seed N`.
 //! Without `--run` it prints how to run it and exits, so that `cargo test --benches` stays fast.
-//! The method and the latest figures are in `book/src/performance.md`.
+//! The latest figures are in `book/src/performance.md`, the method and every dated run in
+//! `book/src/appendix-measurements.md`.
 
 #[path = "common/stats.rs"]
 mod stats;

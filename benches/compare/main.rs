@@ -1,8 +1,9 @@
 //! Drover against Ansible and pyinfra on the same loopback fleet (issue 6).
 //!
 //! Run it with `bash benches/compare/run.sh` (it makes the virtualenv with ansible-core and
-//! pyinfra, then runs this driver through `cargo bench`); the method and the latest figures are
-//! in `book/src/performance.md`.
+//! pyinfra, then runs this driver through `cargo bench`); the latest figures are in
+//! `book/src/performance.md`, the method and every dated run in
+//! `book/src/appendix-measurements.md`.
 //!
 //! For each fleet size N the driver starts N sshd hosts (`tests/support/fleet.rs`), writes the
 //! inputs of every tool (a Drover site, an Ansible inventory, config and playbooks, a pyinfra

@@ -15,7 +15,7 @@
 # benches/compare/.venv (ansible-core and pyinfra from PyPI, versions in requirements.txt),
 # then runs benches/compare/main.rs: the
 # release build through `cargo bench`, or the debug build with --smoke. Results go to
-# benches/compare/out/ (results.md or smoke.md, runs.csv, logs/). See book/src/performance.md.
+# benches/compare/out/ (results.md or smoke.md, runs.csv, logs/). See book/src/performance.md and book/src/appendix-measurements.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=benches/compare

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 /// Hosts locked and read at once during the run: enough that the last host of a tier is read
 /// soon (a service started before its plan steps each host once read, and the tier's end
 /// waits for its last), few enough that the hosts of the services planned first are read
-/// first. 96 against 32 (book: performance, "Services started before they are planned"):
+/// first. 96 against 32 (book: appendix-measurements, "Services started before they are planned"):
 /// db switches a little later, the last api host is read 2 s sooner.
 const READ_AHEAD: usize = 96;
 

@@ -2,8 +2,8 @@
 //! at least that large is streamed to the host by an `ssh` process of its own, with the same
 //! options as the host's master (strict host-key checking, BatchMode, the user's ssh_config,
 //! identity and known_hosts) but never through a master (`ControlPath=none`). Measured on the
-//! loopback fleet (book, performance.md): a session over a master made for the run costs the
-//! host's sshd far more per byte than a connection of its own. The price is a second
+//! loopback fleet (book, appendix-measurements.md): a session over a master made for the run
+//! costs the host's sshd far more per byte than a connection of its own. The price is a second
 //! authentication per host for each such file.
 
 use super::Output;
