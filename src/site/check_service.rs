@@ -338,6 +338,7 @@ fn hooks(raw: &[RawHook], default_timeout: Option<Duration>) -> Hooks {
                     command: hook.command.clone(),
                     timeout: hook.timeout.unwrap_or(DEFAULT_CHECK_TIMEOUT),
                     interval: hook.interval.unwrap_or(DEFAULT_CHECK_INTERVAL),
+                    stable: hook.stable.unwrap_or_default(),
                 })
             }
         }

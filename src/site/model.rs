@@ -145,12 +145,16 @@ pub struct Hook {
     pub timeout: Option<Duration>,
 }
 
-/// A health check, retried every `interval` until it passes or `timeout` runs out.
+/// A health check, retried every `interval` until it passes or `timeout` runs out; with
+/// `stable`, run again every `interval` once it passed, and healthy only once it passed
+/// throughout that long (a failure meanwhile fails the step).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
     pub command: String,
     pub timeout: Duration,
     pub interval: Duration,
+    /// Zero: healthy at the first pass.
+    pub stable: Duration,
 }
 
 /// How a service's hosts are rolled out.

@@ -107,6 +107,7 @@ pub struct RawHook {
     pub command: String,
     pub timeout: Option<Duration>,
     pub interval: Option<Duration>,
+    pub stable: Option<Duration>,
 }
 
 /// The hooks a service may have, in the order a version change runs them.
@@ -462,16 +463,19 @@ fn hook(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawHook> {
         .find(|(k, _)| *k == n.name().value())?
         .1;
     let props: &[&str] = if kind == HookKind::Check {
-        &["timeout", "interval"]
+        &["timeout", "interval", "stable"]
     } else {
         &["timeout"]
     };
     r.shape(n, 1, props, false);
     let timeout = r.duration_prop(n, "timeout").map(|d| d.value);
-    let interval = if kind == HookKind::Check {
-        r.duration_prop(n, "interval").map(|d| d.value)
+    let (interval, stable) = if kind == HookKind::Check {
+        (
+            r.duration_prop(n, "interval").map(|d| d.value),
+            r.duration_prop(n, "stable").map(|d| d.value),
+        )
     } else {
-        None
+        (None, None)
     };
     let command = r.string_arg(n, "the command")?.value;
     Some(RawHook {
@@ -479,6 +483,7 @@ fn hook(r: &mut Reader<'_>, n: &KdlNode) -> Option<RawHook> {
         command,
         timeout,
         interval,
+        stable,
     })
 }
 

@@ -2,6 +2,7 @@
 //! start → check) or a reconfigure (files → reload → check), with the previous files put back
 //! and rollback run on failure, and the host's record written after each stage.
 
+mod checking;
 mod log;
 mod placing;
 
@@ -259,18 +260,22 @@ impl<L: Link> Running<'_, L> {
             });
             // Each attempt writes the record (validated) in the same command if it passes: the
             // record as the hook before it in the chain will have left it.
+            // With `stable`, not before it has passed throughout that long.
             let base = chain.iter().rev().find_map(|c| c.then.clone());
             let base = base.unwrap_or_else(|| self.job.record.clone());
+            let stable = !check.stable.is_zero();
             chain.push(HookCall {
                 name: "check",
                 command: &check.command,
                 timeout: Some(left.max(Duration::from_millis(1))),
-                then: Some(self.marked_on(base, None, Some(Outcome::Success), None)),
+                then: (!stable)
+                    .then(|| self.marked_on(base.clone(), None, Some(Outcome::Success), None)),
                 last: true,
             });
             let attempt = self.hooks(std::mem::take(&mut chain)).await;
             let deadline = *deadline.get_or_insert(self.last_started + check.timeout);
             match attempt {
+                Ok(()) if stable => return self.hold(check, base).await,
                 Ok(()) => return Ok(()),
                 // Another attempt must have at least an interval's time, or the last
                 // failure would be a meaningless timeout instead of the check's own error.
