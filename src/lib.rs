@@ -2,9 +2,11 @@
 //!
 //! The pipeline, one module per stage: [`site`] (KDL → checked model) → [`inventory`]
 //! (class → hosts) → [`desired`] (what each host must run) → [`plan`] (graph, observed state,
-//! waves; pure) → [`session`] (signals, locks, journal, resume) around `rollout` →
-//! `transport` → [`state`] → [`report`]. [`cli`] only connects the stages.
+//! waves; pure) → [`apply`] (one apply, request to outcome) over [`session`] (signals, locks,
+//! journal, resume) around `rollout` → `transport` → [`state`] → [`report`]. [`cli`] only
+//! parses, calls the stages, and prints.
 
+pub mod apply;
 pub mod cli;
 pub mod desired;
 #[doc(hidden)]

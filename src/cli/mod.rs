@@ -23,7 +23,6 @@ mod graph;
 mod init;
 mod man;
 mod plan;
-mod safety;
 mod status;
 mod verify;
 
@@ -256,48 +255,18 @@ pub enum Error {
     #[error("{reason}")]
     #[diagnostic(code(drover::cli::usage), help("{help}"))]
     Usage { reason: String, help: String },
-    #[error("unknown service `{name}` in --only")]
-    #[diagnostic(code(drover::cli::unknown_service), help("{help}"))]
-    UnknownService { name: String, help: String },
     #[error("cannot start the async runtime: {0}")]
     #[diagnostic(code(drover::cli::runtime))]
     Runtime(std::io::Error),
-    #[error("refused: {reason}")]
-    #[diagnostic(code(drover::cli::refused), help("{help}"))]
-    Refused { reason: String, help: String },
-    #[error("the saved plan {plan} no longer matches the fleet:\n  {changes}")]
-    #[diagnostic(
-        code(drover::cli::drift),
-        help("make a new plan with `deploy plan --out`, review it, and apply that")
-    )]
-    Drift { plan: PathBuf, changes: String },
-    #[error("{path} is not a plan saved by this version of deploy: {reason}")]
-    #[diagnostic(
-        code(drover::cli::bad_plan),
-        help("make a new plan with `deploy plan --out`")
-    )]
-    BadPlan { path: PathBuf, reason: String },
-    #[error("the saved plan {plan} does not hold together:\n  {lines}")]
-    #[diagnostic(
-        code(drover::cli::inconsistent_plan),
-        help(
-            "a saved plan is carried out as written: make a new one with `deploy plan --out` \
-             rather than editing it"
-        )
-    )]
-    Inconsistent { plan: PathBuf, lines: String },
     #[error("refused: deploy init would overwrite files that are already there:\n  {files}")]
     #[diagnostic(
         code(drover::cli::init_exists),
         help("nothing was written; move those files away, or write the starter into a new directory: `deploy init NEW-DIR`")
     )]
     InitExists { files: String },
-    #[error("cannot read {path}: {source}")]
-    #[diagnostic(code(drover::cli::read))]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Apply(crate::apply::ApplyError),
     #[error("cannot write {path}: {source}")]
     #[diagnostic(code(drover::cli::write))]
     Write {
@@ -309,19 +278,21 @@ pub enum Error {
 impl Error {
     /// The documented exit code for this failure.
     pub fn exit_code(&self) -> u8 {
+        use crate::apply::ApplyError;
         match self {
             Error::Site(_)
             | Error::Plan(PlanError::SpreadTags(_))
-            | Error::BadPlan { .. }
-            | Error::Inconsistent { .. }
+            | Error::Apply(ApplyError::BadPlan { .. } | ApplyError::Inconsistent { .. })
             | Error::Desired(_) => code::INVALID,
-            Error::UnknownService { .. } | Error::Usage { .. } | Error::Select(_) => code::USAGE,
-            Error::Refused { .. }
+            Error::Apply(ApplyError::UnknownService { .. } | ApplyError::Usage { .. })
+            | Error::Usage { .. }
+            | Error::Select(_) => code::USAGE,
+            Error::Apply(ApplyError::Refused { .. } | ApplyError::Drift { .. })
             | Error::InitExists { .. }
-            | Error::Drift { .. }
             | Error::Session(crate::session::SessionError::Refused { .. }) => code::REFUSED,
             Error::Session(_) => code::ENVIRONMENT,
-            Error::Read { .. } => code::ENVIRONMENT,
+            // The lower stages' errors are taken out of it (`From<ApplyError>`).
+            Error::Apply(_) => code::ENVIRONMENT,
             Error::Inventory(_)
             | Error::Secret(_)
             | Error::State(_)
@@ -333,6 +304,25 @@ impl Error {
     }
 }
 
+impl From<crate::apply::ApplyError> for Error {
+    /// A lower stage's error as that stage's (its exit code), the apply stage's own as such.
+    fn from(e: crate::apply::ApplyError) -> Error {
+        use crate::apply::ApplyError as A;
+        match e {
+            A::Site(e) => Error::Site(e),
+            A::Inventory(e) => Error::Inventory(e),
+            A::Select(e) => Error::Select(e),
+            A::Plan(e) => Error::Plan(e),
+            A::Secret(e) => Error::Secret(e),
+            A::Desired(e) => Error::Desired(e),
+            A::Session(e) => Error::Session(e),
+            A::Store(e) => Error::Store(e),
+            A::Runtime(e) => Error::Runtime(e),
+            e => Error::Apply(e),
+        }
+    }
+}
+
 /// The runtime that async stages (transport, rollout) run on. At least 4 workers, whatever
 /// the cores: the run journal's sync blocks the worker that emits an event for a few
 /// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
@@ -340,21 +330,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
     crate::session::runtime().map_err(Error::Runtime)
 }
 
-/// The site's hosts, resolved once for the run; warnings go to stderr.
-fn resolve(site: &crate::site::Site) -> Result<crate::inventory::Hosts, Error> {
-    let hosts = crate::inventory::resolve(site)?;
-    for w in &hosts.warnings {
-        errln!("warning: {w}");
-    }
-    Ok(hosts)
-}
-
-/// The site's hosts as [`resolve`] gives them, for a command that plans: a policy's `spread`
-/// tag that no host of its class carries stops it before any host is read.
-fn resolve_for_plan(site: &crate::site::Site) -> Result<crate::inventory::Hosts, Error> {
-    let hosts = resolve(site)?;
-    crate::plan::check_spread(site, &hosts).map_err(PlanError::from)?;
-    Ok(hosts)
+/// What the library has to say to the operator (warnings, notes): a line on stderr.
+fn say(text: &str) {
+    errln!("{text}");
 }
 
 /// Runs one command; returns the exit code on success, the error otherwise.

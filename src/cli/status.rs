@@ -1,7 +1,8 @@
 //! `deploy status`: site → inventory (`--on`: some hosts) → what each host runs (the store's
 //! one range read, or each host's state file) → table, failures or JSON.
 
-use super::{code, plan::observe, Error, StatusArgs};
+use super::{code, say, Error, StatusArgs};
+use crate::apply::{observe, on_hosts, selector};
 use crate::inventory::{HostId, Hosts};
 use crate::site::ServiceId;
 use crate::state::store::{self, View};
@@ -10,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 pub fn run(args: &StatusArgs) -> Result<u8, Error> {
     let site = site::load(&args.site.site)?;
-    let on = super::plan::selector(&args.on)?;
-    let all = super::resolve(&site)?;
+    let on = selector(&args.on)?;
+    let all = crate::apply::resolve(&site, &say)?;
     // Desired over every host (a service's `needs` lists them all), asked by name.
     let secrets = super::readable_secrets(&site, false)?;
     let desired = crate::desired::resolve(&site, &all, &secrets)?;
-    let hosts = match super::plan::on_hosts(on.as_ref(), &site, &all)? {
+    let hosts = match on_hosts(on.as_ref(), &site, &all)? {
         Some(ids) => all.subset(&ids, site.classes.len()),
         None => all.clone(),
     };

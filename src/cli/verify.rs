@@ -1,6 +1,7 @@
 //! `deploy verify`: every host at its desired versions, and every check passing now.
 
-use super::{code, plan::observe, Error, SiteArgs};
+use super::{code, say, Error, SiteArgs};
+use crate::apply::observe;
 use crate::plan::{self, Selection};
 use crate::rollout;
 use crate::transport::AnyTransport;
@@ -12,7 +13,7 @@ pub fn run(args: &SiteArgs) -> Result<u8, Error> {
     // The checks get the site's secrets, as during apply; one that cannot be read here is
     // taken as each host records it, as by `plan` and `status`.
     let secrets = Arc::new(super::readable_secrets(&site, true)?);
-    let hosts = super::resolve(&site)?;
+    let hosts = crate::apply::resolve(&site, &say)?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let observed = observe(&site, &hosts, false, args.max_connections)?;
     let status = state::status(&site, &hosts, &observed, &desired);

@@ -243,7 +243,8 @@ impl Session {
         })
     }
 
-    fn say(&self, text: &str) {
+    /// Says `text` to the operator.
+    pub fn say(&self, text: &str) {
         (self.say)(text)
     }
 
