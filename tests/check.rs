@@ -286,6 +286,7 @@ fn every_policy_problem_is_reported_in_one_run() {
         "bad value for `on-failure`: `abort` is not a choice",
         "unknown node `canery` in `policy`",
         "help: did you mean `canary`?",
+        "bad value for the progress deadline: a deadline of 0 stops every service at once",
     ] {
         assert!(
             run.stderr.contains(e),
@@ -293,7 +294,7 @@ fn every_policy_problem_is_reported_in_one_run() {
             run.stderr
         );
     }
-    assert_eq!(diagnostics(&run.stderr).len(), 4, "{}", run.stderr);
+    assert_eq!(diagnostics(&run.stderr).len(), 5, "{}", run.stderr);
 }
 
 #[test]

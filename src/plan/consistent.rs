@@ -285,6 +285,7 @@ mod tests {
                 spread: None,
                 on_failure: OnFailure::Rollback,
                 flow: Flow::default(),
+                progress_deadline: None,
             },
             waits_for: Vec::new(),
             addresses_of: Vec::new(),

@@ -162,6 +162,13 @@ pub struct PlannedPolicy {
     /// When a later wave may take a freed slot (plans saved before it was written: `slots`).
     #[serde(default)]
     pub flow: Flow,
+    /// A service that starts no step and ends none for this long is stopped as failed.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::site::duration_text"
+    )]
+    pub progress_deadline: Option<std::time::Duration>,
 }
 
 impl PlannedPolicy {
@@ -582,6 +589,7 @@ fn service_plan(
             spread: policy.spread.clone(),
             on_failure: policy.on_failure,
             flow: policy.flow,
+            progress_deadline: policy.progress_deadline,
         },
         waits_for: conditions(site, hosts, sid, |n| n.healthy),
         addresses_of: conditions(site, hosts, sid, |n| n.addressable),

@@ -251,6 +251,7 @@ fn build(spec: &Spec) -> Built {
                 spread_at: None,
                 on_failure: OnFailure::Rollback,
                 flow: Default::default(),
+                progress_deadline: None,
             }),
             hooks: Default::default(),
             secrets: Vec::new(),

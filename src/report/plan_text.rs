@@ -262,6 +262,12 @@ fn policy_rules(p: &PlannedPolicy) -> Vec<String> {
     if !p.pause.is_none() {
         rules.push(format!("pause {}", p.pause));
     }
+    if let Some(d) = p.progress_deadline {
+        rules.push(format!(
+            "failed once no step started or ended for {}",
+            crate::site::format_duration(d)
+        ));
+    }
     match flowing {
         Some(Flowing::Slots { .. }) => {}
         Some(Flowing::Budget { limit: usize::MAX }) => {
@@ -410,6 +416,7 @@ mod tests {
             spread: None,
             on_failure,
             flow,
+            progress_deadline: None,
         }
     }
 

@@ -117,6 +117,7 @@ mod tests {
             spread: None,
             on_failure,
             flow: Flow::Slots,
+            progress_deadline: None,
         }
     }
 

@@ -13,6 +13,7 @@ use std::time::Instant;
 use tokio::task::JoinSet;
 use tokio::time::Instant as TokioInstant;
 
+mod deadline;
 mod draining;
 mod ending;
 mod finishing;
@@ -55,6 +56,12 @@ struct Svc {
     /// Its steps that succeeded, by what they did.
     kinds: super::event::Kinds,
     finished: Option<ServiceOutcome>,
+    /// When a step of it last started or ended (its policy's `progress-deadline` runs from
+    /// there while a step of it runs).
+    progressed: Option<TokioInstant>,
+    /// Why it was stopped as failed: its progress deadline passed. Nothing of it starts any
+    /// more, its running steps are aborted, and it ends `failed` once none runs.
+    missed: Option<String>,
 }
 
 /// A wave opened and not over.
@@ -190,7 +197,7 @@ impl<T: Transport> Scheduler<T> {
                 }
                 let planned = !pending.get(i).copied().unwrap_or(false);
                 Svc {
-                    job: job_of(&r, &plan, s, &state_dir),
+                    job: job_of(&r, &plan, s, &state_dir, r.cancel.child()),
                     planned,
                     shown: planned,
                     early: false,
@@ -208,6 +215,8 @@ impl<T: Transport> Scheduler<T> {
                     unreachable: 0,
                     kinds: Default::default(),
                     finished: None,
+                    progressed: None,
+                    missed: None,
                 }
             })
             .collect();
@@ -384,6 +393,12 @@ impl<T: Transport> Scheduler<T> {
                     return None;
                 }
                 if self.svcs[s].finished.is_some() {
+                    continue;
+                }
+                if let Some(at) = self.deadline(s) {
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                }
+                if self.svcs[s].missed.is_some() {
                     continue;
                 }
                 if !self.svcs[s].started {
@@ -636,6 +651,7 @@ fn job_of<T: Transport>(
     plan: &crate::plan::Plan,
     s: &crate::plan::ServicePlan,
     state_dir: &str,
+    cancel: super::Cancel,
 ) -> Arc<ServiceJob> {
     let model = r.site.service(&s.name).map(|id| &r.site.services[id]);
     Arc::new(ServiceJob {
@@ -646,7 +662,7 @@ fn job_of<T: Transport>(
         state_dir: state_dir.into(),
         run: r.run_id.clone(),
         secrets: r.secrets.clone(),
-        cancel: r.cancel.clone(),
+        cancel,
         guard: r.guard.as_deref().map(Arc::from),
     })
 }

@@ -370,6 +370,17 @@ fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
             valid = false;
         }
     }
+    if let Some(d) = raw.progress_deadline.as_ref().filter(|d| d.value.is_zero()) {
+        r.bad(
+            d.span,
+            "the progress deadline".into(),
+            "a deadline of 0 stops every service at once".into(),
+            "give the longest a service may go without a host starting or ending its step, \
+             e.g. `progress-deadline \"10m\"`"
+                .into(),
+        );
+        valid = false;
+    }
     let on_failure = match raw.on_failure {
         None => Some(defaults.on_failure),
         Some(s) => choice(r, &s, "`on-failure`", &OnFailure::ALL),
@@ -400,6 +411,10 @@ fn policy_model(r: &mut Reader<'_>, raw: RawPolicy) -> Option<Policy> {
         spread: raw.spread.map(|s| s.value),
         spread_at,
         on_failure: on_failure?,
+        progress_deadline: raw
+            .progress_deadline
+            .map(|d| d.value)
+            .or(defaults.progress_deadline),
     })
 }
 

@@ -26,7 +26,7 @@ pub use check_files::{template_error, TEMPLATE_VARIABLES};
 pub use error::{SiteError, SiteErrors};
 pub use model::*;
 pub use spread::{classes_words, help as spread_help};
-pub use value::{format_duration, parse_duration, Quota, Round};
+pub use value::{duration_text, format_duration, parse_duration, Quota, Round};
 
 use std::path::Path;
 

@@ -174,6 +174,8 @@ pub struct Policy {
     pub on_failure: OnFailure,
     /// Whether the next wave's hosts may take a freed slot before the open wave has ended.
     pub flow: Flow,
+    /// A service that starts no step and ends none for this long is stopped as failed.
+    pub progress_deadline: Option<Duration>,
 }
 
 impl Default for Policy {
@@ -191,6 +193,7 @@ impl Default for Policy {
             spread_at: None,
             on_failure: OnFailure::Rollback,
             flow: Flow::Slots,
+            progress_deadline: None,
         }
     }
 }

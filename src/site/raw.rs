@@ -149,6 +149,7 @@ pub struct RawPolicy {
     pub spread: Option<Spanned<String>>,
     pub on_failure: Option<Spanned<String>>,
     pub flow: Option<Spanned<String>>,
+    pub progress_deadline: Option<Spanned<Duration>>,
 }
 
 /// A platform file.
@@ -204,6 +205,7 @@ const POLICY_NODES: &[&str] = &[
     "spread",
     "on-failure",
     "flow",
+    "progress-deadline",
 ];
 const PLATFORM_NODES: &[&str] = &["transport", "state-dir", "inventory", "store"];
 const TRANSPORT_PROPS: &[&str] = &[
@@ -519,6 +521,9 @@ pub fn policy(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPolicy {
                 "pause" => raw.pause = pause(r, n),
                 "spread" => raw.spread = r.string_arg(n, "the tag to spread over"),
                 "flow" => raw.flow = r.string_arg(n, "when the next wave may start"),
+                "progress-deadline" => {
+                    raw.progress_deadline = r.duration_arg(n, "the progress deadline")
+                }
                 _ => raw.on_failure = r.string_arg(n, "what to do on failure"),
             }
         }

@@ -121,6 +121,7 @@ impl<T: Transport> Scheduler<T> {
         host.record = result.record;
         let svc = &mut self.svcs[s];
         svc.running -= 1;
+        svc.progressed = Some(tokio::time::Instant::now());
         if let Some(open) = svc.open.iter_mut().find(|o| o.wave == w) {
             open.running -= 1;
             open.failed += usize::from(!ok);

@@ -247,7 +247,8 @@ impl<T: Transport> Scheduler<T> {
                 }
             }
             let svc = &mut self.svcs[s];
-            svc.job = job_of(&self.r, &merged, sp, &state_dir);
+            let cancel = svc.job.cancel.clone();
+            svc.job = job_of(&self.r, &merged, sp, &state_dir, cancel);
             svc.healthy = merged.healthy_before(sp);
             svc.planned = true;
         }

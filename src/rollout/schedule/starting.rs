@@ -77,7 +77,9 @@ impl<T: Transport> Scheduler<T> {
             .and_then(|_| self.left_alone(h))
             .map(str::to_string);
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
-        let cancel = self.r.cancel.clone();
+        // The service's own: aborted with the run, or alone (its progress deadline passed).
+        let cancel = self.svcs[s].job.cancel.clone();
+        self.svcs[s].progressed = Some(tokio::time::Instant::now());
         let service = sp.name.clone();
         let unread_step = unread.is_some();
         // Not in the plan shown before the run: said with its kind and reasons as it starts.

@@ -37,55 +37,62 @@ impl<T: Transport> Scheduler<T> {
     /// Ends every service that has no step running and is not over yet, `outcome` for `reason`
     /// if it has steps left (or never started); those steps count as not started.
     pub(super) fn leave_unfinished(&mut self, outcome: ServiceOutcome, reason: &str) {
-        let plan = self.r.plan.clone();
         for s in 0..self.svcs.len() {
             let svc = &self.svcs[s];
             if svc.finished.is_some() || svc.running > 0 {
                 continue;
             }
-            let sp = &plan.services[s];
-            let mut left: Vec<Arc<str>> = Vec::new();
-            if svc.started {
-                if svc.next_wave > 0 {
-                    let open = &sp.waves[svc.next_wave - 1];
-                    left.extend(svc.pending.iter().map(|&i| open.steps[i].host.clone()));
-                }
-                left.extend(
-                    sp.waves[svc.next_wave..]
-                        .iter()
-                        .flat_map(|w| &w.steps)
-                        .map(|st| st.host.clone()),
-                );
-            } else {
-                left.extend(sp.each_step().map(|st| st.host.clone()));
-            }
-            // Every step ran, but for unread steps left not started as the run stopped: those
-            // leave the service interrupted, not done.
-            let stopped_short = outcome == ServiceOutcome::Interrupted && svc.not_started > 0;
-            if svc.started && left.is_empty() && !stopped_short {
-                let outcome = if svc.failed > 0 {
-                    ServiceOutcome::Failed
-                } else {
-                    ServiceOutcome::Done
-                };
-                self.end_service(s, outcome, None);
-                continue;
-            }
-            self.give_up(s, &left);
-            // Its open waves end too, each said so, before the service does.
-            let failed = self.svcs[s].failed;
-            for open in std::mem::take(&mut self.svcs[s].open) {
-                self.emit(EventKind::WaveFinished {
-                    service: sp.name.clone(),
-                    wave: open.wave + 1,
-                    failed,
-                });
-            }
-            let svc = &mut self.svcs[s];
-            svc.pending.clear();
-            svc.started = true;
-            self.end_service(s, outcome, Some(reason.to_string()));
+            self.leave(s, outcome, reason);
         }
+    }
+
+    /// Ends service `s`, which has no step running, `outcome` for `reason` if it has steps left
+    /// (or never started), or if `outcome` is `Failed`; those steps count as not started.
+    pub(super) fn leave(&mut self, s: usize, outcome: ServiceOutcome, reason: &str) {
+        let plan = self.r.plan.clone();
+        let svc = &self.svcs[s];
+        let sp = &plan.services[s];
+        let mut left: Vec<Arc<str>> = Vec::new();
+        if svc.started {
+            if svc.next_wave > 0 {
+                let open = &sp.waves[svc.next_wave - 1];
+                left.extend(svc.pending.iter().map(|&i| open.steps[i].host.clone()));
+            }
+            left.extend(
+                sp.waves[svc.next_wave..]
+                    .iter()
+                    .flat_map(|w| &w.steps)
+                    .map(|st| st.host.clone()),
+            );
+        } else {
+            left.extend(sp.each_step().map(|st| st.host.clone()));
+        }
+        // Every step ran, but for unread steps left not started as the run stopped: those
+        // leave the service interrupted, not done.
+        let stopped_short = outcome == ServiceOutcome::Interrupted && svc.not_started > 0;
+        if svc.started && left.is_empty() && !stopped_short && outcome != ServiceOutcome::Failed {
+            let outcome = if svc.failed > 0 {
+                ServiceOutcome::Failed
+            } else {
+                ServiceOutcome::Done
+            };
+            self.end_service(s, outcome, None);
+            return;
+        }
+        self.give_up(s, &left);
+        // Its open waves end too, each said so, before the service does.
+        let failed = self.svcs[s].failed;
+        for open in std::mem::take(&mut self.svcs[s].open) {
+            self.emit(EventKind::WaveFinished {
+                service: sp.name.clone(),
+                wave: open.wave + 1,
+                failed,
+            });
+        }
+        let svc = &mut self.svcs[s];
+        svc.pending.clear();
+        svc.started = true;
+        self.end_service(s, outcome, Some(reason.to_string()));
     }
 }
 

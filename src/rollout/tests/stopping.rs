@@ -79,7 +79,7 @@ async fn a_first_signal_lets_running_steps_finish_and_starts_nothing_more() {
         .unwrap();
     assert!(said < first_end);
     // No kill was sent.
-    let pid_files = format!("/{}-*.pid", std::process::id());
+    let pid_files = format!("\"$d\"/{}.pid", crate::state::lock::hooks_tag());
     assert!(ran.cmds().iter().all(|c| !c.script.contains(&pid_files)));
 }
 
@@ -93,7 +93,7 @@ async fn a_second_signal_kills_running_hooks_and_records_the_steps_interrupted()
             (true, 2, "SIGTERM".to_string())
         ]
     );
-    let pid_files = format!("/{}-*.pid", std::process::id());
+    let pid_files = format!("\"$d\"/{}.pid", crate::state::lock::hooks_tag());
     for h in ["app1", "app2"] {
         let cmds: Vec<Cmd> = ran.cmds().into_iter().filter(|c| c.host == h).collect();
         assert!(
