@@ -1,10 +1,11 @@
-//! A three-member etcd cluster under faults mid-rollout, with the sshd fleet: its leader
-//! killed (SIGKILL), and, separately, the controller cut off from two of the three members
-//! (one relay per member, `tests/support/relay.rs`, two of them stop forwarding) while the
-//! members still reach each other. Either way the run carries on (exit 0) or stops cleanly
-//! (exit 6, starting no hook once its lease can have expired); with the cluster whole again a
-//! run from a fresh working directory reads every host as its state file says, and the next
-//! apply converges with the store agreeing with every host.
+//! An etcd cluster under faults mid-rollout, with the sshd fleet: the leader of three members
+//! killed (SIGKILL); the controller cut off from two of three members (one relay per member,
+//! `tests/support/relay.rs`, two of them stop forwarding) while the members still reach each
+//! other; and cut off from four of five, the one it still reaches listed last. A killed leader
+//! lets the run carry on (exit 0) or stop cleanly (exit 6, starting no hook once its lease can
+//! have expired); a controller that still reaches a member of a whole cluster carries on. Then,
+//! with the cluster whole again, a run from a fresh working directory reads every host as its
+//! state file says, and the next apply converges with the store agreeing with every host.
 #![cfg(feature = "etcd")]
 
 mod support;
@@ -108,19 +109,34 @@ fn said(status: &serde_json::Value, host: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+#[derive(Clone, Copy)]
 enum Fault {
-    /// SIGKILL of the member that leads.
+    /// SIGKILL of the member that leads (of three).
     KillLeader,
-    /// The relays of the first endpoint and of one other stop forwarding.
+    /// The relays of the first endpoint and of one other stop forwarding (of three).
     PartitionFromTwo,
+    /// Of five members, the relays of the first four endpoints stop forwarding: the member
+    /// that still answers is the one tried last.
+    PartitionFromAllButLast,
+}
+
+impl Fault {
+    fn members(&self) -> usize {
+        match self {
+            Fault::PartitionFromAllButLast => 5,
+            _ => 3,
+        }
+    }
 }
 
 /// Rolls 2.0 out over 1.0 on `APPS` hosts, one after the other, and makes `fault` once the
 /// third host's step has started; checks the run's end, then what a fresh reader is told,
 /// then that the next apply converges.
 fn rollout_under(fault: Fault) {
-    let etcd = Etcd::cluster();
-    let relays: Vec<Relay> = (0..3).map(|i| Relay::start(etcd.client_addr(i))).collect();
+    let etcd = Etcd::cluster_of(fault.members());
+    let relays: Vec<Relay> = (0..fault.members())
+        .map(|i| Relay::start(etcd.client_addr(i)))
+        .collect();
     let endpoints = relays.iter().map(Relay::url).collect::<Vec<_>>().join(",");
     let fleet = Fleet::start(
         &names()
@@ -166,6 +182,12 @@ fn rollout_under(fault: Fault) {
             relays[other].cut();
             format!("cut from m0 and m{other} (the leader's or the next)")
         }
+        Fault::PartitionFromAllButLast => {
+            for r in &relays[..4] {
+                r.cut();
+            }
+            "cut from m0 to m3, m4 answering".to_string()
+        }
     };
     let cut = now_ns();
     let code = run.wait().expect("wait").code();
@@ -173,6 +195,10 @@ fn rollout_under(fault: Fault) {
     let events = support::hooks::events(&fleet);
     let upgraded = events[before..].iter().filter(|e| e.2 == "stop").count();
     eprintln!("{what}: exit {code:?}, {upgraded} of {APPS} hosts started 2.0\n{err}");
+    if let Fault::PartitionFromTwo | Fault::PartitionFromAllButLast = fault {
+        // The third member serves, and the controller reaches it: the run carries on.
+        assert_eq!(code, Some(0), "{what}: the run stopped\n{err}");
+    }
     match code {
         Some(0) => {
             for h in names() {
@@ -246,4 +272,9 @@ fn a_three_member_cluster_whose_leader_is_killed_mid_rollout_leaves_nothing_fals
 #[test]
 fn a_controller_cut_off_from_two_of_three_members_mid_rollout_leaves_nothing_false() {
     rollout_under(Fault::PartitionFromTwo);
+}
+
+#[test]
+fn a_controller_reaching_only_the_last_of_five_members_carries_on_mid_rollout() {
+    rollout_under(Fault::PartitionFromAllButLast);
 }

@@ -128,6 +128,11 @@ impl Etcd {
         Etcd::launch(3, false)
     }
 
+    /// `n` members.
+    pub fn cluster_of(n: usize) -> Etcd {
+        Etcd::launch(n, false)
+    }
+
     /// One member serving clients over TLS, its certificate signed by a CA made here.
     pub fn start_tls() -> Etcd {
         Etcd::launch(1, true)

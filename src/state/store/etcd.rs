@@ -14,8 +14,11 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
     TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
+use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
@@ -129,15 +132,15 @@ impl Etcd {
         Ok(etcd)
     }
 
-    /// The client of endpoint `i`, connected on first use.
+    /// The client of endpoint `i`, connected on first use. The connection is made without
+    /// holding the others: an endpoint that does not answer does not hold up a call to one
+    /// that does.
     async fn client(&self, i: usize) -> Result<Client, etcd_client::Error> {
-        let mut clients = self.clients.lock().await;
-        if let Some(c) = &clients[i] {
+        if let Some(c) = &self.clients.lock().await[i] {
             return Ok(c.clone());
         }
         let c = Client::connect([&self.endpoints[i]], Some(self.options.clone())).await?;
-        clients[i] = Some(c.clone());
-        Ok(c)
+        Ok(self.clients.lock().await[i].get_or_insert(c).clone())
     }
 
     /// Runs `call` on the endpoint that answered last, then on the others in turn, until one
@@ -153,7 +156,10 @@ impl Etcd {
     /// As [`Etcd::call`], for at most `patience`: each attempt, the connection included, is
     /// cut short when the time is up (a network that drops packets silently would otherwise
     /// hold one attempt for the request timeout, and a pass over every endpoint for that many
-    /// times it).
+    /// times it). An endpoint that has not answered within half an attempt's time is not
+    /// waited for before the next is asked too (the call is safe to send twice): the first
+    /// answer is taken. So a controller cut off from the members it asks first, which still
+    /// reaches one that serves, is answered within about half an attempt per silent member.
     pub async fn call_for<T, F, Fut>(&self, patience: Duration, call: F) -> Result<T, StoreError>
     where
         F: Fn(Client) -> Fut,
@@ -162,44 +168,72 @@ impl Etcd {
         let began = Instant::now();
         let deadline = began + patience;
         let n = self.endpoints.len();
+        // One attempt at one endpoint takes at most a quarter of the patience (at least
+        // 300 ms), so that another (or the same one again, an election over) is still tried
+        // in time; the next endpoint is asked beside it after half of that.
+        let most = (patience / 4).max(Duration::from_millis(300));
+        let hedge = most / 2;
+        let attempt = |i: usize, cap: Duration| {
+            let call = &call;
+            Box::pin(async move {
+                let served = tokio::time::timeout(cap, async {
+                    let c = self.client(i).await?;
+                    authenticated(c, call).await
+                });
+                (i, served.await.map_err(|_| cap))
+            })
+        };
         // What happened last at each endpoint.
         let mut last: Vec<Option<String>> = vec![None; n];
         loop {
-            let start = self.current.load(Ordering::Relaxed);
-            for k in 0..n {
-                let i = (start + k) % n;
+            let first = self.current.load(Ordering::Relaxed);
+            let mut queue: VecDeque<usize> = (0..n).map(|k| (first + k) % n).collect();
+            let mut running = Vec::new();
+            let mut next_at: Option<Pin<Box<tokio::time::Sleep>>>;
+            loop {
+                // The next endpoint, beside those still asked: at first, when one failed or
+                // when they have not answered for `hedge`.
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                match queue.pop_front() {
+                    Some(i) if !left.is_zero() => {
+                        running.push(attempt(i, left.min(most)));
+                        next_at = Some(Box::pin(tokio::time::sleep(hedge)));
+                    }
+                    _ => next_at = None,
+                }
+                if running.is_empty() {
                     break;
                 }
-                let attempt = async {
-                    let c = self.client(i).await?;
-                    authenticated(c, &call).await
-                };
-                // One endpoint that drops packets silently (or waits for an election) takes at
-                // most a quarter of the patience, so that another (or the same one again, an
-                // election over) is still tried in time.
-                let cap = left.min((patience / 4).max(Duration::from_millis(300)));
-                let result = match tokio::time::timeout(cap, attempt).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        last[i] = Some(format!("no answer in {}", seconds(cap)));
-                        continue;
+                let event = std::future::poll_fn(|cx| {
+                    for k in 0..running.len() {
+                        if let Poll::Ready(done) = running[k].as_mut().poll(cx) {
+                            drop(running.swap_remove(k));
+                            return Poll::Ready(Some(done));
+                        }
                     }
+                    match next_at.as_mut().map(|s| s.as_mut().poll(cx)) {
+                        Some(Poll::Ready(())) => Poll::Ready(None),
+                        _ => Poll::Pending,
+                    }
+                })
+                .await;
+                let Some((i, served)) = event else {
+                    continue;
                 };
-                match result {
-                    Ok(v) => {
+                match served {
+                    Ok(Ok(v)) => {
                         self.current.store(i, Ordering::Relaxed);
                         return Ok(v);
                     }
-                    Err(e) if retryable(&e) => last[i] = Some(words::said(&e)),
-                    Err(e) => {
+                    Ok(Err(e)) if retryable(&e) => last[i] = Some(words::said(&e)),
+                    Ok(Err(e)) => {
                         return Err(StoreError::Failed(format!(
                             "{}: {}",
                             self.endpoints[i],
                             words::said(&e)
                         )))
                     }
+                    Err(cap) => last[i] = Some(format!("no answer in {}", seconds(cap))),
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
