@@ -239,7 +239,7 @@ impl Shared {
     /// take is tried again until the lock is lost.
     fn start_writer(&self, cancel: Cancel) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Unit>();
-        let (etcd, lost) = (self.etcd.clone(), self.lost.clone());
+        let (etcd, lost, keys) = (self.etcd.clone(), self.lost.clone(), self.keys.clone());
         let Some(fence) = self.fence() else {
             return;
         };
@@ -256,7 +256,7 @@ impl Shared {
                     units.push(more);
                     acks.extend(ack);
                 }
-                for txn in store::transactions(&units) {
+                for txn in store::transactions(&keys, &units) {
                     loop {
                         if lost.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
                             return;
@@ -323,12 +323,9 @@ impl Shared {
     }
 }
 
-/// `address` or `address:port`.
+/// `address` or `address:port` (`[ipv6]:port`).
 fn address(host: &str, port: Option<u16>) -> String {
-    match port {
-        Some(p) => format!("{host}:{p}"),
-        None => host.to_string(),
-    }
+    store::with_port(host, port)
 }
 
 /// The event consumer that publishes steps' records (running_version, update_status).

@@ -31,8 +31,8 @@ mod view;
 pub use etcd::Etcd;
 pub use lease::{Fence, LeaseLock};
 pub use view::{
-    converged, disagreements, merge, observed, replaced, to_read, Disagreement, Fingerprints,
-    HostEntry, Published, Said, View,
+    converged, disagreements, merge, observed, replaced, same_address, to_read, with_port,
+    Disagreement, Fingerprints, HostEntry, Published, Said, View,
 };
 
 /// What the platform's store holds of `site`: one connection, one range read. `None` when the
@@ -139,6 +139,26 @@ impl Keys {
     }
     pub fn busy(&self, host: &str) -> String {
         format!("{}busy/{}", self.root, segment(host))
+    }
+
+    /// What `key` says of one service on one host (its `running/` or a `status/` key):
+    /// `Some(service/host)`, escaped; `None` for any other key.
+    fn service_on_host<'k>(&self, key: &'k str) -> Option<&'k str> {
+        let rest = key.strip_prefix(&self.root)?;
+        if let Some(sh) = rest.strip_prefix("running/") {
+            return (sh.matches('/').count() == 1).then_some(sh);
+        }
+        let (sh, _category) = rest.strip_prefix("status/")?.rsplit_once('/')?;
+        (sh.matches('/').count() == 1).then_some(sh)
+    }
+
+    /// Whether `key` is a host's `busy/` or `hosts/` key.
+    fn of_host(&self, key: &str) -> bool {
+        key.strip_prefix(&self.root).is_some_and(|rest| {
+            ["busy/", "hosts/"]
+                .iter()
+                .any(|k| rest.strip_prefix(k).is_some_and(|h| !h.contains('/')))
+        })
     }
 }
 
@@ -399,8 +419,11 @@ pub const MAX_OPS: usize = 120;
 /// transactions: units in order, whole, packed into transactions of at most [`MAX_OPS`]
 /// writes, each transaction with only the last write to each key ([`last_per_key`]). A unit is
 /// never split across two transactions (a crash between them would publish half a step), but
-/// for one larger than [`MAX_OPS`] by itself, which goes alone and is split.
-pub fn transactions(units: &[Vec<Write>]) -> Vec<Vec<Write>> {
+/// for one larger than [`MAX_OPS`] by itself (a host read with more than 39 services), which
+/// goes alone, in as few transactions as hold it ([`split_large`]): each service's keys
+/// together, and the host's `busy/` and `hosts/` keys in the last, so that a crash between
+/// them leaves the intent, and the next run reads the host.
+pub fn transactions(keys: &Keys, units: &[Vec<Write>]) -> Vec<Vec<Write>> {
     let mut out: Vec<Vec<Write>> = Vec::new();
     let mut current: Vec<Write> = Vec::new();
     let close = |current: &mut Vec<Write>, out: &mut Vec<Vec<Write>>| {
@@ -416,7 +439,7 @@ pub fn transactions(units: &[Vec<Write>]) -> Vec<Vec<Write>> {
         }
         if unit.len() > MAX_OPS {
             close(&mut current, &mut out);
-            out.extend(unit.chunks(MAX_OPS).map(<[Write]>::to_vec));
+            out.extend(split_large(keys, unit));
             continue;
         }
         if current.len() + unit.len() > MAX_OPS {
@@ -425,5 +448,43 @@ pub fn transactions(units: &[Vec<Write>]) -> Vec<Vec<Write>> {
         current.extend(unit);
     }
     close(&mut current, &mut out);
+    out
+}
+
+/// A unit of more than [`MAX_OPS`] writes (each key once) as transactions of at most that many:
+/// the keys of one service on one host always in one, the host's `busy/` and `hosts/` keys in
+/// the last; the rest in order.
+fn split_large(keys: &Keys, unit: Vec<Write>) -> Vec<Vec<Write>> {
+    let mut groups: Vec<(Option<String>, Vec<Write>)> = Vec::new();
+    let mut last = Vec::new();
+    for w in unit {
+        if keys.of_host(w.key()) {
+            last.push(w);
+            continue;
+        }
+        let sh = keys.service_on_host(w.key()).map(str::to_string);
+        match groups.iter_mut().find(|(g, _)| sh.is_some() && *g == sh) {
+            Some((_, ws)) => ws.push(w),
+            None => groups.push((sh, vec![w])),
+        }
+    }
+    groups.push((None, last));
+    let mut out: Vec<Vec<Write>> = Vec::new();
+    let mut current: Vec<Write> = Vec::new();
+    for (_, group) in groups {
+        if !current.is_empty() && current.len() + group.len() > MAX_OPS {
+            out.push(std::mem::take(&mut current));
+        }
+        // A group is a service's three keys, or a host's two: over MAX_OPS only for keys of
+        // no such layout, each of which stands alone.
+        if group.len() > MAX_OPS {
+            out.extend(group.chunks(MAX_OPS).map(<[Write]>::to_vec));
+            continue;
+        }
+        current.extend(group);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
     out
 }

@@ -422,7 +422,7 @@ proptest! {
         sizes in proptest::collection::vec((1usize..=130, 0usize..300), 0..40),
     ) {
         let units = units_of(&sizes);
-        let txns = transactions(&units);
+        let txns = transactions(&keys(), &units);
         let apply = |writes: &mut dyn Iterator<Item = &Write>| {
             let mut kv = std::collections::BTreeMap::new();
             for w in writes {
@@ -540,4 +540,125 @@ fn a_host_with_an_unfinished_intent_is_read_not_taken_from_the_store() {
     writes.extend(result);
     let view = view_of(&writes);
     assert!(converged(&view, &site, &hosts, &given)[1].is_some());
+}
+
+#[test]
+fn addresses_are_compared_as_addresses_and_an_ipv6_port_is_bracketed() {
+    // What a `running/` key publishes.
+    assert_eq!(with_port("10.0.0.1", Some(80)), "10.0.0.1:80");
+    assert_eq!(with_port("fe80::1", Some(5)), "[fe80::1]:5");
+    assert_eq!(with_port("fe80::1", None), "fe80::1");
+    assert_eq!(with_port("web1.example", Some(80)), "web1.example:80");
+    // The same host, with or without its port, however its address is written.
+    for (published, inventory) in [
+        ("10.0.0.1", "10.0.0.1"),
+        ("10.0.0.1:8080", "10.0.0.1"),
+        ("[fe80::1]:5", "fe80::1"),
+        ("fe80::1", "fe80::1"),
+        ("fe80::0:1", "fe80::1"),
+        ("[fe80::0001]:443", "fe80::1"),
+        ("[fe80::1]", "fe80::1"),
+        ("::ffff:10.0.0.1", "::ffff:10.0.0.1"),
+        ("web1.example", "web1.example"),
+        ("web1.example:80", "web1.example"),
+    ] {
+        assert!(
+            same_address(published, inventory),
+            "{published} vs {inventory}"
+        );
+        let back = with_port(inventory, Some(9000));
+        assert!(same_address(&back, inventory), "{back} vs {inventory}");
+    }
+    // Another host: an IPv6 address without brackets has no port, and a prefix is not a match.
+    for (published, inventory) in [
+        ("fe80::1:5", "fe80::1"),
+        ("fe80::1", "fe80::1:5"),
+        ("fe80::15", "fe80::1"),
+        ("[fe80::1:5]:80", "fe80::1"),
+        ("10.0.0.12", "10.0.0.1"),
+        ("10.0.0.12:80", "10.0.0.1"),
+        ("10.0.0.1:99999", "10.0.0.1"),
+        ("10.0.0.1:", "10.0.0.1"),
+        ("web1.example:80", "web1"),
+        ("web10", "web1"),
+        ("10.0.0.1", "web1"),
+    ] {
+        assert!(
+            !same_address(published, inventory),
+            "{published} taken for {inventory}"
+        );
+    }
+}
+
+proptest! {
+    /// Any IP address with any port, published as a `running/` key does, is its host's and
+    /// no other's.
+    #[test]
+    fn a_published_address_is_its_hosts_and_no_others(
+        a in any::<std::net::IpAddr>(),
+        b in any::<std::net::IpAddr>(),
+        port in any::<u16>(),
+    ) {
+        let published = with_port(&a.to_string(), Some(port));
+        prop_assert!(same_address(&published, &a.to_string()));
+        prop_assert_eq!(same_address(&published, &b.to_string()), a == b);
+        prop_assert_eq!(same_address(&a.to_string(), &b.to_string()), a == b);
+    }
+}
+
+/// A host read with more services than one transaction holds (as `deploy apply` publishes it:
+/// the intent's removal, the host, then each service's keys): each service's keys stay in one
+/// transaction, and the intent's removal and the host's key come in the last, so that a crash
+/// between leaves the intent and the next run reads the host.
+#[test]
+fn a_host_of_many_services_publishes_its_intent_last_and_each_service_whole() {
+    let k = keys();
+    let mut unit = vec![
+        not_busy(&k, "app1"),
+        host_seen(&k, "app1", "10.0.0.1", Vec::new(), None, "r1", "t"),
+    ];
+    let record = healthy("2.0");
+    let services: Vec<String> = (0..50).map(|i| format!("svc/{i}")).collect();
+    for s in &services {
+        let hs = HostService {
+            service: s,
+            host: "app1",
+            address: "10.0.0.1".into(),
+            record: &record,
+        };
+        unit.extend(recorded(&k, &hs, "r1", "t"));
+    }
+    assert!(unit.len() > MAX_OPS);
+    let txns = transactions(
+        &k,
+        &[step("app2", &record), unit.clone(), step("app3", &record)],
+    );
+    // app2's step, app1 in two, app3's step.
+    assert_eq!(txns.len(), 4, "{txns:?}");
+    assert!(txns.iter().all(|t| t.len() <= MAX_OPS));
+    assert_eq!(txns.iter().map(Vec::len).sum::<usize>(), unit.len() + 6);
+    let app1 = &txns[1..3];
+    for key in [k.busy("app1"), k.host("app1")] {
+        assert!(app1[1].iter().any(|w| w.key() == key), "{key} not last");
+        assert!(!app1[0].iter().any(|w| w.key() == key), "{key} first");
+    }
+    for s in &services {
+        let own = [
+            k.running(s, "app1"),
+            k.status(s, "app1", Category::Configured),
+            k.status(s, "app1", Category::Validated),
+        ];
+        let counts: Vec<usize> = app1
+            .iter()
+            .map(|t| {
+                t.iter()
+                    .filter(|w| own.iter().any(|o| o == w.key()))
+                    .count()
+            })
+            .collect();
+        assert!(
+            counts == [3, 0] || counts == [0, 3],
+            "{s} split: {counts:?}"
+        );
+    }
 }

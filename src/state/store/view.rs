@@ -8,6 +8,7 @@ use crate::state::lock::Holder;
 use crate::state::{Inputs, Observed, ServiceRecord};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// Everything the store holds of a site.
 #[derive(Debug, Clone, Default)]
@@ -202,13 +203,7 @@ fn services_of(site: &Site, hosts: &Hosts, host: HostId) -> Vec<ServiceId> {
 /// empty disk: only reading it tells what it runs.
 pub fn replaced(entry: &HostEntry, host: &Host) -> Option<String> {
     let now = &*host.address;
-    let same = |published: &str| {
-        published == now
-            || published
-                .strip_prefix(now)
-                .and_then(|rest| rest.strip_prefix(':'))
-                .is_some_and(|port| port.parse::<u16>().is_ok())
-    };
+    let same = |published: &str| same_address(published, now);
     let published = entry
         .value
         .as_ref()
@@ -229,6 +224,46 @@ pub fn replaced(entry: &HostEntry, host: &Host) -> Option<String> {
         }
     }
     None
+}
+
+/// `host` as a `running/` key publishes it: `address`, or with the service's port
+/// `address:port`, an IPv6 address in brackets (`[fe80::1]:8080`), so that the port cannot be
+/// read as the address's last group.
+pub fn with_port(host: &str, port: Option<u16>) -> String {
+    match port {
+        Some(p) if host.parse::<Ipv6Addr>().is_ok() => format!("[{host}]:{p}"),
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    }
+}
+
+/// Whether `published` (a `hosts/` address, or a `running/` one: `address`, `address:port`,
+/// `[ipv6]:port`) names the host at the inventory's `address`. IP addresses are compared as
+/// addresses (`fe80::0:1` is `fe80::1`), never as text: an IPv6 address without brackets has
+/// no port (`fe80::1:5` is another host than `fe80::1`, not its port 5); a name is compared
+/// as written, with or without a port.
+pub fn same_address(published: &str, address: &str) -> bool {
+    let ip = |a: &str| {
+        a.strip_prefix('[')
+            .and_then(|a| a.strip_suffix(']'))
+            .unwrap_or(a)
+            .parse::<IpAddr>()
+            .ok()
+    };
+    // The published address without its port, if it has one.
+    let bare = match published.parse::<SocketAddr>() {
+        Ok(at) => return ip(address) == Some(at.ip()),
+        Err(_) => match published.rsplit_once(':') {
+            // `name:port` (an IPv6 address has more than one `:`, and is whole).
+            Some((name, port)) if !name.contains(':') && port.parse::<u16>().is_ok() => name,
+            _ => published,
+        },
+    };
+    match (ip(bare), ip(address)) {
+        (Some(a), Some(b)) => a == b,
+        (None, None) => bare == address,
+        _ => false,
+    }
 }
 
 /// For `plan` and `apply`: per host, what it runs when the store shows it converged (its
