@@ -139,6 +139,10 @@ pub struct PlanArgs {
     /// switch-over at the same version) where it fails.
     #[arg(long)]
     pub repair: bool,
+    /// Show, for each file a step would place with other content, a unified diff of what
+    /// the host has against what it would get (read from the host; secrets never shown).
+    #[arg(long)]
+    pub diff: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -9,9 +9,9 @@ use crate::transport::AnyTransport;
 use std::io::Write;
 
 pub fn run(args: &PlanArgs) -> Result<u8, Error> {
-    if args.repair && args.offline {
+    if (args.repair || args.diff) && args.offline {
         return Err(Error::Usage {
-            reason: "--repair runs the checks on the hosts, and --offline contacts none".into(),
+            reason: "--repair and --diff read the hosts, and --offline contacts none".into(),
             help: "drop one of them".into(),
         });
     }
@@ -20,7 +20,7 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
     let on = selector(&args.on)?;
     let hosts = crate::apply::resolve_for_plan(&site, &say)?;
     selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
-    let secrets = super::readable_secrets(&site, false)?;
+    let secrets = std::sync::Arc::new(super::readable_secrets(&site, false)?);
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let observed = if args.offline {
         observe(&site, &hosts, true, args.max_connections)?
@@ -50,8 +50,24 @@ pub fn run(args: &PlanArgs) -> Result<u8, Error> {
             plan,
             transport,
             args.max_connections,
-            std::sync::Arc::new(secrets),
+            secrets.clone(),
         ))?;
+    }
+    if args.diff {
+        let transport = std::sync::Arc::new(AnyTransport::for_platform(
+            &site.platform,
+            hosts.hosts.len(),
+            args.max_connections,
+        ));
+        plan.diffs = super::runtime()?.block_on(crate::rollout::file_diffs(
+            std::sync::Arc::new(site.clone()),
+            &hosts,
+            &desired,
+            &plan,
+            transport,
+            args.max_connections,
+            &secrets,
+        ));
     }
     if let Some(path) = &args.out {
         save(&plan, path)?;

@@ -315,6 +315,7 @@ mod tests {
             max_failed: None,
             max_failed_hosts: None,
             dropped_waits: Vec::new(),
+            diffs: Vec::new(),
         }
     }
 

@@ -63,6 +63,20 @@ pub struct Plan {
     /// that waits for it. Each step named here does not wait for the one it names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped_waits: Vec<DroppedWait>,
+    /// With `plan --diff`: per file a step would place with other content, what changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diffs: Vec<FileDiff>,
+}
+
+/// How one file a step would place differs from what its host has (`deploy plan --diff`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileDiff {
+    pub host: String,
+    pub service: String,
+    pub path: String,
+    /// A unified diff (the host's side first), or in brackets what it is instead:
+    /// `[secret changed]`, `[binary file]`, `[larger than 256 KiB]`, `[not read: …]`.
+    pub diff: String,
 }
 
 impl Plan {
@@ -421,6 +435,7 @@ pub fn plan(
             .max_failed
             .map(|q| q.of(hosts.hosts.len(), Round::Down)),
         dropped_waits: Vec::new(),
+        diffs: Vec::new(),
     };
     plan.dropped_waits = rounds::dropped_before_run(&plan);
     Ok(plan)

@@ -117,6 +117,19 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
             count(unread, "host")
         );
     }
+    if !plan.diffs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nFile changes (each host's file, read now, against the site's):"
+        );
+        for d in &plan.diffs {
+            if d.diff.starts_with('[') {
+                let _ = writeln!(out, "{}:{} ({}): {}", d.host, d.path, d.service, d.diff);
+            } else {
+                out.push_str(&d.diff);
+            }
+        }
+    }
     out
 }
 

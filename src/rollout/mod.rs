@@ -3,6 +3,7 @@
 
 mod budget;
 mod cancel;
+mod diff;
 mod event;
 mod files;
 mod hook;
@@ -24,6 +25,7 @@ mod tests;
 
 pub use budget::{flowing, Flowing};
 pub use cancel::{Cancel, Level};
+pub use diff::file_diffs;
 pub use event::{Event, EventKind, Gate, Kinds, Phase, ServiceOutcome, Sink, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
