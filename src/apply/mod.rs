@@ -15,7 +15,7 @@ pub use select::{on_hosts, selection, selector};
 
 use crate::plan::{self, Plan};
 use crate::rollout::{self, Rollout, Sink, Summary};
-use crate::session::{Ended, Session};
+use crate::session::{Ended, Locked, Session};
 pub use crate::session::{Say, SessionError};
 use prepare::Ready;
 use std::path::{Path, PathBuf};
@@ -199,10 +199,10 @@ pub fn prepare(request: Request, say: Say) -> Result<Prepared, ApplyError> {
         stream: request.yes && !request.read_first && !request.repair && !saved,
     };
     let session = Session::begin(options, say)?;
-    let ready = if saved {
-        saved::ready(&request, &session)?
+    let (session, ready) = if saved {
+        saved::ready(&request, session)?
     } else {
-        prepare::fresh(&request, &session)?
+        prepare::fresh(&request, session)?
     };
     Ok(Prepared {
         session,
@@ -213,7 +213,7 @@ pub fn prepare(request: Request, say: Say) -> Result<Prepared, ApplyError> {
 
 /// A plan made with the site's locks held, not carried out yet.
 pub struct Prepared {
-    session: Session,
+    session: Locked,
     request: Request,
     ready: Ready,
 }
@@ -226,7 +226,7 @@ impl Prepared {
 
     /// The run's id: `.drover/runs/<run>` holds its journal and logs.
     pub fn run_id(&self) -> &str {
-        &self.session.run_id
+        self.session.run_id()
     }
 
     /// Shows the plan to `operator`, asks it unless `yes`, rolls the plan out with its events
@@ -238,7 +238,7 @@ impl Prepared {
         operator: Arc<O>,
     ) -> Result<Outcome, ApplyError> {
         let Prepared {
-            session,
+            mut session,
             request,
             ready,
         } = self;
@@ -292,9 +292,9 @@ impl Prepared {
         });
         let planned_during = planning.is_some();
         let plan = Arc::new(plan);
-        let run_id = session.run_id.clone();
+        let run_id = session.run_id().to_string();
         let log_dir = Path::new(".drover").join("runs").join(&run_id);
-        let sink = session.journaled(sink, &site, &plan, &log_dir)?;
+        let (session, sink) = session.journaled(sink, &site, &plan, &log_dir)?;
         let rollout = Rollout {
             transport,
             plan: plan.clone(),
@@ -306,7 +306,7 @@ impl Prepared {
             max_connections: request.max_connections,
             secrets,
             desired,
-            cancel: session.cancel.clone(),
+            cancel: session.cancel().clone(),
             release: session.release_text(),
             guard: session.guard_text(),
             lock_at_step: session.lock_at_step(),

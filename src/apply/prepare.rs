@@ -6,7 +6,7 @@ use crate::desired::Desired;
 use crate::inventory::Hosts;
 use crate::plan::{self, Plan};
 use crate::secrets::Secrets;
-use crate::session::{RunTransport, Session};
+use crate::session::{Locked, RunTransport, Session};
 use crate::site::{self, Site, Transport};
 use std::sync::Arc;
 
@@ -24,12 +24,12 @@ pub(super) struct Ready {
 }
 
 /// The site's own plan, made once its hosts are locked and read.
-pub(super) fn fresh(request: &Request, session: &Session) -> Result<Ready, ApplyError> {
+pub(super) fn fresh(request: &Request, session: Session) -> Result<(Locked, Ready), ApplyError> {
     let mut site = site::load(&request.target)?;
     accept_new_host_keys(&mut site, request.accept_new_host_keys);
     let only = super::selection(&site, &request.only)?;
     let on = super::selector(&request.on)?;
-    let (l, selection) = locked(site, session, |site, hosts| {
+    let (session, l, selection) = locked(site, session, |site, hosts| {
         let mut selection = only;
         selection.hosts = super::on_hosts(on.as_ref(), site, hosts)?;
         Ok(selection)
@@ -49,7 +49,7 @@ pub(super) fn fresh(request: &Request, session: &Session) -> Result<Ready, Apply
             Arc::new(l.secrets.clone()),
         ))?;
     }
-    Ok(l.ready(plan, Some(selection)))
+    Ok((session, l.ready(plan, Some(selection))))
 }
 
 /// `--accept-new-host-keys`: hosts whose key is not yet in known_hosts are accepted and their
@@ -62,7 +62,7 @@ pub(super) fn accept_new_host_keys(site: &mut Site, accept: bool) {
 }
 
 /// Everything a plan is made or checked against, the locks taken.
-pub(super) struct Locked {
+pub(super) struct Found {
     pub site: Site,
     pub hosts: Hosts,
     pub observed: Vec<crate::state::Observed>,
@@ -71,7 +71,7 @@ pub(super) struct Locked {
     pub secrets: Secrets,
 }
 
-impl Locked {
+impl Found {
     /// `selection`: what a fresh plan was made for (`None` for a saved plan).
     pub fn ready(self, plan: Plan, selection: Option<plan::Selection>) -> Ready {
         Ready {
@@ -90,16 +90,16 @@ impl Locked {
 /// connections of the hosts stepped first), takes the locks and reads what each host runs.
 pub(super) fn locked(
     site: Site,
-    session: &Session,
+    session: Session,
     choose: impl FnOnce(&Site, &Hosts) -> Result<plan::Selection, ApplyError>,
-) -> Result<(Locked, plan::Selection), ApplyError> {
+) -> Result<(Locked, Found, plan::Selection), ApplyError> {
     let secrets = Secrets::load(&site)?;
     let hosts = super::resolve_for_plan(&site, &|text| session.say(text))?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let selection = choose(&site, &hosts)?;
-    let transport = session.lock(&site, &hosts, &selection, &desired)?;
+    let (mut session, transport) = session.lock(&site, &hosts, &selection, &desired)?;
     let observed = session.observe(&transport, &site, &hosts, &desired);
-    let locked = Locked {
+    let found = Found {
         site,
         hosts,
         observed,
@@ -107,5 +107,5 @@ pub(super) fn locked(
         desired,
         secrets,
     };
-    Ok((locked, selection))
+    Ok((session, found, selection))
 }

@@ -5,12 +5,12 @@ use super::prepare::{accept_new_host_keys, locked, Ready};
 use super::{ApplyError, Request};
 use crate::inventory::Hosts;
 use crate::plan::{self, Plan};
-use crate::session::Session;
+use crate::session::{Locked, Session};
 use crate::site;
 use std::path::Path;
 
 /// The saved plan, checked, with the hosts it has steps on locked and read.
-pub(super) fn ready(request: &Request, session: &Session) -> Result<Ready, ApplyError> {
+pub(super) fn ready(request: &Request, session: Session) -> Result<(Locked, Ready), ApplyError> {
     refuse_selections(request)?;
     let target = &request.target;
     let text = std::fs::read(target).map_err(|e| ApplyError::Read {
@@ -51,7 +51,7 @@ pub(super) fn ready(request: &Request, session: &Session) -> Result<Ready, Apply
             plan.site_file
         ));
     }
-    let (l, _) = locked(site, session, |_, hosts| Ok(stepped(&plan, hosts)))?;
+    let (session, l, _) = locked(site, session, |_, hosts| Ok(stepped(&plan, hosts)))?;
     let (hosts, observed) = (&l.hosts, &l.observed);
     let class_names: Vec<String> = l.site.classes.iter().map(|c| c.name.clone()).collect();
     drift.extend(plan::drift(&plan.hosts, hosts, observed, &class_names));
@@ -62,7 +62,7 @@ pub(super) fn ready(request: &Request, session: &Session) -> Result<Ready, Apply
             changes: drift.join("\n  "),
         });
     }
-    Ok(l.ready(plan, None))
+    Ok((session, l.ready(plan, None)))
 }
 
 /// `--only`, `--repair` and `--on` say what a plan is made for: a saved one already says.

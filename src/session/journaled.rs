@@ -1,419 +1,101 @@
-//! The journal as an event consumer: every event that matters is written to the run's journal
-//! ([`crate::state::journal`]), durably, before it is passed on.
+//! The session's third phase: the run under way, its events journaled. What the rollout is
+//! handed (its cancel handle, the shell text that guards and gives back each host's lock, what
+//! locks the hosts left unread), and how the run is finished ([`Journaled::finish`]).
 
-use crate::rollout::{Cancel, Event, EventKind, Level, Sink};
-use crate::state::journal::{Entry, Journal};
-use crate::state::lock::Holder;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use super::locking::RunLink;
+use super::{Ended, JournalSink, Locked};
+use crate::rollout::{Cancel, Level, Summary};
+use crate::state::journal;
+use std::sync::Arc;
 
-/// What the journal records at the start of a run, besides what the events say.
-pub struct RunContext {
-    pub site_file: String,
-    pub site_digest: String,
-    pub plan_digest: String,
-    pub holder: Holder,
-    pub resumes: Option<String>,
-}
-
-/// A sink that journals every event that matters, durably, before passing it on. If the
-/// journal cannot be written, the run is told to stop starting steps (and the error is kept
-/// for the caller).
+/// A session whose run has started its journal ([`Locked::journaled`]).
 pub struct Journaled {
-    journal: Journal,
-    inner: Arc<dyn Sink>,
-    cancel: Cancel,
-    context: RunContext,
-    error: Mutex<Option<String>>,
+    pub(super) locked: Locked,
+    pub(super) journal: Arc<JournalSink>,
 }
 
 impl Journaled {
-    pub fn new(
-        journal: Journal,
-        inner: Arc<dyn Sink>,
-        cancel: Cancel,
-        context: RunContext,
-    ) -> Self {
-        Journaled {
-            journal,
-            inner,
-            cancel,
-            context,
-            error: Mutex::new(None),
+    /// The run's id: `.drover/runs/<run>`.
+    pub fn run_id(&self) -> &str {
+        self.locked.run_id()
+    }
+
+    /// The handle a signal (or the lost lock) stops the run through.
+    pub fn cancel(&self) -> &Cancel {
+        self.locked.cancel()
+    }
+
+    /// Runs `work` on the session's runtime.
+    pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
+        self.locked.block_on(work)
+    }
+
+    /// What locks and reads the hosts left unread until their first step.
+    pub fn lock_at_step(&self) -> Option<Arc<dyn crate::rollout::LockAtStep<RunLink>>> {
+        self.locked.lock_at_step()
+    }
+
+    /// Shell text that gives this run's lock back on a host, for the rollout to end a host's
+    /// last command with ([`Journaled::finish`] hears which hosts it was given back on).
+    pub fn release_text(&self) -> Option<String> {
+        let held = &self.locked.held;
+        Some(held.fleet.as_ref()?.release_text(&held.holder))
+    }
+
+    /// Shell text every command of the rollout that changes a host starts with: refused there
+    /// unless this run still holds the host's lock and the host has seen no newer fencing
+    /// token ([`crate::state::lock::guard_script`]).
+    pub fn guard_text(&self) -> Option<String> {
+        let held = &self.locked.held;
+        Some(held.fleet.as_ref()?.guard_text(&held.holder))
+    }
+
+    /// A run that left hosts unread holds the lock of the host it took first, alone, until it
+    /// ends (not given back with that host's last step): another run of the site asks for
+    /// that host first and is refused, as it would be by a run that locked every host first.
+    pub fn held_to_end(&self) -> Option<Arc<str>> {
+        if self.locked.unread == 0 {
+            return None;
         }
+        let first = self.locked.held.fleet.as_ref()?.first_taken()?;
+        // Its link is kept for the release at the end (the rollout hands it back after its
+        // last step): no second connection for it.
+        if let Some(transport) = self.locked.transport() {
+            transport.hold(Some(first.clone()));
+        }
+        Some(Arc::from(first))
     }
 
-    /// The first failure to write the journal, if any.
-    pub fn error(&self) -> Option<String> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub fn path(&self) -> &Path {
-        self.journal.path()
-    }
-
-    fn entry(&self, kind: &EventKind) -> Option<Entry> {
-        Some(match kind.clone() {
-            EventKind::RunStarted {
-                run,
-                site,
-                steps,
-                hosts,
-                ..
-            } => Entry::RunStarted {
-                run,
-                site,
-                site_file: self.context.site_file.clone(),
-                site_digest: self.context.site_digest.clone(),
-                plan_digest: self.context.plan_digest.clone(),
-                steps,
-                hosts,
-                holder: Box::new(self.context.holder.clone()),
-                resumes: self.context.resumes.clone(),
-            },
-            EventKind::StepStarted {
-                service,
-                host,
-                from,
-                to,
-                ..
-            } => Entry::StepIntent {
-                service,
-                host,
-                from,
-                to,
-            },
-            EventKind::HookStarted {
-                service,
-                host,
-                hook,
-            } => Entry::HookStarted {
-                service,
-                host,
-                hook,
-            },
-            EventKind::HookFinished {
-                service,
-                host,
-                hook,
-                ok,
-                code,
-                ms,
-            } => Entry::HookFinished {
-                service,
-                host,
-                hook,
-                ok,
-                code,
-                ms,
-            },
-            EventKind::StepFinished {
-                service,
-                host,
-                ok,
-                failed_hook,
-                rolled_back,
-                reason,
-                ..
-            } => Entry::StepResult {
-                service,
-                host,
-                ok,
-                failed_hook,
-                rolled_back,
-                reason,
-            },
-            EventKind::StepBlocked {
-                service,
-                host,
-                reason,
-            } => Entry::StepBlocked {
-                service,
-                host,
-                reason,
-            },
-            EventKind::StepSkipped {
-                service,
-                host,
-                skip,
-                reason,
-            } => Entry::StepSkipped {
-                service,
-                host,
-                skip: match skip {
-                    crate::plan::SkipReason::AtVersion => "at-version",
-                    crate::plan::SkipReason::NotSelected => "not-selected",
-                    crate::plan::SkipReason::Unreachable => "unreachable",
-                }
-                .into(),
-                reason,
-            },
-            EventKind::ServiceFinished {
-                service,
-                outcome,
-                reason,
-                ..
-            } => Entry::ServiceFinished {
-                service,
-                outcome: serde_json::to_value(outcome)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
-                reason,
-            },
-            EventKind::Interrupted {
-                abort,
-                running,
-                reason,
-            } => Entry::Interrupted {
-                abort,
-                running,
-                reason,
-            },
-            EventKind::RunFinished {
-                converged,
-                succeeded,
-                failed,
-                not_started,
-                ..
-            } => Entry::RunFinished {
-                converged,
-                interrupted: self.cancel.stopping(),
-                succeeded,
-                failed,
-                not_started,
-            },
-            EventKind::ServicePlanned { service, steps, .. } => {
-                Entry::ServicePlanned { service, steps }
+    /// After the rollout: `Some` when it was interrupted, its journal failed or the store's
+    /// lock was lost; otherwise the run is finished and no longer the site's unfinished one.
+    /// The locks are given back.
+    pub fn finish(mut self, summary: &Summary) -> Option<Ended> {
+        let held = &mut self.locked.held;
+        held.reader_done();
+        if let Some(fleet) = &held.fleet {
+            fleet.released(&summary.released);
+        }
+        if let Some(ended) = held.finish_shared() {
+            return Some(ended);
+        }
+        if let Some(error) = self.journal.error() {
+            held.say(&format!("error: {error}; the run stopped starting steps"));
+            return Some(Ended::JournalFailed);
+        }
+        if held.core.cancel.level() == Level::Running {
+            if let Err(e) = journal::clear_unfinished(&held.core.root, &held.site) {
+                held.say(&format!("warning: cannot mark the run finished: {e}"));
             }
-            _ => return None,
-        })
-    }
-}
-
-impl Sink for Journaled {
-    fn emit(&self, event: Event) {
-        if let Some(entry) = self.entry(&event.kind) {
-            // A hook's start and end only tell which hook was running; the step's intent and
-            // result are what a resumed run goes by, and they wait for the disk.
-            let written = match entry {
-                // A step that ran nothing changed nothing: no carrying on depends on it.
-                Entry::HookStarted { .. }
-                | Entry::HookFinished { .. }
-                | Entry::StepSkipped { .. }
-                | Entry::ServicePlanned { .. } => self.journal.note(&event.time, entry),
-                _ => self.journal.append(&event.time, entry),
-            };
-            if let Err(e) = written {
-                let why = format!(
-                    "the run journal {} cannot be written: {e}",
-                    self.journal.path().display()
-                );
-                let mut error = self.error.lock().unwrap_or_else(|p| p.into_inner());
-                if error.is_none() {
-                    *error = Some(why.clone());
-                    self.cancel.raise(Level::Stop, &why);
-                }
-            }
+            return None;
         }
-        self.inner.emit(event);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::state::journal::*;
-
-    struct Nothing;
-    impl Sink for Nothing {
-        fn emit(&self, _: Event) {}
-    }
-
-    fn ev(kind: EventKind) -> Event {
-        Event::now(kind)
-    }
-
-    fn step(service: &str, host: &str) -> EventKind {
-        EventKind::StepStarted {
-            service: service.into(),
-            host: host.into(),
-            from: Some("1.0".into()),
-            to: "2.0".into(),
-            kind: crate::plan::StepKind::Upgrade,
-            reasons: Vec::new(),
-            path: crate::plan::Path::SwitchOver,
-            restarts: Vec::new(),
-            decided: false,
-        }
-    }
-
-    fn finished(service: &str, host: &str, ok: bool) -> EventKind {
-        EventKind::StepFinished {
-            service: service.into(),
-            host: host.into(),
-            ok,
-            failed_hook: None,
-            rolled_back: false,
-            reason: None,
-            log: String::new(),
-            record: None,
-        }
-    }
-
-    #[test]
-    fn a_journal_tells_what_was_in_flight_and_the_pointer_finds_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join(".drover");
-        let run_dir = root.join("runs").join("r1");
-        let cancel = Cancel::new();
-        let sink = Journaled::new(
-            Journal::create(&run_dir).unwrap(),
-            Arc::new(Nothing),
-            cancel.clone(),
-            RunContext {
-                site_file: "site.kdl".into(),
-                site_digest: "s".repeat(64),
-                plan_digest: "p".repeat(64),
-                holder: Holder::me("shop", "r1"),
-                resumes: None,
-            },
-        );
-        set_unfinished(&root, "shop", "r1", sink.path()).unwrap();
-        sink.emit(ev(EventKind::RunStarted {
-            schema: 1,
-            run: "r1".into(),
-            site: "shop".into(),
-            services: 1,
-            hosts: 3,
-            steps: 3,
-            log_dir: String::new(),
-        }));
-        for h in ["a1", "a2", "a3"] {
-            sink.emit(ev(step("api", h)));
-        }
-        sink.emit(ev(EventKind::HookStarted {
-            service: "api".into(),
-            host: "a2".into(),
-            hook: "migrate".into(),
-        }));
-        sink.emit(ev(finished("api", "a1", true)));
-        sink.emit(ev(finished("api", "a3", false)));
-        // The process "dies" here: no run-finished. Its holder is this (live) process.
-        let rec = unfinished(&root, "shop").unwrap().expect("a pointer");
-        assert_eq!(rec.run, "r1");
-        assert_eq!(rec.state, "running");
-        assert_eq!((rec.steps, rec.succeeded, rec.failed), (3, 1, 1));
-        assert_eq!(rec.in_flight.len(), 1);
-        assert_eq!(rec.in_flight[0].host, "a2");
-        assert_eq!(rec.in_flight[0].hook.as_deref(), Some("migrate"));
-        assert_eq!(rec.plan_digest.as_deref(), Some(&*"p".repeat(64)));
-
-        cancel.raise(Level::Stop, "SIGINT");
-        sink.emit(ev(EventKind::Interrupted {
-            abort: false,
-            running: 1,
-            reason: "SIGINT".into(),
-        }));
-        sink.emit(ev(finished("api", "a2", true)));
-        sink.emit(ev(EventKind::RunFinished {
-            converged: false,
-            succeeded: 2,
-            failed: 1,
-            not_started: 0,
-            skipped: 0,
-            unreachable: 0,
-            unreadable: 0,
-            refused: 0,
-            kinds: Default::default(),
-            ms: 1,
-        }));
-        let text = std::fs::read_to_string(sink.path()).unwrap();
-        // A torn last line does not spoil the rest.
-        let rec = read("r1", "j", &format!("{text}{{\"time\":\"x\",\"ent"));
-        assert_eq!(rec.state, "interrupted");
-        assert!(rec.in_flight.is_empty());
-        assert_eq!((rec.succeeded, rec.failed), (2, 1));
-        assert!(text.lines().all(|l| l.starts_with("{\"time\":")));
-        assert!(
-            text.contains("\"entry\":\"run-finished\",\"converged\":false,\"interrupted\":true")
-        );
-        clear_unfinished(&root, "shop").unwrap();
-        assert_eq!(unfinished(&root, "shop"), Ok(None));
-    }
-
-    #[test]
-    fn appends_from_many_threads_share_syncs_and_every_line_arrives_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let journal = Arc::new(Journal::create(&dir.path().join("r")).unwrap());
-        let threads: Vec<_> = (0..8)
-            .map(|t| {
-                let j = journal.clone();
-                std::thread::spawn(move || {
-                    for i in 0..25 {
-                        let entry = Entry::HookStarted {
-                            service: format!("s{t}"),
-                            host: format!("h{i}"),
-                            hook: "install".into(),
-                        };
-                        j.append("2026-01-01T00:00:00.000Z", entry).unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        let text = std::fs::read_to_string(journal.path()).unwrap();
-        let lines: Vec<Line> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a whole line"))
-            .collect();
-        assert_eq!(lines.len(), 200);
-    }
-
-    #[test]
-    fn a_noted_line_waits_for_the_next_synced_one_and_keeps_its_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::create(&dir.path().join("r")).unwrap();
-        let hook = |h: &str| Entry::HookStarted {
-            service: "api".into(),
-            host: h.into(),
-            hook: "install".into(),
-        };
-        journal.note("t1", hook("a")).unwrap();
-        assert_eq!(std::fs::read_to_string(journal.path()).unwrap(), "");
-        journal.append("t2", hook("b")).unwrap();
-        let text = std::fs::read_to_string(journal.path()).unwrap();
-        let hosts: Vec<String> = text
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["host"].to_string())
-            .collect();
-        assert_eq!(hosts, ["\"a\"", "\"b\""]);
-    }
-
-    #[test]
-    fn a_journal_that_cannot_be_written_stops_the_run() {
-        let dir = tempfile::tempdir().unwrap();
-        let cancel = Cancel::new();
-        let journal = Journal::create(&dir.path().join("r")).unwrap();
-        // Swap the file for one that refuses writes.
-        journal.refuse_writes();
-        let sink = Journaled::new(
-            journal,
-            Arc::new(Nothing),
-            cancel.clone(),
-            RunContext {
-                site_file: String::new(),
-                site_digest: String::new(),
-                plan_digest: String::new(),
-                holder: Holder::me("s", "r"),
-                resumes: None,
-            },
-        );
-        sink.emit(ev(step("api", "a1")));
-        assert_eq!(cancel.level(), Level::Stop);
-        assert!(sink.error().unwrap().contains("cannot be written"));
-        assert!(cancel.reason().contains("cannot be written"));
+        held.say(&format!(
+            "interrupted: {} ok, {} failed, {} not started; journal {}. Run `deploy apply` \
+             again to carry on; `deploy status` shows where it stopped.",
+            summary.succeeded,
+            summary.failed,
+            summary.not_started,
+            self.journal.path().display()
+        ));
+        Some(Ended::Interrupted)
     }
 }

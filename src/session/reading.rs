@@ -5,7 +5,7 @@
 //! their switch-overs.
 
 use super::locking::RunLink;
-use super::{RunTransport, Session};
+use super::{Locked, RunTransport};
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::plan::{Plan, Selection};
@@ -32,12 +32,12 @@ pub struct Planner {
     pub selection: Selection,
 }
 
-impl Session {
+impl Locked {
     /// Per service of `plan` (by index): not planned yet, since some host it is planned from
-    /// was left unread for the run to read as it goes ([`Session::lock`] under
+    /// was left unread for the run to read as it goes ([`super::Session::lock`] under
     /// `--max-connections` with `--yes`). Empty when every service is planned.
     pub fn not_planned(&self, site: &Site, hosts: &Hosts, plan: &Plan) -> Vec<bool> {
-        if !self.plans_as_read.load(std::sync::atomic::Ordering::SeqCst) {
+        if !self.plans_as_read {
             return Vec::new();
         }
         // Not this run's hosts: nothing can be planned from them, and no placeholder may run.
@@ -59,11 +59,11 @@ impl Session {
     }
 
     /// Starts reading the hosts left unread, in the order of the services planned from them,
-    /// and returns where the `pending` services' plans ([`Session::not_planned`]) will come
+    /// and returns where the `pending` services' plans ([`Locked::not_planned`]) will come
     /// from. `None` when none is pending; never `None` when one is: a pending service's
     /// placeholders must not run as steps.
     pub fn plan_as_read(
-        &self,
+        &mut self,
         planner: Planner,
         plan: &Plan,
         pending: Vec<bool>,
@@ -82,7 +82,7 @@ impl Session {
         let from = planned_from(&site, &hosts, plan);
         let (Some(lock), Some(transport), true, true) = (
             self.lock_at_step(),
-            self.transport.get().cloned(),
+            self.transport().cloned(),
             from.len() == pending.len(),
             observed.len() == hosts.hosts.len(),
         ) else {
@@ -105,23 +105,16 @@ impl Session {
             selection,
             lock,
             transport,
-            cancel: self.cancel.clone(),
-            say: self.say.clone(),
+            cancel: self.held.core.cancel.clone(),
+            say: self.held.core.say.clone(),
         };
-        let task = self
-            .runtime
-            .spawn(reader.run(order, observed, from, pending.clone(), tx));
-        *self.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        let task =
+            self.held
+                .core
+                .runtime
+                .spawn(reader.run(order, observed, from, pending.clone(), tx));
+        self.held.reader = Some(task);
         Some(Planning { pending, updates })
-    }
-
-    /// Waits for the reader to end (it starts nothing once the rollout is over): every host it
-    /// locked is then known to the fleet's lock, which gives them back.
-    pub(super) fn reader_done(&self) {
-        let task = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(task) = task {
-            let _ = self.runtime.block_on(task);
-        }
     }
 }
 
