@@ -43,7 +43,11 @@ fn plan_diff_shows_each_changed_file_and_never_a_secret() {
         .args(["apply", site.to_str().unwrap(), "--yes"])
         .output()
         .expect("run deploy");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let site = write(&fleet, "bonjour", "s3cret-two");
     let plan = |extra: &[&str]| {
         let out = support::cli::deploy_in(&fleet.dir)
@@ -51,7 +55,11 @@ fn plan_diff_shows_each_changed_file_and_never_a_secret() {
             .args(extra)
             .output()
             .expect("run deploy");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = plan(&[]);
@@ -62,11 +70,14 @@ fn plan_diff_shows_each_changed_file_and_never_a_secret() {
     let diffs = json["diffs"].as_array().expect("diffs");
     assert_eq!(diffs.len(), 2, "{json}");
     assert_eq!(diffs[0]["path"], "/srv/api/app.conf");
-    assert!(diffs[0]["diff"].as_str().unwrap().contains("+greeting = bonjour"));
+    assert!(diffs[0]["diff"]
+        .as_str()
+        .unwrap()
+        .contains("+greeting = bonjour"));
     assert_eq!(diffs[1]["diff"], "[secret changed]");
     // The host's file is what the diff's old side says: read from the host.
-    let on_host = std::fs::read_to_string(fleet.host_root("app1").join("srv/api/app.conf"))
-        .expect("placed");
+    let on_host =
+        std::fs::read_to_string(fleet.host_root("app1").join("srv/api/app.conf")).expect("placed");
     assert!(on_host.contains("greeting = hello"), "{on_host}");
     // Without --diff, nothing is read for it and nothing is shown.
     let out = support::cli::deploy_in(&fleet.dir)

@@ -1,7 +1,8 @@
 //! A policy's `progress-deadline` on a real sshd fleet: a service whose check hangs is stopped
 //! as failed once no host started or ended its step for that long; its hanging hooks are
 //! killed on the hosts (from the hooks' own event logs: none woke up), each host records the
-//! step failed, and the run says which hosts it waited on.
+//! step failed, and the run says which hosts it waited on. Another service's steps on those
+//! hosts, after the stop, run every hook and converge.
 
 mod support;
 
@@ -14,12 +15,20 @@ fn site(version: &str) -> String {
     platform "platform.kdl"
     policy "policy.kdl"
 }
-class "app" { service "api" }
+class "app" { service "api"; service "worker" }
 service "api" {
     version "@V@"
     start #"@EV@ev start"#
     // 2.0 hangs: its check sleeps well past the deadline (and within its own timeout).
     check #"[ "$DEPLOY_NEW_VERSION" != 2.0 ] && exit 0; @EV@ev checking; sleep 4; @EV@ev woke; exit 0"# timeout="20s"
+}
+// On the same hosts, stepped once api's steps free them: a chain of hooks that must all run.
+service "worker" {
+    version "@V@"
+    stop #"@EV@ev stop"#
+    install #"@EV@ev install"#
+    start #"@EV@ev start"#
+    check #"@EV@ev checked"#
 }
 "####
     .replace("@V@", version)
@@ -71,5 +80,23 @@ fn a_service_whose_check_hangs_is_stopped_at_its_progress_deadline() {
         let failed =
             api["validated"]["outcome"] == "failure" || api["configured"]["outcome"] == "failure";
         assert!(failed, "{host} records the step failed: {api}");
+        // The worker's step came after api's was stopped there, and ran its whole chain.
+        let at = |what: &str, service: &str| {
+            events
+                .iter()
+                .filter(|(_, h, w, s)| h == host && w == what && s == service)
+                .map(|(ns, ..)| *ns)
+                .next_back()
+                .unwrap_or_else(|| panic!("no {service} {what} on {host}: {events:?}"))
+        };
+        assert!(at("stop", "worker") > at("checking", "api"), "{events:?}");
+        for what in ["stop", "install", "start", "checked"] {
+            at(what, "worker");
+        }
+        assert_eq!(state["services"]["worker"]["version"], "2.0", "{state}");
+        assert_eq!(
+            state["services"]["worker"]["validated"]["outcome"],
+            "success"
+        );
     }
 }

@@ -89,6 +89,18 @@ impl Cancel {
         self.raise(next, why)
     }
 
+    /// Why, when this handle alone (one service's) was raised above its parent's level.
+    pub fn alone(&self) -> Option<String> {
+        let parent = self.parent.as_ref()?.level();
+        (self.own() > parent).then(|| self.why.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// Resolves once this handle alone (not its parent) is at least at `level`.
+    pub async fn reached_alone(&self, level: Level) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|now| *now >= level).await;
+    }
+
     /// Why the level was last raised; empty while running.
     pub fn reason(&self) -> String {
         match &self.parent {

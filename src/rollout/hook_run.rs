@@ -147,7 +147,7 @@ pub fn redact(
 
 /// Kills the prepared hook ([`kill_hook_script`]); a hook of a chain makes its chain's stop file
 /// first, so that the hook after it does not start if this one ends (exit 0) meanwhile.
-async fn kill<L: Link>(link: &L, prepared: &Prepared) -> Result<(), String> {
+pub async fn kill<L: Link>(link: &L, prepared: &Prepared) -> Result<(), String> {
     let mut script = kill_hook_script(&prepared.pid_file, prepared.number);
     if let Some(stop) = &prepared.stop {
         script = stop_then(stop, &script);

@@ -9,10 +9,12 @@ use crate::state::Outcome;
 /// (killed or not) ends as an interruption rather than with its own failure.
 pub fn interrupted(job: &ServiceJob, hook: &str, started: bool) -> Option<(&'static str, String)> {
     job.cancel.aborting().then(|| {
-        let what = if started {
-            format!("{hook} interrupted: the run was aborted")
-        } else {
-            format!("aborted before {hook}")
+        // The service alone was stopped (its progress deadline): said with why.
+        let what = match (job.cancel.alone(), started) {
+            (Some(why), true) => format!("{hook} stopped: {why}"),
+            (Some(why), false) => format!("stopped before {hook}: {why}"),
+            (None, true) => format!("{hook} interrupted: the run was aborted"),
+            (None, false) => format!("aborted before {hook}"),
         };
         ("interrupted", what)
     })

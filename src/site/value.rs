@@ -169,6 +169,30 @@ pub fn format_duration(d: Duration) -> String {
     out
 }
 
+/// Serde for an optional duration as the site writes it (`"10m"`, `"1500ms"`): what a saved
+/// plan holds.
+pub mod duration_text {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&super::format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let text: Option<String> = serde::Deserialize::deserialize(d)?;
+        text.map(|t| {
+            super::parse_duration(&t)
+                .map_err(|e| serde::de::Error::custom(format!("duration {t:?}: {e}")))
+        })
+        .transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,29 +290,5 @@ mod tests {
             let q = Quota::Percent(bp);
             prop_assert_eq!(Quota::parse(&q.to_string()), Ok(q));
         }
-    }
-}
-
-/// Serde for an optional duration as the site writes it (`"10m"`, `"1500ms"`): what a saved
-/// plan holds.
-pub mod duration_text {
-    use std::time::Duration;
-
-    pub fn serialize<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&super::format_duration(*d)),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        let text: Option<String> = serde::Deserialize::deserialize(d)?;
-        text.map(|t| {
-            super::parse_duration(&t)
-                .map_err(|e| serde::de::Error::custom(format!("duration {t:?}: {e}")))
-        })
-        .transpose()
     }
 }

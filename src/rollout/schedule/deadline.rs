@@ -3,7 +3,9 @@
 //! killed on their hosts, each recorded as interrupted), nothing more of it starts, and it ends
 //! `failed` once none of its steps runs, the reason naming the hosts it waited on. Time spent
 //! with no step of it running (a pause, a confirmation, a wait for another service) does not
-//! count.
+//! count, and its check's `stable=` window is added to the deadline (a step holds its check
+//! that long without starting or ending). Only the service's own hooks are killed: the run's
+//! other services' steps on those hosts go on.
 
 use super::super::cancel::Level;
 use super::super::event::ServiceOutcome;
@@ -24,11 +26,18 @@ impl<T: Transport> Scheduler<T> {
             }
             return None;
         }
-        let deadline = self.r.plan.services[s].policy.progress_deadline?;
+        let sp = &self.r.plan.services[s];
+        let stable = self
+            .r
+            .site
+            .service(&sp.name)
+            .and_then(|id| self.r.site.services[id].hooks.check.as_ref())
+            .map_or(std::time::Duration::ZERO, |c| c.stable);
+        let deadline = sp.policy.progress_deadline?;
         if svc.running == 0 {
             return None;
         }
-        let at = svc.progressed? + deadline;
+        let at = svc.progressed? + deadline + stable;
         if at > TokioInstant::now() {
             return Some(at);
         }

@@ -77,8 +77,11 @@ impl<T: Transport> Scheduler<T> {
             .and_then(|_| self.left_alone(h))
             .map(str::to_string);
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));
-        // The service's own: aborted with the run, or alone (its progress deadline passed).
+        // The service's own: stopping with the run, or alone (its progress deadline passed);
+        // an abort of the run's kills the run's hooks on the host (`abortable`), the service's
+        // alone only the step's own hook (`step::Running::hooks`).
         let cancel = self.svcs[s].job.cancel.clone();
+        let run_cancel = self.r.cancel.clone();
         self.svcs[s].progressed = Some(tokio::time::Instant::now());
         let service = sp.name.clone();
         let unread_step = unread.is_some();
@@ -148,7 +151,7 @@ impl<T: Transport> Scheduler<T> {
                                 None => {
                                     let state_dir = job.service.state_dir.clone();
                                     let run = step::run(job, &*link, &*sink);
-                                    stopping::abortable(run, &*link, &state_dir, &cancel).await
+                                    stopping::abortable(run, &*link, &state_dir, &run_cancel).await
                                 }
                             }
                         }

@@ -42,6 +42,11 @@ impl<T: Transport> Scheduler<T> {
             if svc.finished.is_some() || svc.running > 0 {
                 continue;
             }
+            // Stopped at its progress deadline before: failed, for that reason.
+            if let Some(why) = svc.missed.clone() {
+                self.leave(s, ServiceOutcome::Failed, &why);
+                continue;
+            }
             self.leave(s, outcome, reason);
         }
     }

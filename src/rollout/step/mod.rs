@@ -379,7 +379,19 @@ impl<L: Link> Running<'_, L> {
                     None => prepared.command.run(link).await,
                 }
             });
-            let ran = hook_run::wait(link, prepared, &svc.secrets, call.timeout, ran).await;
+            let ran = hook_run::wait(link, prepared, &svc.secrets, call.timeout, ran);
+            // The service alone stopped (its progress deadline): this hook's process group is
+            // killed on the host (and its chain's stop file made), and its end waited for. Not
+            // the run's stop file: the host's other services' steps go on.
+            let stop = async {
+                svc.cancel.reached_alone(super::Level::Abort).await;
+                let _ = hook_run::kill(link, prepared).await;
+                std::future::pending::<std::convert::Infallible>().await
+            };
+            let ran = tokio::select! {
+                ran = ran => ran,
+                never = stop => match never {},
+            };
             let result = self.ended(call, ran);
             if self.released {
                 return Ok(());
