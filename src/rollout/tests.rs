@@ -1873,6 +1873,44 @@ async fn a_host_gives_its_lock_back_with_its_last_passing_command_only() {
 
 /// `--repair` plans a repair only where a check ran and failed (or timed out): a check that
 /// could not be run (no connection, a broken one) says nothing of the service.
+#[tokio::test]
+async fn a_dependent_that_needs_every_host_healthy_waits_for_a_repair() {
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
+        svc("api", ""),
+        svc("lb", "needs \"api\" healthy=\"all\"")
+    );
+    let hosts = [("app1", "app"), ("app2", "app"), ("lb1", "lb")];
+    // api converged on both hosts; lb1 fresh.
+    let running = [("app1", "api", "1.0"), ("app2", "api", "1.0")];
+    let fx = fixture(&body, &hosts, &[], &running);
+    let resolved = crate::inventory::resolve(&fx.site).expect("inventory");
+    let mut truth: Vec<Observed> = fx.plan.hosts.iter().map(|h| h.observed.clone()).collect();
+    fx.desired.stamp(&fx.site, &mut truth);
+    let mut selection = Selection::default();
+    selection.repair.insert(
+        (
+            fx.site.service("api").expect("api"),
+            resolved.find("app1").expect("app1"),
+        ),
+        "check failed: exited 1: dead".into(),
+    );
+    let plan = fx.plan_unread(&truth, &[], &selection);
+    let api = plan.services.iter().find(|s| s.name == "api").expect("api");
+    assert_eq!(api.steps(), 1, "only app1's repair");
+    let fx = Fixture {
+        plan: Arc::new(plan),
+        ..fx
+    };
+    let ran = fx.run(Rules::default(), 64, true).await;
+    assert!(ran.summary.converged(), "{:?}", ran.summary);
+    // lb needs every api host healthy: app1 is not until its repair's check passed.
+    let (repaired, _, ok) = ran.step_finished("api", "app1");
+    assert!(ok);
+    let lb = ran.first_hook("lb", "lb1").expect("lb ran");
+    assert!(lb.start > repaired, "lb started before app1's repair ended");
+}
+
 #[test]
 fn only_a_check_that_ran_and_failed_plans_a_repair() {
     let body = format!("class \"app\" {{ service \"api\" }}\n{}", svc("api", ""));
