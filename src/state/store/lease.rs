@@ -3,7 +3,8 @@
 //! create revision is the run's fencing token: every write of the run is a transaction
 //! conditioned on it ([`super::Store::write`]), and each host records it beside its own lock.
 //!
-//! The lease's end is kept by this process's monotonic clock, never by an answer's arrival:
+//! The lease's end is kept by this process's clocks (the monotonic one, and the boot clock, so
+//! that a suspend of the machine counts: [`super::clock`]), never by an answer's arrival:
 //! etcd starts a lease's TTL when it receives the grant (or a renewal), which is after this
 //! process sent it, so the lease cannot expire in etcd before `sent + TTL`. The clock starts
 //! before the grant is asked for, each renewal moves the end to its own sending time plus the
@@ -13,10 +14,11 @@
 //! network does: so no step starts once the lease can have expired, and no other controller
 //! can have been given the lock yet (but for clock rates, and etcd-io/etcd#9395).
 
+use super::clock::Stamp;
 use super::{Etcd, Keys, StoreError};
 use crate::state::lock::{Broken, Holder, Liveness, Lock, LockError, Taken};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// A run's fencing token: the lock key and the revision it was created at.
@@ -96,8 +98,10 @@ struct Lease {
     /// What etcd restarts it at on each renewal (the TTL asked for, or less if etcd granted
     /// less).
     ttl: Duration,
-    /// The earliest moment etcd may expire it, by this process's monotonic clock.
-    ends: Instant,
+    /// When the grant, or the last renewal etcd answered, was sent: etcd may expire the lease
+    /// `ttl` after it, and not before. Counted by this process's clocks, a suspend of the
+    /// machine included ([`Stamp`]).
+    from: Stamp,
 }
 
 /// How long before its lease's end a run says the lock is lost: a tenth of `ttl`, so that a
@@ -114,26 +118,29 @@ fn every(ttl: Duration) -> Duration {
 }
 
 /// Renews `lease` every sixth of its TTL until it may have expired in etcd (a tenth of the TTL
-/// before [`Lease::ends`]: each renewal is tried only for the time left), or until etcd says it
-/// expired; then says why on `lost` and stops.
+/// before `ttl` after [`Lease::from`]: each renewal is tried only for the time left), or until
+/// etcd says it expired; then says why on `lost` and stops. The time is read again on each
+/// wake-up: after a suspend longer than that, the loss is said at once, no renewal sent.
 async fn keep(etcd: Arc<Etcd>, mut lease: Lease, lost: watch::Sender<Option<String>>) {
     let ttl = lease.ttl;
-    let mut next = lease
-        .ends
-        .checked_sub(ttl - every(ttl))
-        .unwrap_or_else(Instant::now);
+    // Both counted from `lease.from`.
+    let say_at = ttl - margin(ttl);
+    let mut next = every(ttl);
     let mut last_error = None;
     loop {
-        let say_by = lease.ends.checked_sub(margin(ttl)).unwrap_or(lease.ends);
-        tokio::time::sleep_until(next.min(say_by).into()).await;
-        let sent = Instant::now();
-        let Some(left) = say_by.checked_duration_since(sent).filter(|l| !l.is_zero()) else {
+        let since = lease.from.elapsed();
+        tokio::time::sleep(next.min(say_at).saturating_sub(since)).await;
+        let sent = Stamp::now();
+        let Some(left) = say_at
+            .checked_sub(lease.from.elapsed())
+            .filter(|l| !l.is_zero())
+        else {
             break;
         };
         match etcd.renew(lease.id, left).await {
             Ok(true) => {
-                lease.ends = sent + ttl;
-                next = sent + every(ttl);
+                lease.from = sent;
+                next = every(ttl);
                 last_error = None;
             }
             Ok(false) => {
@@ -145,7 +152,7 @@ async fn keep(etcd: Arc<Etcd>, mut lease: Lease, lost: watch::Sender<Option<Stri
             }
             Err(e) => {
                 last_error = Some(e.to_string());
-                next = Instant::now() + Duration::from_millis(200);
+                next = lease.from.elapsed() + Duration::from_millis(200);
             }
         }
     }
@@ -163,7 +170,7 @@ impl Lock for LeaseLock {
             reason: e.to_string(),
         };
         // The lease's end is counted from before it is asked for.
-        let asked = Instant::now();
+        let asked = Stamp::now();
         let (lease, granted) = self.etcd.grant(self.ttl).await.map_err(failed)?;
         let ttl = self
             .ttl
@@ -173,12 +180,12 @@ impl Lock for LeaseLock {
                 Lease {
                     id: lease,
                     ttl,
-                    ends: asked + ttl,
+                    from: asked,
                 },
                 revision,
             )
         };
-        let left = || (asked + ttl).saturating_duration_since(Instant::now());
+        let left = || ttl.saturating_sub(asked.elapsed());
         let mine = me.json();
         let mut broken = Vec::new();
         for _ in 0..3 {

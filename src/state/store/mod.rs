@@ -21,6 +21,7 @@
 //!
 //! Service and host names are escaped in keys (`%` → `%25`, `/` → `%2F`).
 
+mod clock;
 #[cfg_attr(not(feature = "etcd"), path = "absent.rs")]
 mod etcd;
 mod lease;
