@@ -259,3 +259,93 @@ fn with_nothing_listening_status_and_plan_say_each_endpoint_once_in_words() {
         );
     }
 }
+
+/// A late copy of a run's write changes nothing. etcd calls are sent again when an attempt is
+/// cut short, and to a second member beside a slow first one (src/state/store/etcd.rs,
+/// `call_for`): the first copy of write N can reach etcd after write N + 1 was taken. Here
+/// that copy is the very transaction write N sent, handed to etcd after write N + 1: it must
+/// not put back what write N said (before the run's count of its writes, it did: the store
+/// said 1.0 where the run had last written 2.0). And a copy taken before the writer heard of
+/// it (its answer lost) is known as its own: the writer goes on in step.
+#[test]
+fn a_late_copy_of_a_write_does_not_undo_the_next_one() {
+    use drover::state::lock::{Holder, Lock};
+    use drover::state::store::{self, Keys, LeaseLock, Store, Write};
+    use std::sync::Arc;
+
+    let etcd = Etcd::start();
+    let spec = drover::site::StoreSpec {
+        endpoints: etcd.endpoints().split(',').map(str::to_string).collect(),
+        prefix: PREFIX.into(),
+        lock_ttl: Duration::from_secs(5),
+        tls: None,
+        auth: None,
+    };
+    let keys = Keys::new(PREFIX, "late");
+    let key = keys.running("api", "app1");
+    let put = |v: &str| {
+        vec![Write::Put {
+            key: key.clone(),
+            value: v.to_string(),
+        }]
+    };
+    let value_of = |k: &str| {
+        etcd.keys(k)
+            .into_iter()
+            .find(|(name, _)| name == k)
+            .map(|(_, v)| v)
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let client = Arc::new(store::Etcd::connect(&spec, "fleet").await.expect("connect"));
+        let lock = LeaseLock::new(client.clone(), &keys, spec.lock_ttl);
+        lock.acquire(&Holder::me("late", "run-1"), false)
+            .await
+            .expect("the lock");
+        let fence = lock.fence().expect("held");
+        let send = |txn: etcd_client::Txn| {
+            let client = client.clone();
+            async move {
+                client
+                    .call(|mut c| {
+                        let txn = txn.clone();
+                        async move { c.txn(txn).await }
+                    })
+                    .await
+                    .expect("etcd answers")
+                    .succeeded()
+            }
+        };
+
+        let first = put("1.0");
+        client.write(&fence, &first).await.expect("write 1");
+        // What write 1 sent, as a late copy of it would be.
+        let copy = store::fenced_txn(&fence, 0, &first.iter().collect::<Vec<_>>());
+        client.write(&fence, &put("2.0")).await.expect("write 2");
+        assert!(!send(copy).await, "a late copy of write 1 was taken");
+        assert_eq!(value_of(&key).as_deref(), Some("2.0"));
+
+        // Write 3's first copy is taken, its answer lost; the writer sends it again.
+        let third = put("3.0");
+        assert!(
+            send(store::fenced_txn(
+                &fence,
+                2,
+                &third.iter().collect::<Vec<_>>()
+            ))
+            .await
+        );
+        client
+            .write(&fence, &third)
+            .await
+            .expect("a copy already taken is this write, written");
+        client.write(&fence, &put("4.0")).await.expect("write 4");
+        assert_eq!(value_of(&key).as_deref(), Some("4.0"));
+        assert_eq!(value_of(&fence.counter).as_deref(), Some("4"));
+        lock.release(&Holder::me("late", "run-1"))
+            .await
+            .expect("release");
+    });
+    // The count went with the lease.
+    assert!(etcd.keys(&format!("{PREFIX}/late/writer/")).is_empty());
+}

@@ -1,8 +1,10 @@
 //! The etcd client: `etcd-client` over each endpoint in turn. That crate does not fail over
 //! (a call to a member that is down fails with `Unavailable`), so every call here goes to the
 //! endpoint that last answered and, when it cannot be reached, to the next one, round after
-//! round, until the call's patience runs out. Every call is safe to send twice: reads, lease
-//! renewals, and writes fenced by the lock (the lock's own creation checks its holder). With
+//! round, until the call's patience runs out. Every call is safe to send twice, and a copy of
+//! it that arrives late changes nothing: reads, lease renewals, and writes fenced by the lock
+//! and by the run's count of its writes ([`fenced_txn`]); the lock's own creation checks its
+//! holder. With
 //! etcd's `auth`, a call whose token etcd refuses is sent again with a fresh one.
 
 #[path = "etcd_words.rs"]
@@ -14,7 +16,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
     TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +38,9 @@ pub struct Etcd {
     current: AtomicUsize,
     /// How long a call keeps trying other endpoints.
     patience: Duration,
+    /// How many transactions each run (its [`Fence::counter`]) has written: held while one is
+    /// written, so that a run's writes go one after the other.
+    written: Mutex<HashMap<String, u64>>,
 }
 
 /// Whether an error means the request may not have been served, so another endpoint may be
@@ -118,6 +123,7 @@ impl Etcd {
             options,
             current: AtomicUsize::new(0),
             patience: spec.lock_ttl,
+            written: Mutex::new(HashMap::new()),
         };
         // A count of the keys under the prefix: a user of etcd's `auth` may read nothing else.
         let under = format!("{}/", spec.prefix.trim_end_matches('/'));
@@ -377,36 +383,89 @@ impl Store for Etcd {
     async fn write(&self, fence: &Fence, writes: &[Write]) -> Result<(), StoreError> {
         // One transaction: the writer hands over at most `MAX_OPS` writes at once, a step's
         // keys never split ([`super::transactions`]); more is only ever one unit too large.
+        // Writes of one run go one at a time, each the next of its count.
+        let mut written = self.written.lock().await;
         let writes = super::last_per_key(writes);
         for chunk in writes.chunks(MAX_OPS) {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|w| match *w {
-                    Write::Put { key, value } => TxnOp::put(key.as_str(), value.as_str(), None),
-                    Write::Delete { key } => TxnOp::delete(key.as_str(), None),
-                })
-                .collect();
+            let done = written.get(&fence.counter).copied().unwrap_or(0);
+            let txn = fenced_txn(fence, done, chunk);
             let r = self
                 .call(|mut c| {
-                    let txn = Txn::new()
-                        .when([Compare::create_revision(
-                            fence.key.as_str(),
-                            CompareOp::Equal,
-                            fence.revision,
-                        )])
-                        .and_then(ops.clone());
+                    let txn = txn.clone();
                     async move { c.txn(txn).await }
                 })
                 .await?;
             if !r.succeeded() {
-                return Err(StoreError::Fenced(format!(
-                    "{} is no longer at revision {}",
-                    fence.key, fence.revision
-                )));
+                // Either the lock is no longer this run's, or a copy of this very transaction
+                // sent before (an attempt cut short, another member asked beside it) was
+                // taken: its count is already `done + 1`.
+                let (mut lock, mut count) = (None, None);
+                for op in r.op_responses() {
+                    if let TxnOpResponse::Get(g) = op {
+                        for kv in g.kvs() {
+                            if kv.key() == fence.key.as_bytes() {
+                                lock = Some(kv.create_revision());
+                            } else if kv.key() == fence.counter.as_bytes() {
+                                count = kv.value_str().ok().and_then(|v| v.parse::<u64>().ok());
+                            }
+                        }
+                    }
+                }
+                if lock != Some(fence.revision) {
+                    return Err(StoreError::Fenced(format!(
+                        "{} is no longer at revision {}",
+                        fence.key, fence.revision
+                    )));
+                }
+                if count != Some(done + 1) {
+                    return Err(StoreError::Fenced(format!(
+                        "{} counts {} writes where this run made {done}: another copy of this run writes too",
+                        fence.counter,
+                        count.map_or_else(|| "no".to_string(), |c| c.to_string())
+                    )));
+                }
             }
+            written.insert(fence.counter.clone(), done + 1);
         }
         Ok(())
     }
+}
+
+/// The transaction that makes a run's write after its first `done`: taken only while the lock
+/// is the run's (`fence`) and the run's count of writes is `done` (absent for none), which it
+/// moves to `done + 1`. A copy of it that reaches etcd late (a request cut short and sent
+/// again, or sent to a second member beside the first, whose first copy arrives after the
+/// run's next write) finds the count moved on and changes nothing; otherwise it would write
+/// over what the later write said. When not taken, it reads the lock and the count, so the
+/// writer can tell a lost lock from a copy already taken.
+pub fn fenced_txn(fence: &Fence, done: u64, writes: &[&Write]) -> Txn {
+    let count = if done == 0 {
+        Compare::create_revision(fence.counter.as_str(), CompareOp::Equal, 0)
+    } else {
+        Compare::value(fence.counter.as_str(), CompareOp::Equal, done.to_string())
+    };
+    let mut ops: Vec<TxnOp> = writes
+        .iter()
+        .map(|w| match *w {
+            Write::Put { key, value } => TxnOp::put(key.as_str(), value.as_str(), None),
+            Write::Delete { key } => TxnOp::delete(key.as_str(), None),
+        })
+        .collect();
+    ops.push(TxnOp::put(
+        fence.counter.as_str(),
+        (done + 1).to_string(),
+        Some(PutOptions::new().with_lease(fence.lease)),
+    ));
+    Txn::new()
+        .when([
+            Compare::create_revision(fence.key.as_str(), CompareOp::Equal, fence.revision),
+            count,
+        ])
+        .and_then(ops)
+        .or_else([
+            TxnOp::get(fence.key.as_str(), None),
+            TxnOp::get(fence.counter.as_str(), None),
+        ])
 }
 
 /// `d` as a person reads it: `1.5 s`.

@@ -21,16 +21,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// A run's fencing token: the lock key and the revision it was created at.
+/// A run's fencing token: the lock key and the revision it was created at, with the lease it
+/// is attached to and the key that counts the run's writes ([`Keys::writer`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
     pub key: String,
     pub revision: i64,
+    pub lease: i64,
+    /// `writer/<revision>`: how many transactions the run has written, attached to `lease`.
+    pub counter: String,
 }
 
 /// The lease lock of one site.
 pub struct LeaseLock {
     etcd: Arc<Etcd>,
+    keys: Keys,
     key: String,
     ttl: Duration,
     held: Mutex<Option<Held>>,
@@ -47,6 +52,7 @@ impl LeaseLock {
     pub fn new(etcd: Arc<Etcd>, keys: &Keys, ttl: Duration) -> LeaseLock {
         LeaseLock {
             etcd,
+            keys: keys.clone(),
             key: keys.lock(),
             ttl,
             held: Mutex::new(None),
@@ -86,6 +92,8 @@ impl LeaseLock {
             fence: Fence {
                 key: self.key.clone(),
                 revision,
+                lease: id,
+                counter: self.keys.writer(revision),
             },
             keeper,
         });

@@ -29,6 +29,8 @@ mod lease;
 mod tests;
 mod view;
 
+#[cfg(feature = "etcd")]
+pub use etcd::fenced_txn;
 pub use etcd::Etcd;
 pub use lease::{Fence, LeaseLock};
 pub use view::{
@@ -140,6 +142,13 @@ impl Keys {
     }
     pub fn busy(&self, host: &str) -> String {
         format!("{}busy/{}", self.root, segment(host))
+    }
+    /// The count of the transactions written by the run whose lock was created at `revision`
+    /// (its fencing token): each of its writes compares and moves it, so that a late copy of
+    /// one (a request sent again, or to a second member, whose first copy arrives after the
+    /// next write) changes nothing.
+    pub fn writer(&self, revision: i64) -> String {
+        format!("{}writer/{revision}", self.root)
     }
 
     /// What `key` says of one service on one host (its `running/` or a `status/` key):

@@ -136,6 +136,8 @@ impl View {
                     .and_then(|s| s.trim().parse().ok());
             }
             ["lock"] => self.lock = Some((serde_json::from_slice(value).ok(), created)),
+            // A run's count of its writes: nothing a host runs.
+            ["writer", _] => {}
             ["desired", service] => {
                 self.desired
                     .insert(unsegment(service), typed(json(value)?)?);
