@@ -6,12 +6,18 @@
 //! [`Outcome`]. The CLI is one driver of this stage.
 
 mod observe;
+mod planning;
 mod prepare;
 mod saved;
 mod select;
+mod status;
+mod verifying;
 
 pub use observe::{observe, observe_on, observe_through_store, resolve, resolve_for_plan};
+pub use planning::{plan, readable_secrets, PlanRequest};
 pub use select::{on_hosts, selection, selector};
+pub use status::{status, StatusRequest};
+pub use verifying::{verify, Verification};
 
 use crate::plan::{self, Plan};
 use crate::rollout::{self, Rollout, Sink, Summary};

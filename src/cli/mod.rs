@@ -330,13 +330,9 @@ impl From<crate::apply::ApplyError> for Error {
 /// The runtime that async stages (transport, rollout) run on. At least 4 workers, whatever
 /// the cores: the run journal's sync blocks the worker that emits an event for a few
 /// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
-fn runtime() -> Result<tokio::runtime::Runtime, Error> {
-    crate::session::runtime().map_err(Error::Runtime)
-}
-
-/// What the library has to say to the operator (warnings, notes): a line on stderr.
-fn say(text: &str) {
-    errln!("{text}");
+/// What the library has to say to the operator (warnings, notes): lines on stderr.
+fn say() -> crate::apply::Say {
+    std::sync::Arc::new(|text: &str| errln!("{text}"))
 }
 
 /// Runs one command; returns the exit code on success, the error otherwise.
@@ -352,32 +348,4 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Completions { shell } => completions::run(shell),
         Command::Man { out_dir } => man::run(out_dir.as_deref()),
     }
-}
-
-/// The secrets a command that only looks can read (`plan`, `status`, `verify`): one that
-/// cannot be read is said once on stderr, and taken as each host records it (`apply` reads them
-/// all, or stops); `verify`'s checks run without it (`checks`), and need the fingerprint key.
-pub(crate) fn readable_secrets(
-    site: &crate::site::Site,
-    checks: bool,
-) -> Result<crate::secrets::Secrets, crate::secrets::SecretError> {
-    use crate::secrets::SecretError;
-    let (secrets, errors) = crate::secrets::Secrets::load_available(site);
-    let also = if checks {
-        ", and the checks run without it"
-    } else {
-        ""
-    };
-    for e in errors {
-        match e {
-            SecretError::Key { .. } if checks => return Err(e),
-            SecretError::Key { .. } => errln!(
-                "warning: {e}; whether the secrets changed is not shown (`deploy apply` needs the key)"
-            ),
-            _ => errln!(
-                "warning: {e}; it is taken as each host records it{also} (`deploy apply` reads every secret)"
-            ),
-        }
-    }
-    Ok(secrets)
 }

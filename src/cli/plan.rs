@@ -1,74 +1,23 @@
-//! `deploy plan`: site → inventory → observed state → plan → text, JSON or a saved file.
+//! `deploy plan`: the plan of the site ([`crate::apply::plan`]) as text, JSON or a saved file.
 
 use super::{code, say, Error, PlanArgs};
-use crate::apply::{observe, observe_through_store, on_hosts, selection, selector};
-use crate::plan::{self, Plan};
+use crate::apply::PlanRequest;
+use crate::plan::Plan;
 use crate::report;
-use crate::site;
-use crate::transport::AnyTransport;
 use std::io::Write;
 
 pub fn run(args: &PlanArgs) -> Result<u8, Error> {
-    if (args.repair || args.diff) && args.offline {
-        return Err(Error::Usage {
-            reason: "--repair and --diff read the hosts, and --offline contacts none".into(),
-            help: "drop one of them".into(),
-        });
-    }
-    let site = site::load(&args.site)?;
-    let mut selection = selection(&site, &args.only)?;
-    let on = selector(&args.on)?;
-    let hosts = crate::apply::resolve_for_plan(&site, &say)?;
-    selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
-    let secrets = std::sync::Arc::new(super::readable_secrets(&site, false)?);
-    let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
-    let observed = if args.offline {
-        observe(&site, &hosts, true, args.max_connections)?
-    } else {
-        observe_through_store(
-            &site,
-            &hosts,
-            &desired,
-            args.read_hosts,
-            args.max_connections,
-            &say,
-        )?
+    let request = PlanRequest {
+        site: args.site.clone(),
+        only: args.only.clone(),
+        on: args.on.clone(),
+        offline: args.offline,
+        read_hosts: args.read_hosts,
+        repair: args.repair,
+        diff: args.diff,
+        max_connections: args.max_connections,
     };
-    let mut plan = plan::plan(&site, &hosts, &observed, &desired, &selection)?;
-    if args.repair {
-        let transport = std::sync::Arc::new(AnyTransport::for_platform(
-            &site.platform,
-            hosts.hosts.len(),
-            args.max_connections,
-        ));
-        plan = super::runtime()?.block_on(crate::rollout::plan_repairs(
-            std::sync::Arc::new(site.clone()),
-            &hosts,
-            &observed,
-            &desired,
-            &mut selection,
-            plan,
-            transport,
-            args.max_connections,
-            secrets.clone(),
-        ))?;
-    }
-    if args.diff {
-        let transport = std::sync::Arc::new(AnyTransport::for_platform(
-            &site.platform,
-            hosts.hosts.len(),
-            args.max_connections,
-        ));
-        plan.diffs = super::runtime()?.block_on(crate::rollout::file_diffs(
-            std::sync::Arc::new(site.clone()),
-            &hosts,
-            &desired,
-            &plan,
-            transport,
-            args.max_connections,
-            &secrets,
-        ));
-    }
+    let plan = crate::apply::plan(&request, &say())?;
     if let Some(path) = &args.out {
         save(&plan, path)?;
     }
