@@ -548,6 +548,7 @@ fn addresses_are_compared_as_addresses_and_an_ipv6_port_is_bracketed() {
     assert_eq!(with_port("10.0.0.1", Some(80)), "10.0.0.1:80");
     assert_eq!(with_port("fe80::1", Some(5)), "[fe80::1]:5");
     assert_eq!(with_port("fe80::1", None), "fe80::1");
+    assert_eq!(with_port("fe80::1%eth0", Some(80)), "[fe80::1%eth0]:80");
     assert_eq!(with_port("web1.example", Some(80)), "web1.example:80");
     // The same host, with or without its port, however its address is written.
     for (published, inventory) in [
@@ -561,6 +562,9 @@ fn addresses_are_compared_as_addresses_and_an_ipv6_port_is_bracketed() {
         ("::ffff:10.0.0.1", "::ffff:10.0.0.1"),
         ("web1.example", "web1.example"),
         ("web1.example:80", "web1.example"),
+        ("fe80::1%eth0", "fe80::1%eth0"),
+        ("[fe80::1%eth0]:8080", "fe80::1%eth0"),
+        ("[fe80::0:1%eth0]", "fe80::1%eth0"),
     ] {
         assert!(
             same_address(published, inventory),
@@ -582,6 +586,10 @@ fn addresses_are_compared_as_addresses_and_an_ipv6_port_is_bracketed() {
         ("web1.example:80", "web1"),
         ("web10", "web1"),
         ("10.0.0.1", "web1"),
+        ("fe80::1%eth0", "fe80::1%eth1"),
+        ("[fe80::1%eth0]:80", "fe80::1"),
+        ("fe80::1", "fe80::1%eth0"),
+        ("[fe80::1]x", "fe80::1"),
     ] {
         assert!(
             !same_address(published, inventory),

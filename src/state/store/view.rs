@@ -8,7 +8,7 @@ use crate::state::lock::Holder;
 use crate::state::{Inputs, Observed, ServiceRecord};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::IpAddr;
 
 /// Everything the store holds of a site.
 #[derive(Debug, Clone, Default)]
@@ -233,7 +233,7 @@ pub fn replaced(entry: &HostEntry, host: &Host) -> Option<String> {
 /// read as the address's last group.
 pub fn with_port(host: &str, port: Option<u16>) -> String {
     match port {
-        Some(p) if host.parse::<Ipv6Addr>().is_ok() => format!("[{host}]:{p}"),
+        Some(p) if ip_and_zone(host).is_some_and(|(ip, _)| ip.is_ipv6()) => format!("[{host}]:{p}"),
         Some(p) => format!("{host}:{p}"),
         None => host.to_string(),
     }
@@ -242,30 +242,44 @@ pub fn with_port(host: &str, port: Option<u16>) -> String {
 /// Whether `published` (a `hosts/` address, or a `running/` one: `address`, `address:port`,
 /// `[ipv6]:port`) names the host at the inventory's `address`. IP addresses are compared as
 /// addresses (`fe80::0:1` is `fe80::1`), never as text: an IPv6 address without brackets has
-/// no port (`fe80::1:5` is another host than `fe80::1`, not its port 5); a name is compared
-/// as written, with or without a port.
+/// no port (`fe80::1:5` is another host than `fe80::1`, not its port 5), and its zone is part
+/// of it (`fe80::1%eth0` is not `fe80::1%eth1`); a name is compared as written, with or
+/// without a port.
 pub fn same_address(published: &str, address: &str) -> bool {
-    let ip = |a: &str| {
-        a.strip_prefix('[')
-            .and_then(|a| a.strip_suffix(']'))
-            .unwrap_or(a)
-            .parse::<IpAddr>()
-            .ok()
-    };
     // The published address without its port, if it has one.
-    let bare = match published.parse::<SocketAddr>() {
-        Ok(at) => return ip(address) == Some(at.ip()),
-        Err(_) => match published.rsplit_once(':') {
-            // `name:port` (an IPv6 address has more than one `:`, and is whole).
+    let bare = match published.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        // `[ipv6]` or `[ipv6]:port` (`[fe80::1%eth0]:80`: a zone is no port).
+        Some((inner, "")) => inner,
+        Some((inner, port))
+            if port
+                .strip_prefix(':')
+                .is_some_and(|p| p.parse::<u16>().is_ok()) =>
+        {
+            inner
+        }
+        Some(_) => return false,
+        None => match published.rsplit_once(':') {
+            // `name:port` or `ipv4:port` (an IPv6 address has more than one `:`, and is whole).
             Some((name, port)) if !name.contains(':') && port.parse::<u16>().is_ok() => name,
             _ => published,
         },
     };
-    match (ip(bare), ip(address)) {
+    match (ip_and_zone(bare), ip_and_zone(address)) {
         (Some(a), Some(b)) => a == b,
         (None, None) => bare == address,
         _ => false,
     }
+}
+
+/// `a` as an IP address and its zone (`fe80::1%eth0`: the link it is on; empty for none),
+/// brackets allowed; `None` for a name.
+fn ip_and_zone(a: &str) -> Option<(IpAddr, &str)> {
+    let a = a
+        .strip_prefix('[')
+        .and_then(|a| a.strip_suffix(']'))
+        .unwrap_or(a);
+    let (ip, zone) = a.split_once('%').unwrap_or((a, ""));
+    Some((ip.parse().ok()?, zone))
 }
 
 /// For `plan` and `apply`: per host, what it runs when the store shows it converged (its
