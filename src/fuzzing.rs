@@ -1,6 +1,6 @@
 //! The site parser as the fuzzer drives it: one function shared by the fuzz target
 //! (`fuzz/fuzz_targets/site.rs`) and the test that replays its corpus and every crash found
-//! (`tests/fuzz_regressions.rs`). Not part of the stable interface.
+//! (`tests/it/fuzz_regressions.rs`). Not part of the stable interface.
 
 use std::path::PathBuf;
 

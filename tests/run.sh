@@ -7,15 +7,15 @@ cd "$(dirname "$0")/.."
 
 missing=()
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-# a real load balancer in front of a pool, for tests/haproxy.rs
+# a real load balancer in front of a pool, for tests/it/haproxy.rs
 [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 command -v ssh >/dev/null || missing+=(openssh-client)
 command -v python3 >/dev/null || missing+=(python3)
 command -v unshare >/dev/null || missing+=(util-linux)
-# a login shell that is not /bin/sh, for tests/login_shell.rs
+# a login shell that is not /bin/sh, for tests/it/login_shell.rs
 [ -x /usr/bin/zsh ] || missing+=(zsh)
 # the shared store: etcd's client is built with the `etcd` feature, whose build script
-# compiles etcd's protos with protoc; tests/store.rs runs a real etcd (and makes its TLS CA
+# compiles etcd's protos with protoc; tests/it/store.rs runs a real etcd (and makes its TLS CA
 # with openssl)
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v etcd >/dev/null || missing+=(etcd-server)
@@ -34,7 +34,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# moto's EC2 server, for tests/ec2.rs (from PyPI; Debian's own python3 wants
+# moto's EC2 server, for tests/it/ec2.rs (from PyPI; Debian's own python3 wants
 # --break-system-packages for that)
 if ! python3 -c 'import moto.server' 2>/dev/null; then
     echo "tests/run.sh: installing moto[server]" >&2
@@ -72,9 +72,10 @@ else
     cargo build --quiet --lib
 fi
 
-# Every test, with the etcd store (tests/store.rs and the store's unit tests need it). One test
-# program after another, as `cargo test` runs them: three at a time took as long (225 s against
-# 232 s, 2026-11-26), the programs' own CPU grown by three quarters under contention (their
+# Every test, with the etcd store (tests/it/store.rs and the store's unit tests need it): the
+# library's unit tests, then the one integration-test program (tests/it/, a module per feature),
+# its tests two at a time (cargo's default on two cores). Three programs at a time took as long
+# (225 s against 232 s, 2026-11-26), their CPU grown by three quarters under contention (their
 # fleets' sshd, moto, etcd), and a unit test's timing on the fake transport broke.
 cargo test --quiet --features etcd
 

@@ -299,7 +299,7 @@ service "api" { version "1"; install "true"; check "true" }
     }
 
     /// Built without the feature, `resolve` stops with [`InventoryError::NotBuilt`] (with it,
-    /// tests/ec2.rs resolves real hosts from moto).
+    /// tests/it/ec2.rs resolves real hosts from moto).
     #[cfg(not(feature = "ec2"))]
     #[test]
     fn without_the_feature_resolving_ec2_hosts_is_an_environment_error() {

@@ -1,7 +1,7 @@
 //! `deploy apply` on a real sshd fleet: fresh install, dependency order, batch bounds,
 //! data dependencies, idempotence, and an upgrade through every switch-over hook.
 
-mod support;
+use crate::support;
 
 use support::shop::{max_in_flight, Shop, Spec};
 

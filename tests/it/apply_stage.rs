@@ -2,7 +2,7 @@
 //! `prepare`, then `Prepared::run` with an operator of the test's own, then the outcome;
 //! what happened is read from the hosts' state files and hook logs.
 
-mod support;
+use crate::support;
 
 use drover::apply::{self, ApplyError, Operator, Outcome, Request, Verdict};
 use drover::plan::Plan;

@@ -4,8 +4,8 @@
 //! each diagnostic names its file, line and column, labels the spot and says what to do.
 //! Valid fixtures exit 0 with nothing on stderr.
 
+use crate::support;
 use std::path::Path;
-mod support;
 
 use support::cli::{deploy, Run};
 

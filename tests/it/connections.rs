@@ -6,7 +6,7 @@
 //! fleet larger than `--max-connections` still converges, reconnecting between stages but
 //! for the hosts stepped first, whose lock's connection is kept for their steps.
 
-mod support;
+use crate::support;
 
 use support::shop::{Shop, Spec};
 
@@ -169,7 +169,7 @@ fn without_the_kept_shell_each_command_has_a_session_and_the_lock_goes_with_the_
         assert!(*hooks >= 3, "{host} ran its steps: {hooks}");
         // The lock with the state read, then one per hook; no command of their own for
         // reading state or unlocking, but on app1: the first host by name, which a run that
-        // reads hosts as it goes holds to its end (`tests/plan_as_read.rs`).
+        // reads hosts as it goes holds to its end (`tests/it/plan_as_read.rs`).
         let release = usize::from(host == "app1");
         assert_eq!(
             *n,

@@ -4,7 +4,7 @@
 //! failed reload puts the previous files back; large files are streamed and sent once; a
 //! secret's value is written nowhere.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -6,7 +6,7 @@
 //! half-way, the content still arrives whole, over the master, and the host keeps nothing of
 //! the attempt; a `deploy` killed outright leaves no such connection running.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Output;

@@ -7,7 +7,7 @@
 //! reload), and lists it again (at its new port) once its check passed; at most two reloads
 //! per api wave. The same when one api host moves to another address.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

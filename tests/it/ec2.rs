@@ -10,6 +10,7 @@
 //! Only with the `ec2` feature (a default one): without it there is no backend to test.
 #![cfg(feature = "ec2")]
 
+use crate::support;
 use drover::plan::Plan;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-mod support;
 
 use support::cli::Run;
 use support::moto::{self, Moto, KEY_ID, REGION, SECRET};

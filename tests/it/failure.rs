@@ -1,6 +1,6 @@
 //! Failing hosts on a real sshd fleet: rollback, failure budgets, and what a plan shows after.
 
-mod support;
+use crate::support;
 
 use support::shop::{Shop, Spec};
 

@@ -3,7 +3,7 @@
 //! them ends its hooks there first: two controllers never run hooks on one host at once. Asserted
 //! from what the hosts' hooks logged (start and end times, from the host's clock).
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

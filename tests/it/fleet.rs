@@ -3,7 +3,7 @@
 //! These need root, util-linux and openssh-server; they panic, not skip,
 //! without them.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::io::ErrorKind;

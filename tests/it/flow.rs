@@ -2,7 +2,7 @@
 //! straggler holds only its own slot, never more than `batch` hosts switch at once; under
 //! `flow "waves"` the next wave waits for it (per-host hook logs).
 
-mod support;
+use crate::support;
 
 use support::fleet::{Fleet, FleetHost};
 use support::hooks::EV;

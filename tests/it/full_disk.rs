@@ -4,7 +4,7 @@
 //! left on device"), no partial file is left behind to keep the disk full, the file
 //! delivered before is intact, and the host records the step failed in its files.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 use support::fleet::{Fleet, FleetHost};

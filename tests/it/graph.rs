@@ -1,8 +1,8 @@
 //! `deploy graph`: the webshop as text and as Graphviz dot; data edges dashed, runtime solid.
 
+use crate::support;
 use std::collections::BTreeSet;
 use std::path::Path;
-mod support;
 
 use support::cli::deploy;
 

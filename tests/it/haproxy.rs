@@ -4,7 +4,7 @@
 //! haproxy without pause sees no failed request during a rolling api upgrade, nor during the
 //! pool change. The book's worked example ("Desired state") is this site.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

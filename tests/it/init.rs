@@ -2,7 +2,7 @@
 //! local transport and verifies, an upgrade of it runs `migrate`; `init` never overwrites a
 //! file and writes nothing when one is in the way; completions and man pages come from the CLI.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

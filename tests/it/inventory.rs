@@ -2,7 +2,7 @@
 //! hosts with a program (`inventory "command"`) or in a static hosts file, one fixture per
 //! case in tests/fixtures/inventory/. Every failure is snapshotted as the operator sees it.
 
-mod support;
+use crate::support;
 
 use drover::plan::Plan;
 use std::collections::{BTreeMap, BTreeSet};

@@ -14,7 +14,7 @@
 //!   `install` ran at most twice (once by the killed run, once by the recovery).
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;

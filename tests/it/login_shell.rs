@@ -5,7 +5,7 @@
 //! login shell as `exec /bin/sh -c '…'` and runs as it would under `/bin/sh`: a deploy
 //! converges, its files arrive, and every lock is given back.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use support::fleet::{Fleet, FleetHost};

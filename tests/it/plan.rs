@@ -1,10 +1,10 @@
 //! `deploy plan --offline`: text and JSON snapshots, `--only`, `--out`, determinism, and the
 //! structural facts of the webshop plan that would break if the planner broke.
 
+use crate::support;
 use drover::plan::{Plan, ServicePlan, SkipReason};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-mod support;
 
 use support::cli::deploy;
 

@@ -10,7 +10,7 @@
 //! recorded (and `--break-lock` reads every host first, to break it there); a host that does
 //! not answer is left alone.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

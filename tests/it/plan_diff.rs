@@ -3,7 +3,7 @@
 //! rendered for that host; a template that renders a secret says only `[secret changed]`,
 //! never its value; with `--json`, the diffs are in the plan.
 
-mod support;
+use crate::support;
 
 use support::fleet::{Fleet, FleetHost};
 

@@ -4,7 +4,7 @@
 //! step failed, and the run says which hosts it waited on. Another service's steps on those
 //! hosts, after the stop, run every hook and converge.
 
-mod support;
+use crate::support;
 
 use support::fleet::{Fleet, FleetHost};
 use support::hooks::EV;

@@ -2,7 +2,7 @@
 //! after an interruption, two applies of one site, stale and foreign locks, and hosts that die
 //! or go silent in the middle of a wave. Each test checks the exact state of every host after.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! seen by `status --check` and `verify`, and re-run (the whole switch-over, old = new) by
 //! `apply --repair`, its check run first over the run's connections.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use support::fleet::{Fleet, FleetHost};

@@ -1,7 +1,7 @@
 //! Reliability and safety on a real sshd fleet: hooks that hang, failure budgets, secrets,
 //! private logs, unknown host keys and a corrupt state file.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! The site is tests/fixtures/inventory/select.kdl: db1 db2 (db), app1–app4 (app), lb1 (lb),
 //! zones eu-1a / eu-1b; its recorded state is in platforms/select-hosts/ (local transport).
 
-mod support;
+use crate::support;
 
 use drover::plan::{Plan, SkipReason};
 use std::collections::BTreeSet;

@@ -4,7 +4,7 @@
 //! a version that stays up passes, its check run again for the whole window. Asserted from
 //! the hooks' own event logs and the hosts' state files.
 
-mod support;
+use crate::support;
 
 use support::fleet::{Fleet, FleetHost};
 use support::hooks::EV;

@@ -1,6 +1,6 @@
 //! `deploy status` and `deploy verify` on a real sshd fleet.
 
-mod support;
+use crate::support;
 
 use support::shop::{Shop, Spec};
 

@@ -6,7 +6,7 @@
 //! etcd's `auth` with tokens that lapse mid-run.
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -8,7 +8,7 @@
 //! state file says, and the next apply converges with the store agreeing with every host.
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -21,7 +21,7 @@ use support::relay::Relay;
 const PREFIX: &str = "/drover-test";
 const APPS: usize = 8;
 const TTL: Duration = Duration::from_secs(3);
-/// As in `tests/store_faults.rs`: hooks and test read one clock.
+/// As in `tests/it/store_faults.rs`: hooks and test read one clock.
 const CLOCK_MARGIN: Duration = Duration::from_millis(10);
 
 fn text(out: &Output) -> String {

@@ -4,7 +4,7 @@
 //! what a person reads when etcd is not there.
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::{Output, Stdio};

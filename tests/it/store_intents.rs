@@ -6,7 +6,7 @@
 //! answers what every host's state file says, `plan` names the host, and `apply` converges.
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

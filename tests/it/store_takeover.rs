@@ -10,7 +10,7 @@
 //! did not, and no host's fencing token ever goes back.
 #![cfg(feature = "etcd")]
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

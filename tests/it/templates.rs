@@ -1,7 +1,7 @@
 //! A site built from templates and includes, on a real sshd fleet: it converges, and a change
 //! to a template reconfigures exactly the services that take it (per-host hook logs).
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Output;

@@ -6,7 +6,7 @@
 //! whose lock another run holds failing its step (the other run's lock intact), a host that
 //! does not answer left alone as unreachable.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

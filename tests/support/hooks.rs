@@ -1,5 +1,5 @@
 //! What hooks on a fleet's hosts write down, and a platform with some hosts left out: shared by
-//! the desired-state tests (`tests/desired.rs`, `tests/haproxy.rs`).
+//! the desired-state tests (`tests/it/desired.rs`, `tests/it/haproxy.rs`).
 
 use super::fleet::Fleet;
 use std::path::PathBuf;

@@ -1,4 +1,5 @@
-//! Shared helpers for integration tests. Include with `mod support;`.
+//! Shared helpers for the integration tests (`tests/it/main.rs` includes them as `support`; a
+//! test program of its own would include them with `mod support;`).
 #![allow(dead_code)]
 
 pub mod cli;

@@ -1,5 +1,5 @@
 //! A client sending requests to a load balancer without pause while something runs, and what
-//! it saw (tests/haproxy.rs, tests/drain.rs).
+//! it saw (tests/it/haproxy.rs, tests/it/drain.rs).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
