@@ -3,14 +3,16 @@
 //! The pipeline, one module per stage: [`site`] (KDL → checked model) → [`inventory`]
 //! (class → hosts) → [`desired`] (what each host must run) → [`plan`] (graph, observed state,
 //! waves; pure) → [`apply`] (one apply, request to outcome) over [`session`] (signals, locks,
-//! journal, resume) around `rollout` → `transport` → [`state`] → [`report`]. [`cli`] only
-//! parses, calls the stages, and prints.
+//! journal, resume) around `rollout` → `transport` → [`state`] → [`report`]; [`history`]
+//! above [`apply`] (what each run applied, and `undo`). [`cli`] only parses, calls the stages,
+//! and prints.
 
 pub mod apply;
 pub mod cli;
 pub mod desired;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod history;
 pub mod inventory;
 pub mod plan;
 pub mod report;

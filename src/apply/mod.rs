@@ -23,6 +23,7 @@ use crate::plan::{self, Plan};
 use crate::rollout::{self, Rollout, Sink, Summary};
 use crate::session::{Ended, Locked, Session};
 pub use crate::session::{Say, SessionError};
+use crate::site::Site;
 use prepare::Ready;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -195,7 +196,17 @@ pub enum ApplyError {
 /// hosts), locks the site and reads its hosts, and plans: nothing has changed yet. What the
 /// session has to say goes to `say`.
 pub fn prepare(request: Request, say: Say) -> Result<Prepared, ApplyError> {
-    let saved = request.is_saved_plan();
+    prepare_with(request, None, say)
+}
+
+/// As [`prepare`], for a site already loaded (`deploy undo`: an earlier run's snapshot, loaded
+/// by the site stage); `request.target` names the site the operator gave.
+pub fn prepare_site(request: Request, site: Site, say: Say) -> Result<Prepared, ApplyError> {
+    prepare_with(request, Some(site), say)
+}
+
+fn prepare_with(request: Request, site: Option<Site>, say: Say) -> Result<Prepared, ApplyError> {
+    let saved = site.is_none() && request.is_saved_plan();
     let options = crate::session::Options {
         break_lock: request.break_lock,
         max_connections: request.max_connections,
@@ -208,7 +219,7 @@ pub fn prepare(request: Request, say: Say) -> Result<Prepared, ApplyError> {
     let (session, ready) = if saved {
         saved::ready(&request, session)?
     } else {
-        prepare::fresh(&request, session)?
+        prepare::fresh(&request, site, session)?
     };
     Ok(Prepared {
         session,
@@ -228,6 +239,11 @@ impl Prepared {
     /// The plan this apply carries out.
     pub fn plan(&self) -> &Plan {
         &self.ready.plan
+    }
+
+    /// The site this apply carries out.
+    pub fn site(&self) -> &Site {
+        &self.ready.site
     }
 
     /// The run's id: `.drover/runs/<run>` holds its journal and logs.

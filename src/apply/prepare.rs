@@ -24,8 +24,15 @@ pub(super) struct Ready {
 }
 
 /// The site's own plan, made once its hosts are locked and read.
-pub(super) fn fresh(request: &Request, session: Session) -> Result<(Locked, Ready), ApplyError> {
-    let mut site = site::load(&request.target)?;
+pub(super) fn fresh(
+    request: &Request,
+    site: Option<Site>,
+    session: Session,
+) -> Result<(Locked, Ready), ApplyError> {
+    let mut site = match site {
+        Some(site) => site,
+        None => site::load(&request.target)?,
+    };
     accept_new_host_keys(&mut site, request.accept_new_host_keys);
     let only = super::selection(&site, &request.only)?;
     let on = super::selector(&request.on)?;

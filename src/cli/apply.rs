@@ -24,16 +24,29 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         repair: args.repair,
     };
     // What the session has to say (warnings, what it carried on, why it stopped): stderr.
-    let prepared = apply::prepare(request, Arc::new(|text: &str| errln!("{text}")))?;
-    let sink: Arc<dyn Sink> = if args.json {
+    let say: apply::Say = Arc::new(|text: &str| errln!("{text}"));
+    let prepared = apply::prepare(request, say.clone())?;
+    drive(prepared, args.json, None, &say)
+}
+
+/// Carries out `prepared` (recorded in the history; `undone_to`: the run an undo goes back
+/// to): progress on stderr or NDJSON on stdout, the plan and questions on the terminal.
+pub(super) fn drive(
+    prepared: apply::Prepared,
+    json: bool,
+    undone_to: Option<&crate::history::Entry>,
+    say: &apply::Say,
+) -> Result<u8, Error> {
+    let sink: Arc<dyn Sink> = if json {
         Arc::new(report::Ndjson)
     } else if std::io::stderr().is_terminal() {
         Arc::new(report::Bars::new())
     } else {
         Arc::new(report::Lines)
     };
-    let outcome = prepared.run(sink, Arc::new(Terminal { json: args.json }))?;
-    if outcome.unchanged() && !args.json {
+    let terminal = Arc::new(Terminal { json });
+    let outcome = crate::history::apply(prepared, sink, terminal, undone_to, say)?;
+    if outcome.unchanged() && !json {
         outln!("Nothing to change.");
     }
     Ok(exit(&outcome))

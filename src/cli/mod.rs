@@ -20,10 +20,12 @@ mod apply;
 mod check;
 mod completions;
 mod graph;
+mod history;
 mod init;
 mod man;
 mod plan;
 mod status;
+mod undo;
 mod verify;
 
 use crate::inventory::{InventoryError, SelectError};
@@ -80,6 +82,17 @@ pub enum Command {
     Status(StatusArgs),
     /// Exit 0 only if every host runs its desired versions and its checks pass now.
     Verify(SiteArgs),
+    /// The runs that changed hosts: when, who, what changed per service, how each ended.
+    History {
+        /// The site file.
+        site: PathBuf,
+        /// JSON instead of text (schema in the book).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply an earlier run's snapshot again, as a normal run: the last converged run before
+    /// the latest, or the one named.
+    Undo(UndoArgs),
     /// Show classes, services and every dependency between them.
     Graph {
         /// The site file.
@@ -189,6 +202,33 @@ pub struct ApplyArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct UndoArgs {
+    /// The site file (its platform and policies are today's; what runs comes back).
+    pub site: PathBuf,
+    /// The run to go back to (as `deploy history` lists it).
+    #[arg(long, value_name = "RUN")]
+    pub to: Option<String>,
+    /// Do not ask for confirmation (needed when not on a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// NDJSON events on stdout instead of progress (schema in the book).
+    #[arg(long)]
+    pub json: bool,
+    /// Open at most this many connections at once.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_connections: usize,
+    /// Break the site's lock whoever holds it (as `deploy apply --break-lock`).
+    #[arg(long)]
+    pub break_lock: bool,
+    /// With a store (etcd): read every host, not only those whose recorded state differs.
+    #[arg(long)]
+    pub read_hosts: bool,
+    /// With `--yes`: lock and read every host before anything changes.
+    #[arg(long)]
+    pub read_first: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub site: SiteArgs,
@@ -271,6 +311,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Apply(crate::apply::ApplyError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    History(crate::history::HistoryError),
     #[error("cannot write {path}: {source}")]
     #[diagnostic(code(drover::cli::write))]
     Write {
@@ -290,7 +333,8 @@ impl Error {
             | Error::Desired(_) => code::INVALID,
             Error::Apply(ApplyError::UnknownService { .. } | ApplyError::Usage { .. })
             | Error::Usage { .. }
-            | Error::Select(_) => code::USAGE,
+            | Error::Select(_)
+            | Error::History(crate::history::HistoryError::NoRun { .. }) => code::USAGE,
             Error::Apply(ApplyError::Refused { .. } | ApplyError::Drift { .. })
             | Error::InitExists { .. }
             | Error::Session(crate::session::SessionError::Refused { .. }) => code::REFUSED,
@@ -303,6 +347,7 @@ impl Error {
             | Error::Plan(_)
             | Error::Write { .. }
             | Error::Store(_)
+            | Error::History(_)
             | Error::Runtime(_) => code::ENVIRONMENT,
         }
     }
@@ -327,6 +372,19 @@ impl From<crate::apply::ApplyError> for Error {
     }
 }
 
+impl From<crate::history::HistoryError> for Error {
+    /// A lower stage's error as that stage's (its exit code), the history's own as such.
+    fn from(e: crate::history::HistoryError) -> Error {
+        use crate::history::HistoryError as H;
+        match e {
+            H::Apply(e) => e.into(),
+            H::Site(e) => Error::Site(e),
+            H::Store(e) => Error::Store(e),
+            e => Error::History(e),
+        }
+    }
+}
+
 /// The runtime that async stages (transport, rollout) run on. At least 4 workers, whatever
 /// the cores: the run journal's sync blocks the worker that emits an event for a few
 /// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
@@ -344,6 +402,8 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Apply(args) => apply::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Verify(args) => verify::run(&args),
+        Command::History { site, json } => history::run(&site, json),
+        Command::Undo(args) => undo::run(&args),
         Command::Init { dir } => init::run(&dir),
         Command::Completions { shell } => completions::run(shell),
         Command::Man { out_dir } => man::run(out_dir.as_deref()),

@@ -13,7 +13,8 @@ pub fn run(args: &StatusArgs) -> Result<u8, Error> {
         check: args.check,
         max_connections: args.site.max_connections,
     };
-    let status = crate::apply::status(&request, &say())?;
+    let mut status = crate::apply::status(&request, &say())?;
+    status.undone = crate::history::undone(&request.site, &say());
     if args.failures && args.site.json {
         outln!(
             "{}",

@@ -388,6 +388,7 @@ fn build(spec: &Spec) -> Built {
         name: "prop".into(),
         file: PathBuf::from("sites/prop.kdl"),
         digest: "0".repeat(64),
+        sources: Vec::new(),
         platform: Platform {
             name: "prop".into(),
             file: PathBuf::from("platforms/prop.kdl"),
@@ -395,6 +396,7 @@ fn build(spec: &Spec) -> Built {
                 root: PathBuf::from("hosts"),
             },
             state_dir: "/var/lib/drover".into(),
+            keep_generations: 3,
             on_empty: crate::site::OnEmpty::Error,
             inventory: InventorySpec::Static { hosts: specs },
             store: None,

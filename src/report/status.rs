@@ -123,6 +123,14 @@ pub fn status_text(s: &Status) -> String {
         };
         let _ = writeln!(out, "  {hint}; journal: {}", run.journal);
     }
+    if let Some(u) = &s.undone {
+        let _ = writeln!(
+            out,
+            "\nundone:\n  the fleet was undone to run {} by run {} ({}, {}); `deploy plan` shows \
+             what the site file would change",
+            u.to, u.by, u.at, u.result
+        );
+    }
     if let Some(lock) = &s.site_lock {
         let holder = lock.holder.as_ref().map_or_else(
             || "a holder that cannot be read (a lock being taken, or a damaged one)".to_string(),

@@ -660,6 +660,7 @@ fn job_of<T: Transport>(
         on_failure: s.policy.on_failure,
         env: service_env(&r.site, plan, s),
         state_dir: state_dir.into(),
+        keep_generations: r.site.platform.keep_generations,
         run: r.run_id.clone(),
         secrets: r.secrets.clone(),
         cancel,

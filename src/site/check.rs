@@ -107,6 +107,7 @@ impl Checker {
             name: name.value,
             file: path.to_path_buf(),
             digest: self.sources.digest(),
+            sources: self.sources.files().iter().map(PathBuf::from).collect(),
             platform,
             classes,
             services,
@@ -302,6 +303,9 @@ impl Checker {
             file: path,
             transport: transport?,
             state_dir,
+            keep_generations: raw
+                .keep_generations
+                .map_or(DEFAULT_GENERATIONS, |k| k.value as usize),
             inventory: inventory.as_ref()?.0.clone(),
             on_empty: inventory?.1,
             store,

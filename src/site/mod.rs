@@ -25,6 +25,7 @@ pub mod value;
 pub use check_files::{template_error, TEMPLATE_VARIABLES};
 pub use error::{SiteError, SiteErrors};
 pub use model::*;
+pub use source::normalize as normalize_path;
 pub use spread::{classes_words, help as spread_help};
 pub use value::{duration_text, format_duration, parse_duration, Quota, Round};
 

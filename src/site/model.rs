@@ -19,6 +19,10 @@ pub struct Site {
     pub file: PathBuf,
     /// sha256 over every file read (site, platform, policies), in reading order.
     pub digest: String,
+    /// Every file read for it (site, platform, policies, includes, templates, hosts files), in
+    /// reading order, as named from where `deploy` runs: what a run's snapshot keeps
+    /// (`crate::history`).
+    pub sources: Vec<PathBuf>,
     pub platform: Platform,
     pub classes: Vec<Class>,
     pub services: Vec<Service>,
@@ -306,6 +310,9 @@ pub struct Platform {
     pub transport: Transport,
     /// Where each host records what it runs.
     pub state_dir: String,
+    /// How many generations of each service's file contents a host keeps in its state
+    /// directory (`keep-generations`, 1 to 100): the current one and those it replaced.
+    pub keep_generations: usize,
     pub inventory: InventorySpec,
     /// What a class that resolves to no hosts is.
     pub on_empty: OnEmpty,
@@ -313,6 +320,9 @@ pub struct Platform {
     /// own files only.
     pub store: Option<StoreSpec>,
 }
+
+/// `keep-generations` when the platform does not say.
+pub const DEFAULT_GENERATIONS: usize = 3;
 
 /// `store "etcd"`: the fleet's lock and state on an etcd cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]

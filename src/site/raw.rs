@@ -158,6 +158,7 @@ pub struct RawPlatform {
     pub name: Option<Spanned<String>>,
     pub transport: Option<RawTransport>,
     pub state_dir: Option<Spanned<String>>,
+    pub keep_generations: Option<Spanned<u64>>,
     pub inventory: Option<super::raw_inventory::RawInventory>,
     pub store: Option<super::raw_store::RawStore>,
     pub span: Option<SourceSpan>,
@@ -207,7 +208,13 @@ const POLICY_NODES: &[&str] = &[
     "flow",
     "progress-deadline",
 ];
-const PLATFORM_NODES: &[&str] = &["transport", "state-dir", "inventory", "store"];
+const PLATFORM_NODES: &[&str] = &[
+    "transport",
+    "state-dir",
+    "inventory",
+    "store",
+    "keep-generations",
+];
 const TRANSPORT_PROPS: &[&str] = &[
     "user",
     "port",
@@ -573,6 +580,11 @@ pub fn platform(r: &mut Reader<'_>, doc: &KdlDocument) -> RawPlatform {
                 "state-dir" => {
                     r.shape(n, 1, &[], false);
                     raw.state_dir = r.string_arg(n, "the state directory");
+                }
+                "keep-generations" => {
+                    r.shape(n, 1, &[], false);
+                    raw.keep_generations =
+                        r.integer_arg(n, "how many generations each host keeps", 1, 100);
                 }
                 "store" => raw.store = super::raw_store::store(r, n),
                 _ => raw.inventory = super::raw_inventory::inventory(r, n),

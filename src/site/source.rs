@@ -183,7 +183,9 @@ pub fn beside(file: &Path, relative: &str) -> PathBuf {
     normalize(&joined)
 }
 
-fn normalize(path: &Path) -> PathBuf {
+/// `path` with `.` dropped and each `..` taking off the component before it, if there is one
+/// (lexically: links are not followed).
+pub fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in path.components() {
         match c {

@@ -23,6 +23,9 @@
 //! - `prev/<service>`: what the service's last placement replaced (until its step passes), a
 //!   line per file: `+ <path>` (its previous file is `<dir>/.drover/<name>.prev`) or
 //!   `- <path>` (there was none). Paths never hold a newline (the site checker refuses them).
+//! - Once the step passed, the last generations of each file (the platform's
+//!   `keep-generations`) stay beside it: `<dir>/.drover/<name>.gen.1` is what the last
+//!   placement replaced, `.gen.2` the one before ([`let_go_keeping`]).
 
 use crate::transport::quote;
 use serde::{Deserialize, Serialize};
@@ -359,15 +362,40 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
 /// next one of that file (only names ending in `.gone.` and digits: a target named
 /// `<name>.gone.x` beside it is another file's). Then the list goes. Never fails: a previous
 /// file left behind only costs its space until the next placement of its target replaces it.
+/// Keeps no generation: what [`let_go_keeping`] does with `generations` 1.
 pub fn let_go_script(state_dir: &str, service: &str) -> String {
+    let_go_keeping(state_dir, service, 1)
+}
+
+/// As [`let_go_script`], keeping the last `generations` of each file (the platform's
+/// `keep-generations`: the one in place and `generations - 1` it replaced): what the placement
+/// replaced becomes `<dir>/.drover/<name>.gen.1`, the one that was `.gen.1` becomes `.gen.2`,
+/// and so on; those past `.gen.<generations - 1>` (the oldest, or more kept under a larger
+/// setting) go as a let-go file does. Renames in the target's own directory: nothing is copied.
+pub fn let_go_keeping(state_dir: &str, service: &str, generations: usize) -> String {
     let prev = quote(&list_file(state_dir, "prev", service));
     let gone = remove_numbered("\"$d/.drover/$n.gone\"");
+    let kept = generations.saturating_sub(1);
+    // Those it would keep past the last (the oldest, or more kept under a larger setting) go.
+    let prune = format!(
+        "for g in \"$b.gen.\"*; do j=\"${{g#\"$b.gen.\"}}\"; case \"$j\" in ''|*[!0-9]*) ;; *) [ \"$j\" -lt {kept} ] || mv -f -- \"$g\" \"$b.gone.$$$j\" 2>/dev/null;; esac; done"
+    );
+    let shift = if kept == 0 {
+        format!("{prune}; mv -f -- \"$b.prev\" \"$b.gone.$$\" 2>/dev/null")
+    } else {
+        format!(
+            "{prune}; \
+             j={last}; while [ \"$j\" -ge 1 ]; do if [ -e \"$b.gen.$j\" ] || [ -L \"$b.gen.$j\" ]; then mv -f -- \"$b.gen.$j\" \"$b.gen.$((j + 1))\"; fi; j=$((j - 1)); done; \
+             mv -f -- \"$b.prev\" \"$b.gen.1\" 2>/dev/null",
+            last = kept - 1,
+        )
+    };
     format!(
         "if [ -f {prev} ]; then\n\
          \x20 while IFS= read -r line; do\n\
          \x20   case \"$line\" in \"+ \"*)\n\
-         \x20     p=\"${{line#+ }}\"; {PARTS}\n\
-         \x20     if {{ [ -e \"$d/.drover/$n.prev\" ] || [ -L \"$d/.drover/$n.prev\" ]; }} && mv -f -- \"$d/.drover/$n.prev\" \"$d/.drover/$n.gone.$$\" 2>/dev/null; then\n\
+         \x20     p=\"${{line#+ }}\"; {PARTS}; b=\"$d/.drover/$n\"\n\
+         \x20     if {{ [ -e \"$b.prev\" ] || [ -L \"$b.prev\" ]; }} && {{ {shift}; }}; then\n\
          \x20       {{ {gone}; }} </dev/null >/dev/null 2>&1 &\n\
          \x20     fi;;\n\
          \x20   esac\n\
@@ -377,5 +405,7 @@ pub fn let_go_script(state_dir: &str, service: &str) -> String {
     )
 }
 
+#[cfg(test)]
+mod generations_tests;
 #[cfg(test)]
 mod tests;

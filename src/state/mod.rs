@@ -12,8 +12,8 @@ pub mod store;
 mod unreadable;
 
 pub use files::{
-    discard_script, kept, let_go_script, place_script, receive_script, received_at, receives,
-    replaced_listed, restore_script, survey_script, Placed, NOTHING_PLACED,
+    discard_script, kept, let_go_keeping, let_go_script, place_script, receive_script, received_at,
+    receives, replaced_listed, restore_script, survey_script, Placed, NOTHING_PLACED,
 };
 pub use inputs::{added_hosts, member_of, moved_hosts, Inputs, Takes};
 pub use observe::{observed_from, Offline, Remote};
@@ -21,7 +21,7 @@ pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
 pub use status::{
     status, Checked, Expected, FailingCheck, Failure, HostStatus, ServiceStatus, SiteLock, Source,
-    Status, Unaccounted, STATUS_SCHEMA,
+    Status, Unaccounted, Undone, STATUS_SCHEMA,
 };
 
 use crate::inventory::Hosts;

@@ -52,6 +52,20 @@ pub struct Status {
     /// With `--check`: the checks of the converged host services, run now (absent without).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checked: Option<Checked>,
+    /// When the site's latest run in its history is a `deploy undo`: the run it went back to;
+    /// `null` otherwise.
+    pub undone: Option<Undone>,
+}
+
+/// The run the fleet was last undone to, and the undo's own run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Undone {
+    /// The run whose snapshot the undo applied.
+    pub to: String,
+    /// The undo's run, when it finished, and how (`converged`, `failed`, …).
+    pub by: String,
+    pub at: String,
+    pub result: String,
 }
 
 /// `deploy status --check`: the checks of the host services at their desired version and
@@ -169,6 +183,7 @@ pub fn status(
         stale: None,
         read: Vec::new(),
         checked: None,
+        undone: None,
     };
     for (hid, (h, o)) in hosts.hosts.iter().zip(observed).enumerate() {
         let reason = match o {

@@ -374,8 +374,17 @@ fn each_kind_of_input_change_redoes_only_its_service() {
     only_lb_reconfigured(&s, &c, "file: /srv/lb/static.txt", By::Reload);
     assert_eq!(s.file("lb1", "srv/lb/static.txt"), "static two\n");
     // What the placements replaced is let go once their steps passed (renamed away at once,
-    // removed in the background): nothing is kept beside the files.
+    // removed in the background): nothing is kept beside the files but the generations the
+    // platform keeps (`keep-generations`, 3 by default: the file and two it replaced).
     for lb in ["lb1", "lb2"] {
+        let private = s.fleet.host_root(lb).join("srv/lb/.drover");
+        assert_eq!(
+            std::fs::read_to_string(private.join("static.txt.gen.1"))
+                .ok()
+                .as_deref(),
+            Some("static one\n"),
+            "{lb} keeps what the placement replaced"
+        );
         assert!(
             s.fleet.host_root(lb).join("srv/lb/.drover").is_dir(),
             "{lb}: the placements worked beside the files"
@@ -714,13 +723,21 @@ service "art" {{
 }
 
 /// What `host` keeps in `srv/lb/.drover` once the background removals of a let-go ended (at
-/// most 10 s).
+/// most 10 s), but for the generations the platform keeps (`<name>.gen.<n>`).
 fn kept_once_let_go(fleet: &Fleet, host: &str) -> Vec<String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut kept = others_in(fleet, host, "srv/lb/.drover", &[]);
+    let left = || {
+        let mut kept = others_in(fleet, host, "srv/lb/.drover", &[]);
+        kept.retain(|n| {
+            !n.rsplit_once(".gen.")
+                .is_some_and(|(_, j)| !j.is_empty() && j.bytes().all(|b| b.is_ascii_digit()))
+        });
+        kept
+    };
+    let mut kept = left();
     while !kept.is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
-        kept = others_in(fleet, host, "srv/lb/.drover", &[]);
+        kept = left();
     }
     kept
 }

@@ -44,4 +44,5 @@ mod store_faults;
 mod store_intents;
 mod store_takeover;
 mod templates;
+mod undo;
 mod unread;

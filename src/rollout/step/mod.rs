@@ -29,6 +29,8 @@ pub struct ServiceJob {
     pub on_failure: OnFailure,
     pub env: Vec<(String, String)>,
     pub state_dir: String,
+    /// The platform's `keep-generations`: what a passed step keeps of the files it replaced.
+    pub keep_generations: usize,
     pub run: String,
     /// Handed to the hooks on their standard input, redacted from their output.
     pub secrets: Arc<Secrets>,

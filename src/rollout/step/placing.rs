@@ -15,7 +15,8 @@ impl<L: Link> Running<'_, L> {
     /// until the next placement, and a lock not given back here is given back after the rollout.
     pub(super) async fn let_go(&mut self) {
         let svc = &self.job.service;
-        let mut script = crate::state::let_go_script(&svc.state_dir, &svc.name);
+        let mut script =
+            crate::state::let_go_keeping(&svc.state_dir, &svc.name, svc.keep_generations);
         if let Some(release) = &self.job.release {
             script = format!("{script} && {{ {release}; }}");
         }

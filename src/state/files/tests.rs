@@ -26,7 +26,7 @@ fn digest(bytes: &[u8]) -> String {
 }
 
 /// Receives `content` for `to` with `mode`; what it is to be placed as.
-fn receive(dir: &Path, to: &Path, content: &[u8], mode: u32) -> Placed {
+pub(super) fn receive(dir: &Path, to: &Path, content: &[u8], mode: u32) -> Placed {
     let to = to.display().to_string();
     let out = sh(
         &receive_script(&to, content.len() as u64, mode),
@@ -46,7 +46,7 @@ fn receive(dir: &Path, to: &Path, content: &[u8], mode: u32) -> Placed {
 }
 
 /// Runs `script`, which must succeed.
-fn ok(script: &str, dir: &Path) {
+pub(super) fn ok(script: &str, dir: &Path) {
     let out = sh(script, dir, b"");
     assert!(
         out.status.success(),
@@ -64,7 +64,7 @@ fn survey(dir: &Path, state: &str, service: &str, files: &[Placed]) -> Vec<Optio
 }
 
 /// The names in `dir`, sorted.
-fn names_in(dir: &Path) -> Vec<String> {
+pub(super) fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("a directory")
         .flatten()

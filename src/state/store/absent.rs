@@ -36,6 +36,19 @@ impl Etcd {
     pub async fn delete_if(&self, _key: &str, _revision: i64) -> Result<bool, StoreError> {
         match *self {}
     }
+    pub async fn put_unfenced(&self, _key: &str, _value: &[u8]) -> Result<(), StoreError> {
+        match *self {}
+    }
+    pub async fn value(&self, _key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match *self {}
+    }
+    pub async fn range(
+        &self,
+        _prefix: &str,
+        _keys_only: bool,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        match *self {}
+    }
     pub fn endpoints(&self) -> String {
         match *self {}
     }

@@ -353,6 +353,68 @@ impl Etcd {
         .map(|r| r.succeeded())
     }
 
+    /// Puts `value` at `key`, not fenced by the site's lock: only for keys no other run
+    /// writes otherwise (a run's own history entry, or a chunk of a content-addressed blob,
+    /// the same bytes whoever writes it).
+    pub async fn put_unfenced(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.call(|mut c| {
+            let (key, value) = (key.to_string(), value.to_vec());
+            async move { c.put(key, value, None).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The value at `key`, if there is one.
+    pub async fn value(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut r = self
+            .call(|c| {
+                let key = key.to_string();
+                async move {
+                    c.kv_client()
+                        .max_decoding_message_size(MAX_REPLY)
+                        .get(key, None)
+                        .await
+                }
+            })
+            .await?;
+        Ok(r.take_kvs()
+            .into_iter()
+            .next()
+            .map(|kv| kv.value().to_vec()))
+    }
+
+    /// Every key under `prefix` with its value (keys only, values empty, with `keys_only`),
+    /// in key order.
+    pub async fn range(
+        &self,
+        prefix: &str,
+        keys_only: bool,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut r = self
+            .call(|c| {
+                let prefix = prefix.to_string();
+                let mut options = GetOptions::new().with_prefix();
+                if keys_only {
+                    options = options.with_keys_only();
+                }
+                async move {
+                    c.kv_client()
+                        .max_decoding_message_size(MAX_REPLY)
+                        .get(prefix, Some(options))
+                        .await
+                }
+            })
+            .await?;
+        Ok(r.take_kvs()
+            .into_iter()
+            .filter_map(|kv| {
+                let key = kv.key_str().ok()?.to_string();
+                Some((key, kv.value().to_vec()))
+            })
+            .collect())
+    }
+
     /// The endpoints, as the platform names them.
     pub fn endpoints(&self) -> String {
         self.endpoints.join(",")
@@ -360,20 +422,38 @@ impl Etcd {
 }
 
 impl Store for Etcd {
+    /// Two range reads at one revision: the site's keys before `history/` and those after it.
+    /// The history (runs' snapshots, contents of any size) is no host's state, and is read
+    /// only by `deploy history` and `deploy undo`.
     async fn read(&self, keys: &Keys) -> Result<View, StoreError> {
         let root = keys.root().to_string();
-        let mut r = self
-            .call(|c| {
-                let root = root.clone();
+        let history = format!("{root}history/");
+        // Past every key under `history/`, and the end of the site's keys (`/` + 1 is `0`).
+        let after = format!("{root}history0");
+        let end = format!("{}0", root.trim_end_matches('/'));
+        let range = |from: String, to: String, revision: i64| {
+            self.call(move |c| {
+                let (from, to) = (from.clone(), to.clone());
+                let mut options = GetOptions::new().with_range(to);
+                if revision > 0 {
+                    options = options.with_revision(revision);
+                }
                 async move {
                     c.kv_client()
                         .max_decoding_message_size(MAX_REPLY)
-                        .get(root, Some(GetOptions::new().with_prefix()))
+                        .get(from, Some(options))
                         .await
                 }
             })
-            .await?;
-        let kvs = r.take_kvs();
+        };
+        let mut before = range(root.clone(), history, 0).await?;
+        let revision = before.header().map_or(0, |h| h.revision());
+        let mut rest = range(after, end, revision).await?;
+        let kvs: Vec<_> = before
+            .take_kvs()
+            .into_iter()
+            .chain(rest.take_kvs())
+            .collect();
         let triples = kvs
             .iter()
             .filter_map(|kv| Some((kv.key_str().ok()?, kv.value(), kv.create_revision())));

@@ -19,6 +19,11 @@
 //!   step's first command, removed in the transaction that publishes its result. A run that
 //!   dies between leaves it, so that every later run, from any controller, reads the host.
 //!
+//! - `history/runs/<run>`: what a run that changed hosts applied (its snapshot's manifest, who
+//!   ran it, what changed, how it ended), and `history/blobs/<sha256>/<n>`: the contents it
+//!   names, each in chunks below etcd's request limit (`crate::history`). Written unfenced
+//!   (no other run writes those keys, and a blob is the same bytes whoever writes it).
+//!
 //! Service and host names are escaped in keys (`%` → `%25`, `/` → `%2F`).
 
 mod clock;
@@ -149,6 +154,14 @@ impl Keys {
     /// next write) changes nothing.
     pub fn writer(&self, revision: i64) -> String {
         format!("{}writer/{revision}", self.root)
+    }
+    /// `history/runs/`: every run's entry is under it.
+    pub fn history_runs(&self) -> String {
+        format!("{}history/runs/", self.root)
+    }
+    /// `history/blobs/<digest>/`: the chunks of one content.
+    pub fn history_blob(&self, digest: &str) -> String {
+        format!("{}history/blobs/{}/", self.root, segment(digest))
     }
 
     /// What `key` says of one service on one host (its `running/` or a `status/` key):

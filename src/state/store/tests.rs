@@ -152,6 +152,28 @@ fn values_of_another_schema_and_unknown_keys_are_problems_not_state() {
         .all(|h| h.services.values().all(|p| p.running.is_none())));
 }
 
+#[test]
+fn history_keys_are_the_layout_s_but_no_host_s_state() {
+    let d = "ab".repeat(32);
+    let (run, chunk) = (
+        "/drover/shop/history/runs/2026-12-05T130000Z-1".to_string(),
+        format!("/drover/shop/history/blobs/{d}/0"),
+    );
+    let view = View::parse(
+        &keys(),
+        [
+            (run.as_str(), br#"{"schema":1}"#.as_slice(), 1),
+            (chunk.as_str(), [0u8, 255].as_slice(), 1),
+        ],
+    );
+    assert!(view.problems.is_empty(), "{:?}", view.problems);
+    assert!(view.hosts.is_empty());
+    assert_eq!(
+        keys().history_blob(&d),
+        format!("/drover/shop/history/blobs/{d}/")
+    );
+}
+
 proptest! {
     #[test]
     fn names_survive_keys(service in "[a-z%/]{1,8}", host in "[a-z0-9%/.]{1,12}") {

@@ -160,6 +160,9 @@ impl View {
             ["hosts", host] => {
                 self.hosts.entry(unsegment(host)).or_default().value = Some(typed(json(value)?)?);
             }
+            // Runs' snapshots (`history/runs/<run>`, `history/blobs/<digest>/<chunk>`): read
+            // by `deploy history` and `deploy undo`, nothing a host's state depends on.
+            ["history", "runs", _] | ["history", "blobs", _, _] => {}
             _ => return Err("not a key of this deploy's layout".into()),
         }
         Ok(())

@@ -1,0 +1,200 @@
+//! The history's own pieces: a snapshot taken from a site on disk and put back loads as the
+//! same site (secrets' values never in it), entries kept and listed, and which run an undo
+//! goes back to.
+
+use super::snapshot::Snapshot;
+use super::*;
+use std::path::Path;
+
+/// A site in `dir/sites/` with its platform and policy in sibling directories, a template, an
+/// include, a plain delivered file and a secret read from a file.
+fn write_site(dir: &Path, version: &str, conf: &str) -> PathBuf {
+    let w = |p: &str, text: &str| {
+        let path = dir.join(p);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    w(
+        "platforms/lab.kdl",
+        "platform \"lab\" {\n    transport \"local\" root=\"../hosts\"\n    inventory \"static\" {\n        host \"app1\" address=\"127.0.0.1\" class=\"app\"\n    }\n}\n",
+    );
+    w(
+        "policies/all.kdl",
+        "policy \"all\" {\n    batch \"100%\"\n}\n",
+    );
+    w(
+        "sites/shop.kdl",
+        &format!(
+            "site \"shop\" {{\n    version \"{version}\"\n    platform \"../platforms/lab.kdl\"\n    policy \"../policies/all.kdl\"\n}}\ninclude \"services/*.kdl\"\n"
+        ),
+    );
+    w(
+        "sites/services/api.kdl",
+        "class \"app\" { service \"api\" }\nservice \"api\" {\n    env \"MODE\" \"fast\"\n    secret \"TOKEN\" file=\"../secrets/token\"\n    file \"api.conf.j2\" to=\"/etc/api.conf\" template=#true\n    file \"static/index.html\" to=\"/srv/index.html\"\n    start \"true\"\n}\n",
+    );
+    w("sites/services/api.conf.j2", "listen {{ address }}\n");
+    w("sites/services/static/index.html", conf);
+    w("sites/secrets/token", "the-secret-value\n");
+    dir.join("sites/shop.kdl")
+}
+
+#[test]
+fn a_snapshot_put_back_loads_as_the_site_it_was_taken_from_without_secret_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_site(dir.path(), "1.0", "<p>v1</p>\n");
+    let site = crate::site::load(&file).unwrap();
+    let history = History::at(&dir.path().join(".drover"));
+    let snap = Snapshot::take(&site, &history.blobs()).unwrap();
+    assert_eq!(snap.site_file.as_str(), "shop.kdl");
+    let names: Vec<&str> = snap.sources.iter().map(|k| k.path.as_str()).collect();
+    assert!(names.contains(&"../platforms/lab.kdl"), "{names:?}");
+    assert!(names.contains(&"services/api.conf.j2"), "{names:?}");
+    // The secret's value is nowhere in the history; its file is not kept.
+    for entry in walk(&dir.path().join(".drover")) {
+        let bytes = std::fs::read(&entry).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("the-secret-value"),
+            "{}",
+            entry.display()
+        );
+    }
+    // The site changes; the snapshot still gives back the first.
+    write_site(dir.path(), "2.0", "<p>v2</p>\n");
+    let work = dir.path().join("work");
+    let (back, _) = snap.put_back(&history.blobs(), &work).unwrap();
+    let again = crate::site::load(&back).unwrap();
+    assert_eq!(again.digest, site.digest);
+    assert_eq!(again.services[0].version, "1.0");
+    let html = again.services[0]
+        .files
+        .iter()
+        .find(|f| f.to == "/srv/index.html")
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&html.source).unwrap(),
+        "<p>v1</p>\n"
+    );
+}
+
+#[test]
+fn a_site_file_changed_after_it_was_loaded_is_no_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_site(dir.path(), "1.0", "x");
+    let site = crate::site::load(&file).unwrap();
+    write_site(dir.path(), "2.0", "x");
+    let history = History::at(&dir.path().join(".drover"));
+    let err = Snapshot::take(&site, &history.blobs()).unwrap_err();
+    assert!(matches!(err, HistoryError::Changed { .. }), "{err}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn entry(run: &str, result: RunResult, undone_to: Option<&str>) -> Entry {
+    Entry {
+        schema: HISTORY_SCHEMA,
+        run: RunId::parse(run).unwrap(),
+        site: "shop".into(),
+        started: "2026-12-05T13:00:00Z".into(),
+        finished: "2026-12-05T13:00:01Z".into(),
+        who: Who {
+            user: "ops".into(),
+            machine: "ctl".into(),
+        },
+        result,
+        changes: Vec::new(),
+        undone_to: undone_to.map(|r| RunId::parse(r).unwrap()),
+        snapshot: Snapshot {
+            site_file: snapshot::SnapPath::parse("shop.kdl").unwrap(),
+            site_digest: String::new(),
+            sources: Vec::new(),
+            delivered: Vec::new(),
+        },
+    }
+}
+
+#[test]
+fn undo_goes_back_to_the_last_converged_run_before_the_latest() {
+    use RunResult::*;
+    let runs = |es: &[Entry], to: Option<&str>| {
+        let to = to.map(|t| RunId::parse(t).unwrap());
+        undo::target(es, to.as_ref()).map(|e| e.run.to_string())
+    };
+    let es = vec![
+        entry("r1", Converged, None),
+        entry("r2", Failed, None),
+        entry("r3", Converged, None),
+        entry("r4", Converged, None),
+    ];
+    assert_eq!(runs(&es, None).unwrap(), "r3");
+    assert_eq!(runs(&es, Some("r2")).unwrap(), "r2");
+    assert!(runs(&es, Some("r9")).is_err());
+    assert!(runs(&es[..1], None).is_err());
+    assert!(runs(&[], None).is_err());
+    // A failed run last: back to the converged one before it.
+    assert_eq!(runs(&es[..2], None).unwrap(), "r1");
+    // An undo that was interrupted is carried through to the same run.
+    let mut more = es.clone();
+    more.push(entry("r5", Interrupted, Some("r1")));
+    assert_eq!(runs(&more, None).unwrap(), "r1");
+    // One that converged is undone in turn: back to the run before it.
+    more.push(entry("r6", Converged, Some("r1")));
+    assert_eq!(runs(&more, None).unwrap(), "r4");
+    assert_eq!(
+        undone_to(&more).map(|(to, by)| (to.to_string(), by.run.to_string())),
+        Some(("r1".into(), "r6".into()))
+    );
+}
+
+#[test]
+fn entries_are_kept_and_listed_per_site_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = History::at(dir.path());
+    for run in ["r2", "r1"] {
+        history
+            .record(&entry(run, RunResult::Converged, None))
+            .unwrap();
+    }
+    let mut other = entry("r3", RunResult::Converged, None);
+    other.site = "other".into();
+    history.record(&other).unwrap();
+    let runs: Vec<String> = history
+        .entries("shop")
+        .unwrap()
+        .iter()
+        .map(|e| e.run.to_string())
+        .collect();
+    assert_eq!(runs, ["r1", "r2"]);
+    assert!(RunId::parse("../x").is_none() && RunId::parse("a/b").is_none());
+}
+
+#[test]
+fn what_a_run_changed_is_read_from_its_journal() {
+    let text = r#"{"time":"t","entry":"step-intent","service":"api","host":"app1","from":"1.0","to":"2.0"}
+{"time":"t","entry":"step-intent","service":"api","host":"app2","from":null,"to":"2.0"}
+{"time":"t","entry":"step-result","service":"api","host":"app1","ok":true,"failed_hook":null,"rolled_back":false,"reason":null}
+{"time":"t","entry":"step-result","service":"api","host":"app2","ok":false,"failed_hook":"check","rolled_back":true,"reason":"x"}
+not json
+"#;
+    let changes = journal::from_text(text);
+    assert_eq!(
+        changes,
+        vec![Change {
+            service: "api".into(),
+            hosts: 2,
+            from: vec![None, Some("1.0".into())],
+            to: vec!["2.0".into()],
+            failed: 1,
+        }]
+    );
+}
