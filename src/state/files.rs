@@ -364,7 +364,7 @@ pub fn restore_script(state_dir: &str, service: &str) -> String {
 /// file left behind only costs its space until the next placement of its target replaces it.
 /// Keeps no generation: what [`let_go_keeping`] does with `generations` 1.
 pub fn let_go_script(state_dir: &str, service: &str) -> String {
-    let_go_keeping(state_dir, service, 1)
+    let_go_keeping(state_dir, service, 1, &[])
 }
 
 /// As [`let_go_script`], keeping the last `generations` of each file (the platform's
@@ -372,29 +372,35 @@ pub fn let_go_script(state_dir: &str, service: &str) -> String {
 /// replaced becomes `<dir>/.drover/<name>.gen.1`, the one that was `.gen.1` becomes `.gen.2`,
 /// and so on; those past `.gen.<generations - 1>` (the oldest, or more kept under a larger
 /// setting) go as a let-go file does. Renames in the target's own directory: nothing is copied.
-pub fn let_go_keeping(state_dir: &str, service: &str, generations: usize) -> String {
+/// The files of `secret` (targets whose content renders a secret) keep no generation: what
+/// they replaced goes, as do generations kept of them before.
+pub fn let_go_keeping(
+    state_dir: &str,
+    service: &str,
+    generations: usize,
+    secret: &[&str],
+) -> String {
     let prev = quote(&list_file(state_dir, "prev", service));
     let gone = remove_numbered("\"$d/.drover/$n.gone\"");
     let kept = generations.saturating_sub(1);
-    // Those it would keep past the last (the oldest, or more kept under a larger setting) go.
-    let prune = format!(
-        "for g in \"$b.gen.\"*; do j=\"${{g#\"$b.gen.\"}}\"; case \"$j\" in ''|*[!0-9]*) ;; *) [ \"$j\" -lt {kept} ] || mv -f -- \"$g\" \"$b.gone.$$$j\" 2>/dev/null;; esac; done"
-    );
-    let shift = if kept == 0 {
-        format!("{prune}; mv -f -- \"$b.prev\" \"$b.gone.$$\" 2>/dev/null")
-    } else {
-        format!(
-            "{prune}; \
-             j={last}; while [ \"$j\" -ge 1 ]; do if [ -e \"$b.gen.$j\" ] || [ -L \"$b.gen.$j\" ]; then mv -f -- \"$b.gen.$j\" \"$b.gen.$((j + 1))\"; fi; j=$((j - 1)); done; \
-             mv -f -- \"$b.prev\" \"$b.gen.1\" 2>/dev/null",
-            last = kept - 1,
-        )
+    let secret = match secret.is_empty() {
+        true => String::new(),
+        false => {
+            let paths: Vec<String> = secret.iter().map(|p| quote(p)).collect();
+            format!(" case \"$p\" in {}) k=0;; esac;", paths.join("|"))
+        }
     };
+    // Those it would keep past the last (the oldest, or more kept under a larger setting) go;
+    // the others move up one, and what was replaced is the first.
+    let shift = "for g in \"$b.gen.\"*; do j=\"${g#\"$b.gen.\"}\"; case \"$j\" in ''|*[!0-9]*) ;; *) [ \"$j\" -lt \"$k\" ] || mv -f -- \"$g\" \"$b.gone.$$$j\" 2>/dev/null;; esac; done; \
+         if [ \"$k\" -eq 0 ]; then mv -f -- \"$b.prev\" \"$b.gone.$$\" 2>/dev/null; \
+         else j=$((k - 1)); while [ \"$j\" -ge 1 ]; do if [ -e \"$b.gen.$j\" ] || [ -L \"$b.gen.$j\" ]; then mv -f -- \"$b.gen.$j\" \"$b.gen.$((j + 1))\"; fi; j=$((j - 1)); done; \
+         mv -f -- \"$b.prev\" \"$b.gen.1\" 2>/dev/null; fi";
     format!(
         "if [ -f {prev} ]; then\n\
          \x20 while IFS= read -r line; do\n\
          \x20   case \"$line\" in \"+ \"*)\n\
-         \x20     p=\"${{line#+ }}\"; {PARTS}; b=\"$d/.drover/$n\"\n\
+         \x20     p=\"${{line#+ }}\"; {PARTS}; b=\"$d/.drover/$n\"; k={kept};{secret}\n\
          \x20     if {{ [ -e \"$b.prev\" ] || [ -L \"$b.prev\" ]; }} && {{ {shift}; }}; then\n\
          \x20       {{ {gone}; }} </dev/null >/dev/null 2>&1 &\n\
          \x20     fi;;\n\

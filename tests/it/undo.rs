@@ -59,6 +59,8 @@ fn write_site(fleet: &Fleet, dir: &Path, version: &str, mode: &str, store: Optio
     )
     .expect("policy");
     std::fs::write(dir.join("api.conf"), format!("conf of {version}\n")).expect("conf");
+    std::fs::write(dir.join("token.j2"), "{{ secrets.TOKEN }}\n").expect("template");
+    std::fs::write(dir.join("token.secret"), token(version)).expect("secret");
     let site = format!(
         r####"site "history" {{
     version "{version}"
@@ -68,7 +70,9 @@ fn write_site(fleet: &Fleet, dir: &Path, version: &str, mode: &str, store: Optio
 class "app" {{ service "api" }}
 service "api" {{
     env "MODE" "{mode}"
+    secret "TOKEN" file="token.secret"
     file "api.conf" to="/srv/api/api.conf"
+    file "token.j2" to="/srv/api/token" template=#true
     stop #"{EV}ev stop"#
     install #"{EV}ev "install-$DEPLOY_NEW_VERSION-$MODE"; mkdir -p /srv/api && printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version && printf %s "$MODE" >/srv/api/mode"#
     start #"{EV}ev start"#
@@ -77,6 +81,51 @@ service "api" {{
 "####
     );
     std::fs::write(dir.join("site.kdl"), site).expect("site");
+}
+
+/// The secret's value at `version`: it must never be kept anywhere but in its source and in
+/// the file rendered from it on the hosts.
+fn token(version: &str) -> String {
+    format!("tok3n-{version}-s3cret")
+}
+
+/// Files under `root` holding `needle`.
+fn grep(root: &Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => todo.push(p),
+                Ok(m) if m.is_file() => {
+                    let bytes = std::fs::read(&p).unwrap_or_default();
+                    if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                        out.push(p);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Where the value of `version`'s secret is found under the fleet's directory (the hosts'
+/// files, the controller's `.drover/`), but for the secret's own source files; waits up to
+/// 5 s for the background removals of let-go files.
+fn secret_kept(fleet: &Fleet, version: &str) -> Vec<std::path::PathBuf> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let found: Vec<_> = grep(&fleet.dir, &token(version))
+            .into_iter()
+            .filter(|p| !p.ends_with("token.secret"))
+            .collect();
+        if found.is_empty() || std::time::Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// What `host` has: its version and mode files (written by the install hook), the delivered
@@ -170,10 +219,15 @@ fn undo_brings_back_the_version_files_and_env_of_the_run_before() {
     ok_in(&dir, &["apply", "site.kdl", "--yes"]);
     assert_eq!(runs(&dir).len(), 2);
 
-    // Each host keeps what the upgrade replaced beside the file (keep-generations 3).
+    // Each host keeps what the upgrade replaced beside the file (keep-generations 3), but
+    // nothing of the file that renders the secret: 1.0's value is in no file anywhere, on the
+    // hosts or in the history.
     for host in HOSTS {
         assert_eq!(kept(&fleet, host), ["conf of 1.0\n"], "{host}");
+        let rendered = std::fs::read_to_string(fleet.host_root(host).join("srv/api/token"));
+        assert_eq!(rendered.ok(), Some(format!("{}\n", token("2.0"))));
     }
+    assert_eq!(secret_kept(&fleet, "1.0"), Vec::<std::path::PathBuf>::new());
 
     ok_in(&dir, &["undo", "site.kdl", "--yes"]);
     assert_fleet_at(&fleet, "1.0", "one");
@@ -265,7 +319,14 @@ fn a_fresh_copy_of_the_site_with_a_store_sees_the_history_and_undoes_from_etcd()
     // A fresh checkout: the site's files, no .drover/.
     let fresh = fleet.dir.join("fresh");
     std::fs::create_dir_all(&fresh).expect("fresh");
-    for f in ["site.kdl", "platform.kdl", "policy.kdl", "api.conf"] {
+    for f in [
+        "site.kdl",
+        "platform.kdl",
+        "policy.kdl",
+        "api.conf",
+        "token.j2",
+        "token.secret",
+    ] {
         std::fs::copy(first.join(f), fresh.join(f)).expect("copy");
     }
     assert!(!fresh.join(".drover").exists());

@@ -15,8 +15,22 @@ impl<L: Link> Running<'_, L> {
     /// until the next placement, and a lock not given back here is given back after the rollout.
     pub(super) async fn let_go(&mut self) {
         let svc = &self.job.service;
+        // A file that renders a secret keeps no replaced copy beside it.
+        let secret: Vec<&str> = match &self.job.files {
+            Ok(files) => files
+                .iter()
+                .filter(|f| {
+                    matches!(
+                        f.content,
+                        crate::desired::Content::Rendered { secret: true, .. }
+                    )
+                })
+                .map(|f| f.to.as_str())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         let mut script =
-            crate::state::let_go_keeping(&svc.state_dir, &svc.name, svc.keep_generations);
+            crate::state::let_go_keeping(&svc.state_dir, &svc.name, svc.keep_generations, &secret);
         if let Some(release) = &self.job.release {
             script = format!("{script} && {{ {release}; }}");
         }

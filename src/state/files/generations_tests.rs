@@ -43,7 +43,7 @@ proptest::proptest! {
             let v = i + 1;
             let f = receive(dir.path(), &to, format!("v{v}\n").as_bytes(), 0o644);
             ok(&place_script(&state, "app", &[f], &[]), dir.path());
-            ok(&let_go_keeping(&state, "app", *keep), dir.path());
+            ok(&let_go_keeping(&state, "app", *keep, &[]), dir.path());
             proptest::prop_assert_eq!(std::fs::read_to_string(&to).expect("to"), format!("v{v}\n"));
             model.insert(0, format!("v{}\n", v - 1));
             model.truncate(keep - 1);
@@ -52,4 +52,48 @@ proptest::proptest! {
             proptest::prop_assert_eq!(generations(&to), expected);
         }
     }
+}
+
+#[test]
+fn a_file_that_renders_a_secret_keeps_no_generation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state").display().to_string();
+    let plain = dir.path().join("srv/app.conf");
+    let secret = dir.path().join("srv/it's secret.conf");
+    std::fs::create_dir_all(plain.parent().expect("parent")).expect("srv");
+    let shown = secret.display().to_string();
+    // Placed fresh, then replaced while not rendering a secret, then once it does.
+    for (v, renders_secret) in [(1, false), (2, false), (3, true)] {
+        let files = [
+            receive(dir.path(), &plain, format!("plain {v}\n").as_bytes(), 0o644),
+            receive(
+                dir.path(),
+                &secret,
+                format!("token {v}\n").as_bytes(),
+                0o600,
+            ),
+        ];
+        ok(&place_script(&state, "app", &files, &[]), dir.path());
+        let secrets: Vec<&str> = match renders_secret {
+            true => vec![shown.as_str()],
+            false => Vec::new(),
+        };
+        ok(&let_go_keeping(&state, "app", 3, &secrets), dir.path());
+        if v == 2 {
+            assert_eq!(generations(&secret), [(1, "token 1\n".to_string())]);
+        }
+    }
+    assert_eq!(
+        generations(&plain),
+        [(1, "plain 2\n".to_string()), (2, "plain 1\n".to_string())]
+    );
+    assert_eq!(
+        generations(&secret),
+        [],
+        "neither the replaced value nor the kept one"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&secret).expect("secret"),
+        "token 3\n"
+    );
 }
