@@ -133,7 +133,7 @@ pub struct Entry {
     pub schema: u32,
     pub run: RunId,
     pub site: String,
-    /// RFC 3339, UTC.
+    /// RFC 3339, UTC, milliseconds.
     pub started: String,
     pub finished: String,
     pub who: Who,
@@ -261,7 +261,7 @@ impl History {
             .map_err(|source| HistoryError::Write { path, source })
     }
 
-    /// Every entry of `site` kept here, oldest first (by run id: the time it started).
+    /// Every entry of `site` kept here, oldest first ([`in_order`]).
     pub fn entries(&self, site: &str) -> Result<Vec<Entry>, HistoryError> {
         let dir = self.runs();
         let listing = match std::fs::read_dir(&dir) {
@@ -290,7 +290,7 @@ impl History {
                 entries.push(entry);
             }
         }
-        entries.sort_by(|a, b| a.run.cmp(&b.run));
+        in_order(&mut entries);
         Ok(entries)
     }
 }
@@ -311,9 +311,16 @@ pub fn parse_entry(path: &str, bytes: &[u8]) -> Result<Entry, HistoryError> {
     Ok(entry)
 }
 
-/// Now, RFC 3339, UTC, seconds.
+/// Now, RFC 3339, UTC, milliseconds.
 fn now() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// Oldest first: by the time each started (runs of a site never overlap: each holds the
+/// site's lock), then by id. Not by id alone: an id is the second it started and its
+/// process id, and two runs in one second are not in pid order.
+pub fn in_order(entries: &mut [Entry]) {
+    entries.sort_by(|a, b| (&a.started, &a.run).cmp(&(&b.started, &b.run)));
 }
 
 /// Carries out `prepared` (as [`Prepared::run`]) and, when the run changed hosts (began a step
@@ -396,7 +403,7 @@ pub fn entries(site: &crate::site::Site) -> Result<Vec<Entry>, HistoryError> {
             all.push(entry);
         }
     }
-    all.sort_by(|a, b| a.run.cmp(&b.run));
+    in_order(&mut all);
     Ok(all)
 }
 

@@ -179,6 +179,22 @@ fn entries_are_kept_and_listed_per_site_oldest_first() {
 }
 
 #[test]
+fn runs_are_in_the_order_they_started_not_in_id_order() {
+    // Two runs in one second: their ids compare by process id, as text.
+    let mut a = entry("2026-12-05T134452Z-536", RunResult::Converged, None);
+    a.started = "2026-12-05T13:44:52.500Z".into();
+    let mut b = entry("2026-12-05T134452Z-1021", RunResult::Converged, Some("r1"));
+    b.started = "2026-12-05T13:44:52.900Z".into();
+    let mut es = vec![b.clone(), a.clone()];
+    in_order(&mut es);
+    assert_eq!(es, vec![a, b]);
+    assert_eq!(
+        undone_to(&es).map(|(to, _)| to.to_string()),
+        Some("r1".into())
+    );
+}
+
+#[test]
 fn what_a_run_changed_is_read_from_its_journal() {
     let text = r#"{"time":"t","entry":"step-intent","service":"api","host":"app1","from":"1.0","to":"2.0"}
 {"time":"t","entry":"step-intent","service":"api","host":"app2","from":null,"to":"2.0"}

@@ -43,6 +43,18 @@ fn ok_in(dir: &Path, args: &[&str]) -> String {
 /// /srv/api/api.conf; its install writes the version and `$MODE` to /srv/api and logs
 /// `install-<version>-<mode>`. `store`: the platform's `store` node, if any.
 fn write_site(fleet: &Fleet, dir: &Path, version: &str, mode: &str, store: Option<&str>) {
+    write_site_batch(fleet, dir, version, mode, store, "\"100%\"");
+}
+
+/// As [`write_site`], with the policy's `batch`.
+fn write_site_batch(
+    fleet: &Fleet,
+    dir: &Path,
+    version: &str,
+    mode: &str,
+    store: Option<&str>,
+    batch: &str,
+) {
     let platform = fleet.write_platform("/var/lib/drover");
     let mut platform_text = std::fs::read_to_string(&platform).expect("platform");
     if let Some(store) = store {
@@ -55,7 +67,7 @@ fn write_site(fleet: &Fleet, dir: &Path, version: &str, mode: &str, store: Optio
     std::fs::write(dir.join("platform.kdl"), platform_text).expect("platform");
     std::fs::write(
         dir.join("policy.kdl"),
-        "policy \"all\" { batch \"100%\"; }\n",
+        format!("policy \"all\" {{ batch {batch}; }}\n"),
     )
     .expect("policy");
     std::fs::write(dir.join("api.conf"), format!("conf of {version}\n")).expect("conf");
@@ -75,8 +87,8 @@ service "api" {{
     file "token.j2" to="/srv/api/token" template=#true
     stop #"{EV}ev stop"#
     install #"{EV}ev "install-$DEPLOY_NEW_VERSION-$MODE"; mkdir -p /srv/api && printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version && printf %s "$MODE" >/srv/api/mode"#
-    start #"{EV}ev start"#
-    check #"test -f /srv/api/api.conf"# timeout="5s"
+    start #"{EV}ev start-hook-of-{version}"#
+    check #"test -f /srv/api/api.conf && {{ [ ! -e /srv/slow ] || sleep 2; }}"# timeout="5s"
 }}
 "####
     );
@@ -129,21 +141,25 @@ fn secret_kept(fleet: &Fleet, version: &str) -> Vec<std::path::PathBuf> {
 }
 
 /// What `host` has: its version and mode files (written by the install hook), the delivered
-/// file, and the last install its hook log names.
-fn on_host(fleet: &Fleet, host: &str) -> (String, String, String, String) {
+/// file, and the last install and start its hook log names (the start hook's text names the
+/// site's version: which hook text ran).
+fn on_host(fleet: &Fleet, host: &str) -> (String, String, String, String, String) {
     let srv = fleet.host_root(host).join("srv/api");
     let read = |name: &str| std::fs::read_to_string(srv.join(name)).unwrap_or_default();
-    let last_install = support::hooks::events(fleet)
-        .into_iter()
-        .filter(|e| e.1 == host && e.2.starts_with("install-"))
-        .map(|e| e.2)
-        .next_back()
-        .unwrap_or_default();
+    let last = |what: &str| {
+        support::hooks::events(fleet)
+            .into_iter()
+            .filter(|e| e.1 == host && e.2.starts_with(what))
+            .map(|e| e.2)
+            .next_back()
+            .unwrap_or_default()
+    };
     (
         read("version"),
         read("mode"),
         read("api.conf"),
-        last_install,
+        last("install-"),
+        last("start-hook-of-"),
     )
 }
 
@@ -163,7 +179,8 @@ fn assert_fleet_at(fleet: &Fleet, version: &str, mode: &str) {
                 version.to_string(),
                 mode.to_string(),
                 format!("conf of {version}\n"),
-                format!("install-{version}-{mode}")
+                format!("install-{version}-{mode}"),
+                format!("start-hook-of-{version}"),
             ),
             "{host}"
         );
@@ -297,6 +314,74 @@ fn undo_brings_back_the_version_files_and_env_of_the_run_before() {
     }
     let unknown = deploy_in(&dir, &["undo", "site.kdl", "--yes", "--to", "no-such-run"]);
     assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
+}
+
+#[test]
+fn an_interrupted_undo_is_carried_through_to_the_same_run_by_the_next() {
+    use std::time::{Duration, Instant};
+    let fleet = fleet();
+    let dir = fleet.dir.clone();
+    // One host at a time; each check takes 2 s once /srv/slow is there.
+    write_site_batch(&fleet, &dir, "1.0", "one", None, "1");
+    ok_in(&dir, &["apply", "site.kdl", "--yes"]);
+    write_site_batch(&fleet, &dir, "2.0", "two", None, "1");
+    ok_in(&dir, &["apply", "site.kdl", "--yes"]);
+    for host in HOSTS {
+        std::fs::write(fleet.host_root(host).join("srv/slow"), "").expect("slow");
+    }
+    let undo = support::cli::deploy_in(&dir)
+        .args(["undo", "site.kdl", "--yes"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start deploy undo");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        if let Some(h) = HOSTS
+            .iter()
+            .find(|h| on_host(&fleet, h).3 == "install-1.0-one")
+        {
+            break *h;
+        }
+        assert!(Instant::now() < deadline, "no host installed 1.0");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Ctrl-C while that host checks: its step ends, nothing new starts.
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &undo.id().to_string()])
+        .status()
+        .expect("kill")
+        .success());
+    let out = undo.wait_with_output().expect("undo ends");
+    assert_eq!(out.status.code(), Some(130));
+    for host in HOSTS {
+        let want = if host == first { "1.0" } else { "2.0" };
+        assert_eq!(
+            on_host(&fleet, host).0,
+            want,
+            "{host}: only {first} was undone"
+        );
+    }
+    let listed = runs(&dir);
+    assert_eq!(
+        listed.len(),
+        3,
+        "the interrupted undo changed a host: {listed:?}"
+    );
+    assert_eq!(listed[2]["result"], "interrupted");
+    assert_eq!(listed[2]["undone_to"], listed[0]["run"]);
+
+    // The latest run is an undo that did not converge: the next goes on to the same run
+    // (not back to 2.0, the converged run before it).
+    for host in HOSTS {
+        std::fs::remove_file(fleet.host_root(host).join("srv/slow")).expect("fast");
+    }
+    ok_in(&dir, &["undo", "site.kdl", "--yes"]);
+    assert_fleet_at(&fleet, "1.0", "one");
+    let listed = runs(&dir);
+    assert_eq!(listed.len(), 4);
+    assert_eq!(listed[3]["result"], "converged");
+    assert_eq!(listed[3]["undone_to"], listed[0]["run"]);
 }
 
 #[cfg(feature = "etcd")]
