@@ -17,7 +17,6 @@ pub fn run(args: &UndoArgs) -> Result<u8, Error> {
     };
     let entries = history::entries(&current)?;
     let target = history::undo::target(&entries, to.as_ref())?;
-    let site = history::undo::load(&current, target)?;
     errln!("undo: back to run {} ({})", target.run, target.started);
     let request = Request {
         target: args.site.clone(),
@@ -29,6 +28,6 @@ pub fn run(args: &UndoArgs) -> Result<u8, Error> {
         ..Request::default()
     };
     let say: apply::Say = Arc::new(|text: &str| errln!("{text}"));
-    let prepared = apply::prepare_site(request, site, say.clone())?;
+    let prepared = history::undo::prepare(&current, target, request, say.clone())?;
     super::apply::drive(prepared, args.json, Some(target), &say)
 }

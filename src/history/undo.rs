@@ -63,6 +63,22 @@ pub fn load(current: &Site, entry: &Entry) -> Result<Site, HistoryError> {
     Ok(site)
 }
 
+/// [`load`]s `entry`'s snapshot and prepares its apply ([`crate::apply::prepare_site`]: the
+/// site's locks taken, its hosts read, the plan made); what was put back goes again if that
+/// fails (after the run, [`super::apply`] removes it).
+pub fn prepare(
+    current: &Site,
+    entry: &Entry,
+    request: crate::apply::Request,
+    say: crate::apply::Say,
+) -> Result<crate::apply::Prepared, HistoryError> {
+    let site = load(current, entry)?;
+    crate::apply::prepare_site(request, site, say).map_err(|e| {
+        let _ = std::fs::remove_dir_all(History::default().work(&entry.run));
+        HistoryError::Apply(e)
+    })
+}
+
 /// `snap` (loaded from `site_dir` under `work`) with `current`'s platform, policies and file
 /// name; a secret file of the snapshot's tree read where the current site's tree (`here`) has
 /// it: a secret's value is never in a snapshot.
