@@ -385,10 +385,23 @@ pub fn apply<O: Operator + 'static>(
     if let Err(e) = history.record(&entry) {
         say(&format!("warning: the run is not in the history: {e}"));
     }
-    if let Err(e) = shared::publish(&site, &history.blobs(), &entry) {
+    if site.platform.store.is_none() {
+        return Ok(outcome);
+    }
+    let kept_here = "is kept in .drover/history/ on this machine; the next run that reaches the \
+                     store writes it there";
+    if matches!(outcome, Outcome::Ended(Ended::LockLost)) {
+        // etcd did not answer: said once already, not waited for again.
+        say(&format!("note: this run's history {kept_here}"));
+        return Ok(outcome);
+    }
+    // This run's entry, and any an earlier run could not write there.
+    let result = history
+        .entries(&site.name)
+        .and_then(|local| shared::publish(&site, &history.blobs(), &local));
+    if let Err(e) = result {
         say(&format!(
-            "warning: the run's snapshot could not be written to the store ({e}): it is in \
-             .drover/history/ on this machine only"
+            "warning: the run's history could not be written to the store ({e}): it {kept_here}"
         ));
     }
     Ok(outcome)

@@ -63,9 +63,35 @@ fn with_store<T: Default>(
     })
 }
 
-/// Writes `entry`'s contents (those not there yet) and then `entry` itself to the store.
-pub fn publish(site: &Site, blobs: &Blobs, entry: &Entry) -> Result<(), HistoryError> {
+/// Writes each of `entries` the store does not have yet (a run whose entry could not reach it
+/// is written by the next run that does): its contents (those not there yet), then the entry.
+pub fn publish(site: &Site, blobs: &Blobs, entries: &[Entry]) -> Result<(), HistoryError> {
     with_store(site, async |etcd: &Etcd, keys: &Keys| {
+        let there: BTreeSet<String> = etcd
+            .range(&keys.history_runs(), true)
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        for entry in entries {
+            let key = format!("{}{}", keys.history_runs(), entry.run);
+            if !there.contains(&key) {
+                publish_one(etcd, keys, blobs, entry, &key).await?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `entry`'s contents the store lacks, then `entry` at `key`.
+async fn publish_one(
+    etcd: &Etcd,
+    keys: &Keys,
+    blobs: &Blobs,
+    entry: &Entry,
+    key: &str,
+) -> Result<(), HistoryError> {
+    {
         let digests: BTreeSet<&Digest> = entry.snapshot.digests().collect();
         for digest in digests {
             let prefix = keys.history_blob(digest.as_str());
@@ -104,10 +130,9 @@ pub fn publish(site: &Site, blobs: &Blobs, entry: &Entry) -> Result<(), HistoryE
             path: entry.run.to_string(),
             reason: e.to_string(),
         })?;
-        let key = format!("{}{}", keys.history_runs(), entry.run);
-        etcd.put_unfenced(&key, &value).await?;
+        etcd.put_unfenced(key, &value).await?;
         Ok(())
-    })
+    }
 }
 
 /// Every entry of the site in the store (none without one).
