@@ -83,6 +83,7 @@ fn main() {
                 configured: Some(mark(())),
                 validated: Some(mark(())),
                 inputs: Some(desired.inputs(0, h)),
+                removal: None,
             };
             writes.push(store::host_seen(
                 &keys,

@@ -50,6 +50,8 @@ pub struct Request {
     pub read_first: bool,
     /// Run the check of every converged host, and repair those whose check fails.
     pub repair: bool,
+    /// Carry out the plan's removals (`--prune`; a site with `prune #true` always does).
+    pub prune: bool,
 }
 
 impl Request {
@@ -212,8 +214,9 @@ fn prepare_with(request: Request, site: Option<Site>, say: Say) -> Result<Prepar
         max_connections: request.max_connections,
         // Every host's check runs before the plan: each is locked and read first.
         read_hosts: request.read_hosts || request.repair,
-        // Nothing is confirmed before the run: hosts may be read as it goes.
-        stream: request.yes && !request.read_first && !request.repair && !saved,
+        // Nothing is confirmed before the run: hosts may be read as it goes. Not when it
+        // prunes: its removals are found from every host's record, read before the run.
+        stream: request.yes && !request.read_first && !request.repair && !saved && !request.prune,
     };
     let session = Session::begin(options, say)?;
     let (session, ready) = if saved {
@@ -285,7 +288,9 @@ impl Prepared {
         let steps = plan.steps();
         let shown = if steps == 0 { &[][..] } else { &pending[..] };
         operator.show(&plan, shown, &plan::may_start_early(&site, &plan));
-        if steps == 0 {
+        // Removals left (no `--prune`) are said by the plan shown; carried out, they are the
+        // run's work too.
+        if steps == 0 && plan.removals_carried_out().is_empty() {
             let unreachable = plan
                 .hosts
                 .iter()

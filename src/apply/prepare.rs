@@ -56,6 +56,7 @@ pub(super) fn fresh(
             Arc::new(l.secrets.clone()),
         ))?;
     }
+    plan.prune |= request.prune;
     Ok((session, l.ready(plan, Some(selection))))
 }
 

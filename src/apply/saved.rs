@@ -62,6 +62,8 @@ pub(super) fn ready(request: &Request, session: Session) -> Result<(Locked, Read
             changes: drift.join("\n  "),
         });
     }
+    let mut plan = plan;
+    plan.prune |= request.prune;
     Ok((session, l.ready(plan, None)))
 }
 
@@ -93,13 +95,15 @@ fn refuse_selections(request: &Request) -> Result<(), ApplyError> {
     Ok(())
 }
 
-/// The hosts a saved plan has steps on.
+/// The hosts a saved plan has steps (or removals) on.
 fn stepped(plan: &Plan, hosts: &Hosts) -> plan::Selection {
     let ids = plan
         .services
         .iter()
         .flat_map(|s| s.each_step())
-        .filter_map(|step| hosts.find(&step.host))
+        .map(|step| &step.host)
+        .chain(plan.removals.iter().map(|r| &r.host))
+        .filter_map(|host| hosts.find(host))
         .collect();
     plan::Selection {
         hosts: Some(ids),

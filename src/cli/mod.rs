@@ -199,6 +199,11 @@ pub struct ApplyArgs {
     /// switch-over at the same version) those whose check fails.
     #[arg(long)]
     pub repair: bool,
+    /// Carry out the plan's removals: services hosts record that the site no longer runs
+    /// there are stopped with the hooks the hosts recorded, then their records deleted, once
+    /// every other step has passed (a site with `prune #true` always does).
+    #[arg(long)]
+    pub prune: bool,
 }
 
 #[derive(Debug, clap::Args)]

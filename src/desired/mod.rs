@@ -535,6 +535,7 @@ fn hook_texts(h: &crate::site::Hooks) -> Vec<(&'static str, &str)> {
         ("start", &h.start),
         ("reload", &h.reload),
         ("rollback", &h.rollback),
+        ("remove", &h.remove),
     ];
     let mut out: Vec<(&'static str, &str)> = plain
         .into_iter()

@@ -316,6 +316,8 @@ mod tests {
             max_failed_hosts: None,
             dropped_waits: Vec::new(),
             diffs: Vec::new(),
+            removals: Vec::new(),
+            prune: false,
         }
     }
 

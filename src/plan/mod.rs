@@ -10,6 +10,7 @@ mod expected;
 mod host_order;
 #[cfg(test)]
 mod proptests;
+mod removal;
 mod rounds;
 #[cfg(test)]
 mod rounds_tests;
@@ -20,6 +21,7 @@ pub use decide::{decide, unread_waits, Decided, STATE_UNREADABLE};
 pub use drift::drift;
 pub use expected::{deferrable, first_hosts, may_start_early, planned_from, waits_back};
 pub use host_order::RuntimeClosure;
+pub use removal::{removals, Removal, Why as RemovalWhy};
 pub use rounds::{go_round, said, BeforeRun, DroppedWait, Link, LinkKind, Progress, WaitKey};
 pub use spread::{check as check_spread, SpreadTagError, SpreadTagErrors};
 
@@ -66,6 +68,14 @@ pub struct Plan {
     /// With `plan --diff`: per file a step would place with other content, what changes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diffs: Vec<FileDiff>,
+    /// Services hosts record that the site no longer runs there: always planned, carried out
+    /// only when [`Plan::prune`] holds, after every step of the run has ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removals: Vec<Removal>,
+    /// Whether `apply` carries out [`Plan::removals`] (`--prune`, or `prune #true` in the
+    /// site).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prune: bool,
 }
 
 /// How one file a step would place differs from what its host has (`deploy plan --diff`).
@@ -102,6 +112,16 @@ impl Plan {
     /// How many host transitions the plan holds.
     pub fn steps(&self) -> usize {
         self.services.iter().map(ServicePlan::steps).sum()
+    }
+
+    /// The removals an apply of this plan carries out: all of them with [`Plan::prune`],
+    /// otherwise none.
+    pub fn removals_carried_out(&self) -> &[Removal] {
+        if self.prune {
+            &self.removals
+        } else {
+            &[]
+        }
     }
 }
 
@@ -436,6 +456,8 @@ pub fn plan(
             .map(|q| q.of(hosts.hosts.len(), Round::Down)),
         dropped_waits: Vec::new(),
         diffs: Vec::new(),
+        removals: removal::removals(site, hosts, observed, selection),
+        prune: site.prune,
     };
     plan.dropped_waits = rounds::dropped_before_run(&plan);
     Ok(plan)

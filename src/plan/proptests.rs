@@ -356,6 +356,7 @@ fn build(spec: &Spec) -> Built {
                                 configured: None,
                                 validated: failed,
                                 inputs: None,
+                                removal: None,
                             },
                         )
                     })
@@ -405,6 +406,7 @@ fn build(spec: &Spec) -> Built {
         services,
         order,
         max_failed: None,
+        prune: false,
         secrets: Vec::new(),
     };
     Built {

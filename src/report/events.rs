@@ -243,6 +243,31 @@ pub fn line(kind: &EventKind) -> Option<String> {
             "ABORTING ({reason}): killing the hooks of {} on their hosts",
             count(*running, "running step")
         ),
+        EventKind::RemovalStarted {
+            service,
+            host,
+            version,
+            why,
+        } => format!("{service}: {host} remove {version} ({})", why.words()),
+        EventKind::RemovalFinished {
+            service,
+            host,
+            ok: true,
+            ..
+        } => format!("{service}: {host} removed"),
+        EventKind::RemovalFinished {
+            service,
+            host,
+            reason,
+            log,
+            ..
+        } => format!(
+            "{service}: {host} removal FAILED: {} (log: {log})",
+            reason.as_deref().unwrap_or("failed")
+        ),
+        EventKind::RemovalsLeft { count: n, reason } => {
+            format!("left: {}: {reason}", count(*n, "removal"))
+        }
         EventKind::RunFinished {
             converged,
             succeeded,
@@ -416,6 +441,9 @@ impl Sink for Bars {
             | EventKind::RunStarted { .. }
             | EventKind::ServicePlanned { .. }
             | EventKind::Refused { .. }
+            | EventKind::RemovalStarted { .. }
+            | EventKind::RemovalFinished { .. }
+            | EventKind::RemovalsLeft { .. }
             | EventKind::Interrupted { .. } => {
                 let _ = self.multi.println(line(&event.kind).unwrap_or_default());
             }

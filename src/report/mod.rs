@@ -4,6 +4,7 @@ mod diagnostic;
 mod events;
 mod graph;
 mod plan_text;
+mod removals_text;
 mod status;
 
 pub use diagnostic::{render_diagnostic, Style};

@@ -82,6 +82,7 @@ pub fn plan_text_with(plan: &Plan, pending: &[bool], early: &[bool]) -> String {
         if later > 0 { " planned now" } else { "" }
     );
     dropped_waits(&mut out, &plan.dropped_waits);
+    super::removals_text::removals(&mut out, plan);
     unknown_hosts(&mut out, plan);
     let unread = plan
         .hosts

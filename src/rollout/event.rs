@@ -179,6 +179,26 @@ pub enum EventKind {
         #[serde(skip)]
         record: Option<Box<crate::state::ServiceRecord>>,
     },
+    /// A service's removal from a host starts (`--prune`): its recorded `stop` and `remove`
+    /// hooks run, then its record is deleted.
+    RemovalStarted {
+        service: String,
+        host: String,
+        version: String,
+        why: crate::plan::RemovalWhy,
+    },
+    RemovalFinished {
+        service: String,
+        host: String,
+        why: crate::plan::RemovalWhy,
+        ok: bool,
+        failed_hook: Option<String>,
+        reason: Option<String>,
+        log: String,
+    },
+    /// The plan's removals the run did not carry out, and why (no `--prune`, a step that did
+    /// not pass, the run stopped).
+    RemovalsLeft { count: usize, reason: String },
     /// The run was told to stop (`abort: false`: no new step starts, running steps finish)
     /// or to abort (`abort: true`: running steps are killed and recorded as interrupted).
     Interrupted {

@@ -102,6 +102,10 @@ pub struct Summary {
     pub refused: Vec<(String, String)>,
     /// The steps that succeeded, by what they did.
     pub kinds: Kinds,
+    /// Services taken off hosts (the plan's removals, with `--prune`).
+    pub removed: usize,
+    /// The plan's removals this run did not carry out: how many, and why.
+    pub removals_left: Option<(usize, String)>,
 }
 
 impl Summary {

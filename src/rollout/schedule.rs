@@ -19,6 +19,7 @@ mod ending;
 mod finishing;
 mod flowing;
 mod planned;
+mod removing;
 mod repointing;
 mod rounds;
 mod starting;
@@ -138,6 +139,8 @@ pub struct Scheduler<T: Transport> {
     dependents: Vec<Vec<(usize, bool)>>,
     /// The dependents' reconfigures while a needed service's waves run.
     repoints: draining::Repoints,
+    /// What the run's removals came to ([`removing`]).
+    removals: removing::Removals,
 }
 
 /// What woke the coordinator.
@@ -249,6 +252,7 @@ impl<T: Transport> Scheduler<T> {
             rounds_due: true,
             dependents,
             repoints: draining::Repoints::default(),
+            removals: removing::Removals::default(),
         };
         scheduler.dropped = scheduler.dropped_by_plan();
         for h in 0..scheduler.hosts.len() {
@@ -256,6 +260,7 @@ impl<T: Transport> Scheduler<T> {
                 scheduler.hosts[h].steps_left += 1;
             }
         }
+        scheduler.hold_for_removals();
         scheduler
     }
 
@@ -356,6 +361,8 @@ impl<T: Transport> Scheduler<T> {
             ServiceOutcome::Blocked,
             "its steps wait for steps that can never run",
         );
+        // Once every step has ended: the removals (`--prune`), or why they are left.
+        self.remove_all().await;
         self.links.close_all().await;
         self.summary()
     }

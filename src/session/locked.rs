@@ -161,6 +161,7 @@ impl Locked {
             .iter()
             .flat_map(|s| s.each_step())
             .map(|st| &*st.host)
+            .chain(plan.removals_carried_out().iter().map(|r| &*r.host))
             .collect();
         let anchor = fleet.first_taken();
         let idle: HashSet<String> = transport

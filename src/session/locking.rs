@@ -54,6 +54,7 @@ impl Session {
         // With `--yes`: the hosts read as the run goes, or at their step (`unread.rs`).
         let options = &held.core.options;
         let may_stream = options.stream
+            && !site.prune
             && !options.break_lock
             && held.shared.is_none()
             && matches!(unfinished, Ok(None))

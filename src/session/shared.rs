@@ -398,6 +398,19 @@ impl Sink for Publishing {
                 writes.push(store::not_busy(&self.shared.keys, host));
                 self.shared.publish(writes);
             }
+            // A service taken off a host: the store no longer has it there (nor, once it left
+            // the site, its desired state).
+            EventKind::RemovalFinished {
+                service,
+                host,
+                why,
+                ok: true,
+                ..
+            } => {
+                let gone = *why == crate::plan::RemovalWhy::LeftSite;
+                self.shared
+                    .publish(store::removed(&self.shared.keys, service, host, gone));
+            }
             // A dependent reconfigured while a needed service's wave ran: the store says what
             // it was given, as its host's record does.
             EventKind::RepointFinished {

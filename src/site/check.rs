@@ -113,6 +113,7 @@ impl Checker {
             services,
             order,
             max_failed: raw.max_failed.as_ref().map(|m| m.value),
+            prune: raw.prune.as_ref().is_some_and(|p| p.value),
             secrets,
         };
         self.warnings = super::spread::warnings(&site, &self.spreads);

@@ -63,6 +63,7 @@ impl Layer {
             (&mut h.start, &t.start),
             (&mut h.rollback, &t.rollback),
             (&mut h.reload, &t.reload),
+            (&mut h.remove, &t.remove),
         ] {
             if theirs.is_some() {
                 mine.clone_from(theirs);
@@ -333,6 +334,7 @@ fn hooks(raw: &[RawHook], default_timeout: Option<Duration>) -> Hooks {
             HookKind::Start => h.start = plain,
             HookKind::Rollback => h.rollback = plain,
             HookKind::Reload => h.reload = plain,
+            HookKind::Remove => h.remove = plain,
             HookKind::Check => {
                 h.check = Some(Check {
                     command: hook.command.clone(),

@@ -32,6 +32,9 @@ pub struct Site {
     /// The run's failure budget (`max-failed` in the `site` node): no new wave of any service
     /// starts once more hosts than this have failed across the run. `None`: no run budget.
     pub max_failed: Option<Quota>,
+    /// `prune #true` in the `site` node: `apply` carries out the plan's removals without
+    /// `--prune`.
+    pub prune: bool,
     /// Secrets every service's hooks get (`secret` in the `site` node); read at apply time.
     pub secrets: Vec<Secret>,
 }
@@ -139,6 +142,9 @@ pub struct Hooks {
     pub rollback: Option<Hook>,
     /// A reconfigure runs this (files → `reload` → `check`) instead of the whole switch-over.
     pub reload: Option<Hook>,
+    /// Run after `stop` when the service leaves a host (a removal, `--prune`); what runs then
+    /// is the text the host recorded, not the site's.
+    pub remove: Option<Hook>,
 }
 
 /// A shell command run with `/bin/sh -c` on the host.

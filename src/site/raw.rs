@@ -27,6 +27,8 @@ pub struct RawSite {
     pub hook_timeout: Option<Spanned<Duration>>,
     /// The run's failure budget.
     pub max_failed: Option<Spanned<Quota>>,
+    /// `prune #true`: `apply` carries out removals without `--prune`.
+    pub prune: Option<Spanned<bool>>,
     pub secrets: Vec<RawSecret>,
     pub env: Vec<RawEnv>,
     /// In declaration order, included files read in place of their `include` node.
@@ -120,10 +122,12 @@ pub enum HookKind {
     Check,
     Rollback,
     Reload,
+    /// Run after `stop` when the service leaves its host (a removal).
+    Remove,
 }
 
 impl HookKind {
-    pub const ALL: [(&'static str, HookKind); 7] = [
+    pub const ALL: [(&'static str, HookKind); 8] = [
         ("stop", HookKind::Stop),
         ("install", HookKind::Install),
         ("migrate", HookKind::Migrate),
@@ -131,6 +135,7 @@ impl HookKind {
         ("check", HookKind::Check),
         ("rollback", HookKind::Rollback),
         ("reload", HookKind::Reload),
+        ("remove", HookKind::Remove),
     ];
 }
 
@@ -190,12 +195,13 @@ const SITE_SETTINGS: &[&str] = &[
     "policy",
     "hook-timeout",
     "max-failed",
+    "prune",
     "secret",
     "env",
 ];
 pub const SERVICE_NODES: &[&str] = &[
     "version", "port", "needs", "policy", "install", "stop", "migrate", "start", "check",
-    "rollback", "reload", "secret", "env", "file",
+    "rollback", "reload", "remove", "secret", "env", "file",
 ];
 const POLICY_NODES: &[&str] = &[
     "batch",
@@ -241,7 +247,7 @@ pub fn unit(r: &mut Reader<'_>, node: &KdlNode, origin: &Origin, raw: &mut RawSi
 pub fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
     r.shape(node, 1, &[], true);
     raw.name = r.string_arg(node, "the site's name");
-    let (mut v, mut pl, mut po, mut ht, mut mf) = (None, None, None, None, None);
+    let (mut v, mut pl, mut po, mut ht, mut mf, mut pr) = (None, None, None, None, None, None);
     for n in r.children(node, SITE_SETTINGS) {
         match n.name().value() {
             "secret" => {
@@ -263,6 +269,13 @@ pub fn site_node(r: &mut Reader<'_>, node: &KdlNode, raw: &mut RawSite) {
                 r.shape(n, 1, &[], false);
                 if r.once(&mut mf, n) {
                     raw.max_failed = r.quota_arg(n, "the run's failure budget");
+                }
+                continue;
+            }
+            "prune" => {
+                r.shape(n, 1, &[], false);
+                if r.once(&mut pr, n) {
+                    raw.prune = r.bool_arg(n, "whether apply carries out removals");
                 }
                 continue;
             }

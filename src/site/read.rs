@@ -397,6 +397,34 @@ impl Reader<'_> {
         }
     }
 
+    /// A node's boolean argument (`prune #true`).
+    pub fn bool_arg(&mut self, node: &KdlNode, what: &str) -> Option<Spanned<bool>> {
+        let n = node.name().value();
+        let Some(e) = Self::arg(node) else {
+            self.missing(
+                Self::name_span(node),
+                what.into(),
+                format!("write it as `{n} #true`"),
+            );
+            return None;
+        };
+        match e.value() {
+            KdlValue::Bool(b) => Some(Spanned {
+                value: *b,
+                span: e.span(),
+            }),
+            other => {
+                self.bad(
+                    e.span(),
+                    what.into(),
+                    format!("expected a boolean, found {}", kind(other)),
+                    format!("write `{n} #true` or `{n} #false`"),
+                );
+                None
+            }
+        }
+    }
+
     pub fn duration_prop(&mut self, node: &KdlNode, key: &str) -> Option<Spanned<Duration>> {
         let e = self.prop(node, key)?;
         self.duration(e, &format!("`{key}`"))

@@ -107,7 +107,7 @@ impl Inputs {
         if !hooks.is_empty() {
             // In the order a switch-over runs them.
             let order = [
-                "stop", "install", "migrate", "start", "reload", "check", "rollback",
+                "stop", "install", "migrate", "start", "reload", "check", "rollback", "remove",
             ];
             let mut hooks = hooks;
             hooks.sort_by_key(|h| order.iter().position(|o| o == h).unwrap_or(order.len()));
@@ -144,7 +144,8 @@ impl Inputs {
 /// reload or switch-over).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Takes {
-    /// Nothing: no running process uses it (the `rollback` hook, run only when a step fails).
+    /// Nothing: no running process uses it (the `rollback` hook, run only when a step fails;
+    /// `remove`, run only when the service leaves the host).
     Nothing,
     /// A reload: files, `needs` addresses, the `reload` and `check` hooks.
     Reload,
@@ -159,7 +160,7 @@ impl Takes {
     /// How a running service takes a change of the input `key`.
     pub fn of(key: &str) -> Takes {
         match key {
-            "hook:rollback" => Takes::Nothing,
+            "hook:rollback" | "hook:remove" => Takes::Nothing,
             "hook:reload" | "hook:check" => Takes::Reload,
             k if k.starts_with("file:") || k.starts_with("needs:") => Takes::Reload,
             _ => Takes::Restart,

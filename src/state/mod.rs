@@ -7,6 +7,7 @@ pub mod lock;
 mod observe;
 mod private;
 mod record;
+mod removal;
 mod status;
 pub mod store;
 mod unreadable;
@@ -19,6 +20,7 @@ pub use inputs::{added_hosts, member_of, moved_hosts, Inputs, Takes};
 pub use observe::{observed_from, Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
+pub use removal::{RecordedHook, Removal};
 pub use status::{
     status, Checked, Expected, FailingCheck, Failure, HostStatus, ServiceStatus, SiteLock, Source,
     Status, Unaccounted, Undone, STATUS_SCHEMA,

@@ -29,6 +29,10 @@ pub struct ServiceRecord {
     /// `deploy` older than state schema 2, so its configuration is unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<super::Inputs>,
+    /// The hooks a removal of the service runs here, as they were when it was last configured
+    /// (`None`: recorded by a `deploy` that kept none; a removal then runs no hook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removal: Option<super::Removal>,
 }
 
 impl ServiceRecord {
@@ -39,6 +43,7 @@ impl ServiceRecord {
             configured: None,
             validated: None,
             inputs: None,
+            removal: None,
         }
     }
 }
@@ -151,6 +156,7 @@ mod tests {
                 configured: None,
                 validated: None,
                 inputs: None,
+                removal: None,
             },
         );
         assert!(sh(&write_script(&state_dir, &record), dir.path())

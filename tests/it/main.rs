@@ -33,6 +33,7 @@ mod plan_as_read;
 mod plan_diff;
 mod progress_deadline;
 mod recovery;
+mod removal;
 mod repair;
 mod safety;
 mod selectors;

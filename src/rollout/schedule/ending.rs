@@ -185,6 +185,12 @@ impl<T: Transport> Scheduler<T> {
             })
             .collect();
         sum.failures.extend(self.repoints.failures.iter().cloned());
+        // The removals: one that failed counts as a failed step, one not tried as not started.
+        sum.removed = self.removals.removed;
+        sum.failed += self.removals.failures.len();
+        sum.not_started += self.removals.not_started;
+        sum.failures.extend(self.removals.failures.iter().cloned());
+        sum.removals_left = self.removals.left.clone();
         sum.failures.sort();
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.emit(EventKind::RunFinished {

@@ -217,6 +217,8 @@ impl<T: Transport> Scheduler<T> {
             })
             .collect();
         let mut merged = new.clone();
+        // Whether the run carries out removals is the run's, not the new plan's.
+        merged.prune = old.prune;
         for (s, sp) in merged.services.iter_mut().enumerate() {
             if !newly.contains(&s) {
                 *sp = old.services[s].clone();

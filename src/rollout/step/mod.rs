@@ -5,6 +5,7 @@
 mod checking;
 mod log;
 mod placing;
+pub mod removing;
 
 use log::exit_reason;
 pub use log::log_line;
@@ -550,6 +551,9 @@ impl<L: Link> Running<'_, L> {
             entry.validated = None;
             if c == Outcome::Success {
                 entry.inputs = Some(self.job.inputs.clone());
+                // What a removal will run here, should the service leave the host.
+                let hooks = &self.job.service.hooks;
+                entry.removal = Some(crate::state::Removal::of(hooks, &self.job.env));
             }
         }
         if let Some(v) = validated {

@@ -37,6 +37,7 @@ fn changed(old_api: &str, new_api: &str, lb: &str) -> Fixture {
                         configured: None,
                         validated: None,
                         inputs: Some(old.desired.inputs(sid, h)),
+                        removal: None,
                     };
                     (s.name.clone(), record)
                 })

@@ -35,6 +35,7 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
                             configured: None,
                             validated: None,
                             inputs: Some(old.inputs(sid, b)),
+                            removal: None,
                         },
                     )
                 })
@@ -318,6 +319,7 @@ async fn a_wait_for_a_placeholder_its_plan_drops_is_over() {
         configured: None,
         validated: None,
         inputs: Some(fx.desired.inputs(api, app3)),
+        removal: None,
     };
     truth[app3] = Observed::Running {
         services: [("api".to_string(), record)].into_iter().collect(),

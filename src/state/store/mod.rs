@@ -383,6 +383,28 @@ pub fn recorded(keys: &Keys, hs: &HostService<'_>, run: &str, at: &str) -> Vec<W
     out
 }
 
+/// A service taken off a host (a removal): its `running` and `status` keys go, in one
+/// transaction; with `gone` (the service left the site), its `desired` key too.
+pub fn removed(keys: &Keys, service: &str, host: &str, gone: bool) -> Vec<Write> {
+    let mut out = vec![
+        Write::Delete {
+            key: keys.running(service, host),
+        },
+        Write::Delete {
+            key: keys.status(service, host, Category::Configured),
+        },
+        Write::Delete {
+            key: keys.status(service, host, Category::Validated),
+        },
+    ];
+    if gone {
+        out.push(Write::Delete {
+            key: keys.desired(service),
+        });
+    }
+    out
+}
+
 /// `hosts/<host>`: a host of the inventory, and whether it answered.
 pub fn host_seen(
     keys: &Keys,

@@ -36,6 +36,7 @@ fn healthy(version: &str) -> ServiceRecord {
         configured: Some(mark(Outcome::Success, None)),
         validated: Some(mark(Outcome::Success, None)),
         inputs: Some(inputs(version)),
+        removal: None,
     }
 }
 
@@ -91,6 +92,7 @@ fn a_step_is_one_running_key_and_exactly_one_outcome_per_category() {
         configured: Some(mark(Outcome::Failure, Some("start"))),
         validated: None,
         inputs: None,
+        removal: None,
     };
     let view = view_of(&step("app1", &failed));
     let p = &view.hosts["app1"].services["api"];

@@ -53,6 +53,7 @@ impl Published {
             configured: self.configured.as_ref().map(|s| s.mark.clone()),
             validated: self.validated.as_ref().map(|s| s.mark.clone()),
             inputs,
+            removal: None,
         })
     }
 
@@ -321,6 +322,10 @@ pub fn converged(
                     return None;
                 }
                 services.insert(s.name.clone(), record);
+            }
+            // It publishes a service the site no longer runs there: read it (a removal).
+            if entry.services.keys().any(|k| !services.contains_key(k)) {
+                return None;
             }
             Some(Observed::Running { services })
         })
