@@ -5,6 +5,7 @@
 //! through the [`Operator`] and the session's [`Say`]; what happened comes back as an
 //! [`Outcome`]. The CLI is one driver of this stage.
 
+mod gone;
 mod observe;
 mod planning;
 mod prepare;
@@ -295,6 +296,8 @@ impl Prepared {
                 .hosts
                 .iter()
                 .filter(|h| !h.observed.known() && h.observed != crate::state::Observed::Unread)
+                // A host gone from the inventory, read for its removals only.
+                .filter(|h| !h.classes.is_empty())
                 .count();
             session.nothing_to_do(unreachable == 0);
             return Ok(Outcome::Unchanged { unreachable });

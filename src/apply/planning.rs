@@ -40,7 +40,10 @@ pub fn plan(request: &PlanRequest, say: &Say) -> Result<Plan, ApplyError> {
     let site = crate::site::load(&request.site)?;
     let mut selection = selection(&site, &request.only)?;
     let on = selector(&request.on)?;
-    let hosts = super::resolve_for_plan(&site, &**say)?;
+    let mut hosts = super::resolve_for_plan(&site, &**say)?;
+    if !request.offline {
+        hosts = super::gone::with_gone_hosts(&site, hosts, &**say)?;
+    }
     selection.hosts = on_hosts(on.as_ref(), &site, &hosts)?;
     let secrets = Arc::new(readable_secrets(&site, false, say)?);
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;

@@ -103,6 +103,7 @@ pub(super) fn locked(
 ) -> Result<(Locked, Found, plan::Selection), ApplyError> {
     let secrets = Secrets::load(&site)?;
     let hosts = super::resolve_for_plan(&site, &|text| session.say(text))?;
+    let hosts = super::gone::with_gone_hosts(&site, hosts, &|text| session.say(text))?;
     let desired = crate::desired::resolve(&site, &hosts, &secrets)?;
     let selection = choose(&site, &hosts)?;
     let (mut session, transport) = session.lock(&site, &hosts, &selection, &desired)?;

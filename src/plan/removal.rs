@@ -1,5 +1,5 @@
 //! Removals: a service a host records that the site no longer runs there (the service left the
-//! site, or the host left every class that runs it). Found from what the hosts record; carried
+//! site, the host left every class that runs it, or, known from the store, the inventory). Found from what the hosts record; carried
 //! out (its recorded `stop` and `remove` hooks, then its record deleted) only by `apply
 //! --prune` or a site with `prune #true`, after every other step of the run has ended.
 
@@ -32,6 +32,8 @@ pub enum Why {
     LeftSite,
     /// The host is in no class that runs it.
     LeftClass,
+    /// The host is no longer in the inventory (known from the store).
+    LeftInventory,
 }
 
 impl Why {
@@ -40,6 +42,7 @@ impl Why {
         match self {
             Why::LeftSite => "no longer in the site",
             Why::LeftClass => "no class of the host runs it",
+            Why::LeftInventory => "the host is no longer in the inventory",
         }
     }
 }
@@ -63,7 +66,10 @@ pub fn removals(
             continue;
         }
         for (name, record) in services {
+            // A host the store knows and the inventory no longer gives: in no class.
+            let gone = host.classes.is_empty();
             let why = match site.service(name) {
+                _ if gone => Why::LeftInventory,
                 None => Why::LeftSite,
                 Some(sid) => {
                     let classes = &site.services[sid].classes;
@@ -80,7 +86,7 @@ pub fn removals(
                     Why::LeftClass
                 }
             };
-            if why == Why::LeftSite && selection.services.is_some() {
+            if why != Why::LeftClass && selection.services.is_some() {
                 continue;
             }
             out.push(Removal {

@@ -195,6 +195,10 @@ pub enum EventKind {
         failed_hook: Option<String>,
         reason: Option<String>,
         log: String,
+        /// The host records no service any more (the store forgets a host gone from the
+        /// inventory then).
+        #[serde(skip)]
+        emptied: bool,
     },
     /// The plan's removals the run did not carry out, and why (no `--prune`, a step that did
     /// not pass, the run stopped).

@@ -405,11 +405,18 @@ impl Sink for Publishing {
                 host,
                 why,
                 ok: true,
+                emptied,
                 ..
             } => {
                 let gone = *why == crate::plan::RemovalWhy::LeftSite;
-                self.shared
-                    .publish(store::removed(&self.shared.keys, service, host, gone));
+                let mut writes = store::removed(&self.shared.keys, service, host, gone);
+                // A host gone from the inventory with nothing left: the store forgets it.
+                if *emptied && *why == crate::plan::RemovalWhy::LeftInventory {
+                    writes.push(store::Write::Delete {
+                        key: self.shared.keys.host(host),
+                    });
+                }
+                self.shared.publish(writes);
             }
             // A dependent reconfigured while a needed service's wave ran: the store says what
             // it was given, as its host's record does.

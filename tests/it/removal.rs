@@ -312,17 +312,7 @@ fn with_a_store_a_removed_services_keys_are_gone() {
     let fleet = Fleet::start(&[FleetHost::new("app1", "app"), FleetHost::new("app2", "app")]);
     let etcd = support::etcd::Etcd::start();
     let prefix = "/drover-removal";
-    let platform = fleet.write_platform("/var/lib/drover");
-    let text = std::fs::read_to_string(&platform).expect("platform");
-    let text = text.replacen(
-        "platform \"fleet\" {\n",
-        &format!(
-            "platform \"fleet\" {{\n    {}\n",
-            etcd.store_node(prefix, "3s")
-        ),
-        1,
-    );
-    std::fs::write(&platform, text).expect("platform");
+    store_platform(&fleet, &etcd, prefix, &[]);
     let policy = "policy \"all\" { batch \"100%\"; }\n";
     let site = fleet.write_site(&shop(true), policy);
     let site = site.to_str().unwrap().to_string();
@@ -363,4 +353,85 @@ fn with_a_store_a_removed_services_keys_are_gone() {
     let plan = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(!plan.contains("remove cache"), "{plan}");
     assert!(plan.contains("\n0 steps in 0 waves"), "{plan}");
+}
+
+/// The fleet's platform with the store, without the hosts in `hidden`.
+#[cfg(feature = "etcd")]
+fn store_platform(fleet: &Fleet, etcd: &support::etcd::Etcd, prefix: &str, hidden: &[&str]) {
+    let platform = support::hooks::write_platform_without(fleet, hidden);
+    let text = std::fs::read_to_string(&platform).expect("platform");
+    let text = text.replacen(
+        "platform \"fleet\" {\n",
+        &format!(
+            "platform \"fleet\" {{\n    {}\n",
+            etcd.store_node(prefix, "3s")
+        ),
+        1,
+    );
+    std::fs::write(&platform, text).expect("platform");
+}
+
+/// With a store: a host taken out of the inventory is known from its `hosts/` key, read, and
+/// every service it records removed (its processes stop, its record is emptied); the store
+/// then forgets it. The next plan does not name it. A host gone that does not answer (app3,
+/// killed) has no removal and does not fail the run.
+#[cfg(feature = "etcd")]
+#[test]
+fn with_a_store_a_host_gone_from_the_inventory_is_found_and_emptied() {
+    let fleet = Fleet::start(&[
+        FleetHost::new("app1", "app"),
+        FleetHost::new("app2", "app"),
+        FleetHost::new("app3", "app"),
+    ]);
+    let etcd = support::etcd::Etcd::start();
+    let prefix = "/drover-gone";
+    store_platform(&fleet, &etcd, prefix, &[]);
+    let site = fleet.write_site(&shop(true), "policy \"all\" { batch \"100%\"; }\n");
+    let site = site.to_str().unwrap().to_string();
+    let run = |args: &[&str]| {
+        support::cli::deploy_in(&fleet.dir)
+            .env(support::etcd::PASSWORD_ENV, support::etcd::PASSWORD)
+            .args(args)
+            .output()
+            .expect("run deploy")
+    };
+    support::cli::ok(run(&["apply", &site, "--yes"]));
+    let pid =
+        std::fs::read_to_string(fleet.host_root("app2").join("srv/cache/pid")).expect("cache pid");
+    let pid = pid.trim().to_string();
+    assert!(alive(&fleet, "app2", &pid));
+    fleet.kill_host("app3");
+    store_platform(&fleet, &etcd, prefix, &["app2", "app3"]);
+    let plan = String::from_utf8_lossy(&run(&["plan", &site]).stdout).to_string();
+    for service in ["api 1.0", "cache 0.9"] {
+        assert!(
+            plan.contains(&format!(
+                "remove {service} from app2 (the host is no longer in the inventory)"
+            )),
+            "{plan}"
+        );
+    }
+    let said = support::cli::ok(run(&["apply", &site, "--yes", "--prune"]));
+    assert!(
+        !alive(&fleet, "app2", &pid),
+        "cache stopped on app2: {said}"
+    );
+    let services = &state(&fleet, "app2")["services"];
+    assert_eq!(services.as_object().map(|o| o.len()), Some(0), "{services}");
+    assert!(state(&fleet, "app1")["services"]["cache"].is_object());
+    let left: Vec<String> = etcd
+        .keys(&format!("{prefix}/shop/"))
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.ends_with("/app2") || k.contains("/app2/"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "{said}");
+    let out = run(&["plan", &site]);
+    let plan = String::from_utf8_lossy(&out.stdout).to_string();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !plan.contains("app2") && !err.contains("app2"),
+        "{plan}{err}"
+    );
+    assert!(!plan.contains("from app3"), "{plan}");
 }

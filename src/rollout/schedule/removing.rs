@@ -152,6 +152,7 @@ fn not_connected(job: RemovalJob, reason: &str, sink: &dyn super::super::Sink) -
         failed_hook: Some("connect".into()),
         reason: Some(reason.to_string()),
         log: log.display().to_string(),
+        emptied: false,
     }));
     RemovalResult {
         failure: Some((

@@ -73,6 +73,7 @@ pub async fn remove<L: Link>(job: RemovalJob, link: &L, sink: &dyn Sink) -> Remo
             failed_hook: ended.as_ref().err().map(|(h, _)| h.to_string()),
             reason: ended.as_ref().err().map(|(_, r)| r.clone()),
             log: log.display().to_string(),
+            emptied: ended.is_ok() && result.record.services.is_empty(),
         }));
         match ended {
             Ok(()) => result.removed += 1,
