@@ -200,6 +200,51 @@ pub fn line(kind: &EventKind) -> Option<String> {
             "{service}: {host} FAILED to change its hosts of {needs}: {} (log: {log})",
             reason.as_deref().unwrap_or("failed")
         ),
+        EventKind::ServiceReverting {
+            service,
+            reason,
+            hosts,
+            left,
+        } => {
+            let mut text = format!(
+                "{service}: REVERTING ({reason}): switching back {}",
+                match hosts.is_empty() {
+                    true => "no host".to_string(),
+                    false => hosts.join(", "),
+                }
+            );
+            if !left.is_empty() {
+                text.push_str(&format!(
+                    "; {} installed by this run, left as {}",
+                    left.join(", "),
+                    if left.len() == 1 { "it is" } else { "they are" }
+                ));
+            }
+            text.push_str("; nothing else of the run starts");
+            text
+        }
+        EventKind::RevertStarted {
+            service,
+            host,
+            from,
+            to,
+        } => format!("{service}: {host} reverting {from} → {to}"),
+        EventKind::RevertFinished {
+            service,
+            host,
+            ok: true,
+            ..
+        } => format!("{service}: {host} reverted"),
+        EventKind::RevertFinished {
+            service,
+            host,
+            reason,
+            log,
+            ..
+        } => format!(
+            "{service}: {host} revert FAILED: {} (log: {log})",
+            reason.as_deref().unwrap_or("failed")
+        ),
         EventKind::WaveFinished {
             service,
             wave,
@@ -219,6 +264,7 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 ServiceOutcome::Halted => "HALTED",
                 ServiceOutcome::Blocked => "BLOCKED",
                 ServiceOutcome::Interrupted => "INTERRUPTED",
+                ServiceOutcome::Reverted => "REVERTED",
             };
             let why = reason
                 .as_ref()
@@ -277,6 +323,8 @@ pub fn line(kind: &EventKind) -> Option<String> {
             unreachable,
             unreadable,
             refused,
+            reverted,
+            not_reverted,
             kinds,
             ms,
         } => {
@@ -306,6 +354,12 @@ pub fn line(kind: &EventKind) -> Option<String> {
             }
             if *refused > 0 {
                 more.push_str(&format!(", {} refused", count(*refused, "host")));
+            }
+            if *reverted > 0 {
+                more.push_str(&format!(", {} reverted", count(*reverted, "host")));
+            }
+            if *not_reverted > 0 {
+                more.push_str(&format!(", {} NOT reverted", count(*not_reverted, "host")));
             }
             format!(
                 "run {word}: {done}, {failed} failed, {not_started} not started{more} \
@@ -438,6 +492,9 @@ impl Sink for Bars {
             | EventKind::StepBlocked { .. }
             | EventKind::WaitDropped { .. }
             | EventKind::RepointFinished { ok: false, .. }
+            | EventKind::ServiceReverting { .. }
+            | EventKind::RevertStarted { .. }
+            | EventKind::RevertFinished { .. }
             | EventKind::RunStarted { .. }
             | EventKind::ServicePlanned { .. }
             | EventKind::Refused { .. }

@@ -267,6 +267,11 @@ fn policy_rules(p: &PlannedPolicy) -> Vec<String> {
         ),
         OnFailure::Stop => format!("leave a failed host as it is, no new {unit} after a failure"),
         OnFailure::Continue => "roll back a failed host, carry on whatever fails".into(),
+        OnFailure::Revert => format!(
+            "roll back a failed host; after {} failed, revert every host this run switched \
+             (last first) and stop the run",
+            p.max_failed_hosts + 1
+        ),
     });
     if let (Some(q), false) = (p.wave_max_failed, p.on_failure == OnFailure::Continue) {
         rules.push(format!(
@@ -462,6 +467,10 @@ mod tests {
         assert_eq!(
             rules(&policy(0, OnFailure::Continue, Slots)),
             "2 hosts switching at once, a freed slot to the next host, roll back a failed host, carry on whatever fails"
+        );
+        assert_eq!(
+            rules(&policy(0, OnFailure::Revert, Slots)),
+            "2 hosts switching at once, a freed slot to the next host, roll back a failed host; after 1 failed, revert every host this run switched (last first) and stop the run"
         );
         // Whole waves where the policy asks for them, whatever the rule: a pause, a spread.
         let slots = policy(2, OnFailure::Rollback, Slots);

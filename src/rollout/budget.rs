@@ -25,12 +25,16 @@ pub fn service_exceeded(policy: &PlannedPolicy, failed: usize) -> Option<String>
         OnFailure::Stop if failed > 0 => Some(format!(
             "stopped after {failed} failed (on-failure \"stop\")"
         )),
-        OnFailure::Rollback | OnFailure::Stop if failed > policy.max_failed_hosts => Some(format!(
-            "{} failed, more than max-failed {} allows ({})",
-            crate::words::count(failed, "host"),
-            policy.max_failed,
-            policy.max_failed_hosts
-        )),
+        OnFailure::Rollback | OnFailure::Stop | OnFailure::Revert
+            if failed > policy.max_failed_hosts =>
+        {
+            Some(format!(
+                "{} failed, more than max-failed {} allows ({})",
+                crate::words::count(failed, "host"),
+                policy.max_failed,
+                policy.max_failed_hosts
+            ))
+        }
         _ => None,
     }
 }
@@ -87,13 +91,15 @@ pub fn flowing(policy: &PlannedPolicy) -> Option<Flowing> {
             limit: match policy.on_failure {
                 OnFailure::Continue => usize::MAX,
                 OnFailure::Stop => 0,
-                OnFailure::Rollback => policy.max_failed_hosts,
+                OnFailure::Rollback | OnFailure::Revert => policy.max_failed_hosts,
             },
         }),
         Flow::Budget => match policy.on_failure {
             OnFailure::Continue => Some(usize::MAX),
             OnFailure::Stop => None,
-            OnFailure::Rollback => Some(policy.max_failed_hosts).filter(|&n| n > 0),
+            OnFailure::Rollback | OnFailure::Revert => {
+                Some(policy.max_failed_hosts).filter(|&n| n > 0)
+            }
         }
         .map(|limit| Flowing::Budget { limit }),
     }

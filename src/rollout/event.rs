@@ -203,6 +203,35 @@ pub enum EventKind {
     /// The plan's removals the run did not carry out, and why (no `--prune`, a step that did
     /// not pass, the run stopped).
     RemovalsLeft { count: usize, reason: String },
+    /// `on-failure "revert"`: the service's failure budget is spent (or its progress deadline
+    /// passed), its running steps have ended, and the hosts this run switched are switched
+    /// back, in the order of `hosts` (last switched first); `left`: hosts it installed, which
+    /// ran nothing before and are left as they are. Nothing else of the run starts any more.
+    ServiceReverting {
+        service: String,
+        reason: String,
+        hosts: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        left: Vec<String>,
+    },
+    /// A host's revert starts: from the version it runs now back to the one it ran before.
+    RevertStarted {
+        service: String,
+        host: String,
+        from: String,
+        to: String,
+    },
+    RevertFinished {
+        service: String,
+        host: String,
+        ok: bool,
+        failed_hook: Option<String>,
+        reason: Option<String>,
+        log: String,
+        /// The service's record as the revert left it on the host (not in the NDJSON).
+        #[serde(skip)]
+        record: Option<Box<crate::state::ServiceRecord>>,
+    },
     /// The run was told to stop (`abort: false`: no new step starts, running steps finish)
     /// or to abort (`abort: true`: running steps are killed and recorded as interrupted).
     Interrupted {
@@ -231,6 +260,13 @@ pub enum EventKind {
         /// Hosts whose lock was refused as they were read during the run (absent when none).
         #[serde(skip_serializing_if = "is_zero")]
         refused: usize,
+        /// Hosts switched back by `on-failure "revert"` (absent when none).
+        #[serde(skip_serializing_if = "is_zero")]
+        reverted: usize,
+        /// Hosts it did not switch back: their revert failed, or the run was interrupted
+        /// first (absent when none).
+        #[serde(skip_serializing_if = "is_zero")]
+        not_reverted: usize,
         /// The steps that succeeded, by what they did.
         kinds: Kinds,
         ms: u64,
@@ -310,6 +346,9 @@ pub enum ServiceOutcome {
     Blocked,
     /// The run was interrupted: the service's steps not yet started never will be.
     Interrupted,
+    /// Its failure budget was spent (or its progress deadline passed) under
+    /// `on-failure "revert"`: the hosts it switched were switched back, and the run stopped.
+    Reverted,
 }
 
 /// What a dependent's reconfigure during a needed service's wave does ([`EventKind::RepointStarted`]).

@@ -106,12 +106,18 @@ pub struct Summary {
     pub removed: usize,
     /// The plan's removals this run did not carry out: how many, and why.
     pub removals_left: Option<(usize, String)>,
+    /// Hosts switched back by `on-failure "revert"`, and those whose revert failed or never
+    /// started (the run interrupted first); a failed revert is in `failures` too.
+    pub reverted: usize,
+    pub not_reverted: usize,
 }
 
 impl Summary {
     /// Everything planned was done and every host was reachable.
     pub fn converged(&self) -> bool {
         self.failed == 0
+            && self.reverted == 0
+            && self.not_reverted == 0
             && self.not_started == 0
             && self.unreachable == 0
             && self.refused.is_empty()

@@ -1,12 +1,11 @@
 //! The coordinator: decides which steps may start, launches them, and records what finished.
 
 use super::event::{Event, EventKind, ServiceOutcome};
-use super::hook::service_env;
 use super::links::Links;
 use super::step::{ServiceJob, StepResult};
 use super::{initial_record, Rollout, Summary};
 use crate::state::HostRecord;
-use crate::transport::{Target, Transport};
+use crate::transport::Transport;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,8 +20,10 @@ mod flowing;
 mod planned;
 mod removing;
 mod repointing;
+mod reverting;
 mod rounds;
 mod starting;
+use starting::{job_of, target};
 mod stopping;
 
 /// Per service: where its rollout stands.
@@ -63,6 +64,10 @@ struct Svc {
     /// Why it was stopped as failed: its progress deadline passed. Nothing of it starts any
     /// more, its running steps are aborted, and it ends `failed` once none runs.
     missed: Option<String>,
+    /// Under `on-failure "revert"`: the hosts its steps switched in this run.
+    switched: Vec<reverting::Switched>,
+    /// Its revert, once begun.
+    reverting: Option<reverting::Reverting>,
 }
 
 /// A wave opened and not over.
@@ -141,11 +146,14 @@ pub struct Scheduler<T: Transport> {
     repoints: draining::Repoints,
     /// What the run's removals came to ([`removing`]).
     removals: removing::Removals,
+    /// Services switched back under `on-failure "revert"`.
+    reverts: reverting::Reverts,
 }
 
 /// What woke the coordinator.
 enum Woke {
     Repointed(Result<(tokio::task::Id, (draining::Repoint, StepResult)), tokio::task::JoinError>),
+    Reverted(Result<(tokio::task::Id, reverting::Reverted), tokio::task::JoinError>),
     Ended(Option<Result<(tokio::task::Id, Ended), tokio::task::JoinError>>),
     Planned(Option<super::Planned>),
     Other,
@@ -220,6 +228,8 @@ impl<T: Transport> Scheduler<T> {
                     finished: None,
                     progressed: None,
                     missed: None,
+                    switched: Vec::new(),
+                    reverting: None,
                 }
             })
             .collect();
@@ -228,6 +238,7 @@ impl<T: Transport> Scheduler<T> {
         let early = crate::plan::may_start_early(&r.site, &plan);
         let closure = crate::plan::RuntimeClosure::new(&r.site);
         let dependents = draining::dependents(&r.site, &plan);
+        let reverts = reverting::Reverts::new(&plan, &host_index);
         let mut scheduler = Scheduler {
             r,
             links,
@@ -253,6 +264,7 @@ impl<T: Transport> Scheduler<T> {
             dependents,
             repoints: draining::Repoints::default(),
             removals: removing::Removals::default(),
+            reverts,
         };
         scheduler.dropped = scheduler.dropped_by_plan();
         for h in 0..scheduler.hosts.len() {
@@ -313,7 +325,12 @@ impl<T: Transport> Scheduler<T> {
             let wake = self.advance();
             // Services still to be planned are waited for, unless every service is over.
             let waiting = self.updates.is_some() && self.svcs.iter().any(|s| s.finished.is_none());
-            if self.tasks.is_empty() && self.repoints.idle() && wake.is_none() && !waiting {
+            if self.tasks.is_empty()
+                && self.repoints.idle()
+                && self.reverts.idle()
+                && wake.is_none()
+                && !waiting
+            {
                 break;
             }
             let timer = async {
@@ -325,10 +342,14 @@ impl<T: Transport> Scheduler<T> {
             let tasks = &mut self.tasks;
             let updates = &mut self.updates;
             let repoints = &mut self.repoints.tasks;
+            let reverts = &mut self.reverts.tasks;
             let woke = tokio::select! {
                 done = tasks.join_next_with_id(), if !tasks.is_empty() => Woke::Ended(done),
                 Some(done) = repoints.join_next_with_id(), if !repoints.is_empty() => {
                     Woke::Repointed(done)
+                }
+                Some(done) = reverts.join_next_with_id(), if !reverts.is_empty() => {
+                    Woke::Reverted(done)
                 }
                 update = next_update(updates), if updates.is_some() => Woke::Planned(update),
                 _ = timer => Woke::Other,
@@ -344,6 +365,10 @@ impl<T: Transport> Scheduler<T> {
                     self.repointed(done);
                     None
                 }
+                Woke::Reverted(done) => {
+                    self.revert_ended(done);
+                    None
+                }
                 Woke::Other => None,
             };
             if let Some(done) = done {
@@ -357,6 +382,7 @@ impl<T: Transport> Scheduler<T> {
         }
         // Nothing runs and nothing can start: a service still not over waits for steps that
         // can never run (a saved plan whose steps wait for each other). It ends, said so.
+        self.wind_down_reverts();
         self.leave_unfinished(
             ServiceOutcome::Blocked,
             "its steps wait for steps that can never run",
@@ -371,6 +397,8 @@ impl<T: Transport> Scheduler<T> {
     fn advance(&mut self) -> Option<TokioInstant> {
         loop {
             let wake = self.advance_steps();
+            // What steps under `on-failure "revert"` kept, let go of once their service ended.
+            self.start_let_go();
             // The dependents' reconfigures queued meanwhile (their host may be free now); a
             // wave they no longer hold may start.
             if !self.start_repoints() {
@@ -398,6 +426,10 @@ impl<T: Transport> Scheduler<T> {
                     let reason = format!("{host} could not be locked: {why}");
                     self.leave_unfinished(ServiceOutcome::Halted, &reason);
                     return None;
+                }
+                // A service is being reverted: nothing more starts but its reverts.
+                if self.reverts.stop.is_some() {
+                    return self.stopped_for_revert();
                 }
                 if self.svcs[s].finished.is_some() {
                     continue;
@@ -428,6 +460,10 @@ impl<T: Transport> Scheduler<T> {
                 }
                 changed |= self.launch(s);
             }
+        }
+        // A revert began in this pass (its service's deadline passed): it starts now.
+        if self.reverts.stop.is_some() {
+            return self.stopped_for_revert();
         }
         wake
     }
@@ -481,6 +517,15 @@ impl<T: Transport> Scheduler<T> {
     fn open_wave(&mut self, s: usize) -> bool {
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
+        let svc = &self.svcs[s];
+        // `on-failure "revert"`: its budget spent, the hosts it switched are switched back
+        // (its last wave too).
+        if sp.policy.on_failure == crate::site::OnFailure::Revert {
+            if let Some(reason) = super::budget::service_exceeded(&sp.policy, svc.failed) {
+                self.revert(s, reason);
+                return true;
+            }
+        }
         let svc = &self.svcs[s];
         if svc.next_wave >= sp.waves.len() {
             let outcome = if svc.failed > 0 {
@@ -650,34 +695,4 @@ async fn next_update(
     updates: &mut Option<tokio::sync::mpsc::UnboundedReceiver<super::Planned>>,
 ) -> Option<super::Planned> {
     updates.as_mut()?.recv().await
-}
-
-/// What every step of service `s` shares: its hooks, policy, env.
-fn job_of<T: Transport>(
-    r: &Rollout<T>,
-    plan: &crate::plan::Plan,
-    s: &crate::plan::ServicePlan,
-    state_dir: &str,
-    cancel: super::Cancel,
-) -> Arc<ServiceJob> {
-    let model = r.site.service(&s.name).map(|id| &r.site.services[id]);
-    Arc::new(ServiceJob {
-        name: s.name.clone(),
-        hooks: model.map(|m| m.hooks.clone()).unwrap_or_default(),
-        on_failure: s.policy.on_failure,
-        env: service_env(&r.site, plan, s),
-        state_dir: state_dir.into(),
-        keep_generations: r.site.platform.keep_generations,
-        run: r.run_id.clone(),
-        secrets: r.secrets.clone(),
-        cancel,
-        guard: r.guard.as_deref().map(Arc::from),
-    })
-}
-
-fn target(plan: &crate::plan::Plan, h: usize) -> Target {
-    Target {
-        name: plan.hosts[h].name.to_string(),
-        address: plan.hosts[h].address.to_string(),
-    }
 }

@@ -20,6 +20,7 @@ mod ideal;
 mod planning;
 mod pool;
 mod reading;
+mod reverting;
 mod rounds;
 mod stopping;
 mod unread;

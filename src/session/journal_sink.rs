@@ -186,6 +186,31 @@ impl JournalSink {
             EventKind::ServicePlanned { service, steps, .. } => {
                 Entry::ServicePlanned { service, steps }
             }
+            EventKind::RevertStarted {
+                service,
+                host,
+                from,
+                to,
+            } => Entry::RevertIntent {
+                service,
+                host,
+                from,
+                to,
+            },
+            EventKind::RevertFinished {
+                service,
+                host,
+                ok,
+                failed_hook,
+                reason,
+                ..
+            } => Entry::RevertResult {
+                service,
+                host,
+                ok,
+                failed_hook,
+                reason,
+            },
             _ => return None,
         })
     }
@@ -325,6 +350,8 @@ mod tests {
             unreachable: 0,
             unreadable: 0,
             refused: 0,
+            reverted: 0,
+            not_reverted: 0,
             kinds: Default::default(),
             ms: 1,
         }));
@@ -415,5 +442,71 @@ mod tests {
         assert_eq!(cancel.level(), Level::Stop);
         assert!(sink.error().unwrap().contains("cannot be written"));
         assert!(cancel.reason().contains("cannot be written"));
+    }
+}
+
+#[cfg(test)]
+mod revert_tests {
+    use super::*;
+    use crate::state::journal::*;
+
+    struct Nothing;
+    impl Sink for Nothing {
+        fn emit(&self, _: Event) {}
+    }
+
+    /// A revert is journaled as a step is: a host whose revert started and did not end is in
+    /// flight (a run carried on stops what it left running there), one that ended is not.
+    #[test]
+    fn a_revert_without_its_result_is_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join(".drover");
+        let sink = JournalSink::new(
+            Journal::create(&root.join("runs").join("r1")).unwrap(),
+            Arc::new(Nothing),
+            Cancel::new(),
+            RunContext {
+                site_file: "site.kdl".into(),
+                site_digest: "s".repeat(64),
+                plan_digest: "p".repeat(64),
+                holder: Holder::me("shop", "r1"),
+                resumes: None,
+            },
+        );
+        for host in ["a1", "a2"] {
+            sink.emit(Event::now(EventKind::RevertStarted {
+                service: "api".into(),
+                host: host.into(),
+                from: "2.0".into(),
+                to: "1.0".into(),
+            }));
+        }
+        sink.emit(Event::now(EventKind::HookStarted {
+            service: "api".into(),
+            host: "a2".into(),
+            hook: "start".into(),
+        }));
+        sink.emit(Event::now(EventKind::RevertFinished {
+            service: "api".into(),
+            host: "a1".into(),
+            ok: true,
+            failed_hook: None,
+            reason: None,
+            log: String::new(),
+            record: None,
+        }));
+        let text = std::fs::read_to_string(sink.path()).unwrap();
+        assert!(text.contains("\"entry\":\"revert-intent\""), "{text}");
+        let rec = read("r1", "j", &text);
+        assert_eq!(
+            rec.in_flight,
+            [InFlight {
+                service: "api".into(),
+                host: "a2".into(),
+                from: Some("2.0".into()),
+                to: "1.0".into(),
+                hook: Some("start".into()),
+            }]
+        );
     }
 }

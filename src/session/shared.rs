@@ -418,6 +418,39 @@ impl Sink for Publishing {
                 }
                 self.shared.publish(writes);
             }
+            // A revert's intent, as a step's: a run that dies during it leaves the host busy.
+            EventKind::RevertStarted {
+                service, host, to, ..
+            } => {
+                let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let intent = store::busy(&self.shared.keys, host, service, to, &run, &now());
+                self.shared.publish_acknowledged(vec![intent]);
+            }
+            // A host switched back: the store says what it runs now, as its record does.
+            EventKind::RevertFinished {
+                service,
+                host,
+                record,
+                ..
+            } => {
+                let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let mut writes = match record {
+                    Some(record) => {
+                        let host_address = self.addresses.get(host).cloned().unwrap_or_default();
+                        let port = self.ports.get(service).copied().flatten();
+                        let hs = store::HostService {
+                            service,
+                            host,
+                            address: address(&host_address, port),
+                            record,
+                        };
+                        store::recorded(&self.shared.keys, &hs, &run, &now())
+                    }
+                    None => Vec::new(),
+                };
+                writes.push(store::not_busy(&self.shared.keys, host));
+                self.shared.publish(writes);
+            }
             // A dependent reconfigured while a needed service's wave ran: the store says what
             // it was given, as its host's record does.
             EventKind::RepointFinished {

@@ -225,10 +225,11 @@ pub enum Flow {
 }
 
 impl OnFailure {
-    pub const ALL: [(&'static str, OnFailure); 3] = [
+    pub const ALL: [(&'static str, OnFailure); 4] = [
         ("rollback", OnFailure::Rollback),
         ("stop", OnFailure::Stop),
         ("continue", OnFailure::Continue),
+        ("revert", OnFailure::Revert),
     ];
 }
 
@@ -306,6 +307,10 @@ pub enum OnFailure {
     /// Run `rollback` on the failed host and keep starting waves whatever fails;
     /// `max-failed` is only reported.
     Continue,
+    /// As `Rollback`, and once `max-failed` is spent every host of the service this run
+    /// switched is switched back to what it ran before (last switched first, `batch` at a
+    /// time); then the run stops.
+    Revert,
 }
 
 /// Where the hosts are and how to reach them.

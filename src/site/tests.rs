@@ -256,3 +256,23 @@ service "api" {
     let err = load(&path).expect_err("drain is a boolean");
     assert!(format!("{err:?}").contains("drain"), "{err:?}");
 }
+
+#[test]
+fn on_failure_revert_is_a_choice_and_a_misspelt_one_is_refused_with_the_choices() {
+    let site = |policy: &str| {
+        (
+            format!("{HEAD}class \"app\" {{ service \"a\" }}\nclass \"db\" {{ service \"a\" }}\nservice \"a\" {{ policy \"p.kdl\" }}\n"),
+            format!("policy \"p\" {{ on-failure \"{policy}\" }}\n"),
+        )
+    };
+    let (text, policy) = site("revert");
+    let (_dir, path) = tree(&[("site.kdl", &text), ("p.kdl", &policy)]);
+    let loaded = load(&path).unwrap_or_else(|e| panic!("{:#?}", e.errors));
+    assert_eq!(service(&loaded, "a").policy.on_failure, OnFailure::Revert);
+    let (text, policy) = site("revrt");
+    let (_dir, path) = tree(&[("site.kdl", &text), ("p.kdl", &policy)]);
+    let err = load(&path).expect_err("a misspelt on-failure");
+    let said = format!("{:?}", err.errors);
+    assert!(said.contains("`revrt` is not a choice"), "{said}");
+    assert!(said.contains("revert"), "the choice is named: {said}");
+}

@@ -16,7 +16,8 @@
 //!
 //! Entries (`entry`): `run-started` (the plan's and the site's digests, who ran it, the run it
 //! resumes), `step-intent`, `hook-started`, `hook-finished`, `step-result`, `step-blocked`,
-//! `service-finished`, `interrupted`, `run-finished`. Every line also has `time`.
+//! `revert-intent`, `revert-result` (`on-failure "revert"`), `service-finished`, `interrupted`,
+//! `run-finished`. Every line also has `time`.
 
 use super::lock::{create_dirs, file_name, sync_dir, Holder};
 use serde::{Deserialize, Serialize};
@@ -88,6 +89,21 @@ pub enum Entry {
         service: String,
         host: String,
         reason: String,
+    },
+    /// `on-failure "revert"`: a host is switched back from `from` to `to`. Until its result,
+    /// it is in flight as a step is (a run carried on stops what it left running there).
+    RevertIntent {
+        service: String,
+        host: String,
+        from: String,
+        to: String,
+    },
+    RevertResult {
+        service: String,
+        host: String,
+        ok: bool,
+        failed_hook: Option<String>,
+        reason: Option<String>,
     },
     /// A service planned during the run, once its hosts were read: its steps join the run's.
     ServicePlanned { service: String, steps: usize },
@@ -516,6 +532,26 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
                 } else {
                     rec.failed += 1;
                 }
+            }
+            Entry::RevertIntent {
+                service,
+                host,
+                from,
+                to,
+            } => {
+                order += 1;
+                let key = (service.clone(), host.clone());
+                let step = InFlight {
+                    service,
+                    host,
+                    from: Some(from),
+                    to,
+                    hook: None,
+                };
+                open.insert(key, (order, step));
+            }
+            Entry::RevertResult { service, host, .. } => {
+                open.remove(&(service, host));
             }
             Entry::StepBlocked { .. } => rec.blocked += 1,
             Entry::ServicePlanned { steps, .. } => rec.steps += steps,

@@ -35,6 +35,7 @@ mod progress_deadline;
 mod recovery;
 mod removal;
 mod repair;
+mod revert;
 mod safety;
 mod selectors;
 mod stable;

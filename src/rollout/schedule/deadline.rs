@@ -5,11 +5,13 @@
 //! with no step of it running (a pause, a confirmation, a wait for another service) does not
 //! count, and its check's `stable=` window is added to the deadline (a step holds its check
 //! that long without starting or ending). Only the service's own hooks are killed: the run's
-//! other services' steps on those hosts go on.
+//! other services' steps on those hosts go on. Under `on-failure "revert"`, the hosts it
+//! switched are then switched back (`reverting.rs`).
 
 use super::super::cancel::Level;
 use super::super::event::ServiceOutcome;
 use super::Scheduler;
+use crate::site::OnFailure;
 use crate::transport::Transport;
 use tokio::time::Instant as TokioInstant;
 
@@ -20,9 +22,14 @@ impl<T: Transport> Scheduler<T> {
     pub(super) fn deadline(&mut self, s: usize) -> Option<TokioInstant> {
         let svc = &self.svcs[s];
         if let Some(reason) = &svc.missed {
-            if svc.running == 0 {
+            if svc.running == 0 && svc.reverting.is_none() {
                 let reason = reason.clone();
-                self.leave(s, ServiceOutcome::Failed, &reason);
+                // Under `on-failure "revert"`, the hosts it switched are switched back.
+                if self.r.plan.services[s].policy.on_failure == OnFailure::Revert {
+                    self.revert(s, reason);
+                } else {
+                    self.leave(s, ServiceOutcome::Failed, &reason);
+                }
             }
             return None;
         }

@@ -102,6 +102,7 @@ impl<T: Transport> Scheduler<T> {
         reason: Option<String>,
     ) {
         self.list_left(s);
+        self.let_go_kept(s);
         let svc = &mut self.svcs[s];
         svc.finished = Some(outcome);
         let (succeeded, failed, not_started) = (svc.succeeded, svc.failed, svc.not_started);
@@ -191,6 +192,9 @@ impl<T: Transport> Scheduler<T> {
         sum.not_started += self.removals.not_started;
         sum.failures.extend(self.removals.failures.iter().cloned());
         sum.removals_left = self.removals.left.clone();
+        sum.failures.extend(self.reverts.failures.iter().cloned());
+        sum.reverted = self.reverts.reverted;
+        sum.not_reverted = self.reverts.not_reverted;
         sum.failures.sort();
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.emit(EventKind::RunFinished {
@@ -202,6 +206,8 @@ impl<T: Transport> Scheduler<T> {
             unreachable: sum.unreachable,
             unreadable: sum.unreadable,
             refused: sum.refused.len(),
+            reverted: sum.reverted,
+            not_reverted: sum.not_reverted,
             kinds: sum.kinds,
             ms,
         });

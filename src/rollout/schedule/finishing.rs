@@ -107,6 +107,11 @@ impl<T: Transport> Scheduler<T> {
         }
         let host = &mut self.hosts[h];
         host.busy = false;
+        // What the service ran there before (a host read only at this step: not known).
+        let before = match host.read {
+            true => host.record.services.get(&sp.name).cloned(),
+            false => None,
+        };
         // An unread step's host was read in the command before its hooks (whatever they
         // did); not when its lock was refused, it could not be read, nor when the task
         // panicked (perhaps before the read, and the record it hands back is the one from
@@ -118,7 +123,9 @@ impl<T: Transport> Scheduler<T> {
             host.read = true;
             self.rounds_due = true;
         }
-        host.record = result.record;
+        host.record = result.record.clone();
+        self.note_switched((s, w, i, h), &result, before);
+        let host = &mut self.hosts[h];
         let svc = &mut self.svcs[s];
         svc.running -= 1;
         svc.progressed = Some(tokio::time::Instant::now());

@@ -227,6 +227,7 @@ impl<T: Transport> Scheduler<T> {
             record: record.clone(),
             log,
             release: None,
+            revert: false,
         }))
     }
 

@@ -3,9 +3,9 @@
 
 use super::super::event::{Event, EventKind};
 use super::super::hook::step_env;
-use super::super::step::{self, StepJob, StepResult};
+use super::super::step::{self, ServiceJob, StepJob, StepResult};
 use super::super::unread::{self, Unread};
-use super::{stopping, target, Scheduler};
+use super::{stopping, Scheduler};
 use crate::plan::StepKind;
 use crate::transport::Transport;
 use std::sync::Arc;
@@ -58,10 +58,14 @@ impl<T: Transport> Scheduler<T> {
                 .join(format!("{}.log", sp.name)),
             reasons: st.reasons.clone(),
             restarts: st.restarts.clone(),
+            // Not under `on-failure "revert"`: a revert may still come to the host once its
+            // steps are over; its lock is given back after the rollout.
             release: (self.hosts[h].steps_left == 1
-                && self.r.held_to_end.as_deref() != Some(&*host.name))
+                && self.r.held_to_end.as_deref() != Some(&*host.name)
+                && !self.reverts.hosts.contains(&h))
             .then(|| self.r.release.as_deref().map(Arc::from))
             .flatten(),
+            revert: false,
         };
         let unread = (st.kind == StepKind::Unread).then(|| Unread {
             site: self.r.site.clone(),
@@ -194,5 +198,35 @@ pub(super) fn planned_host(
         address: h.address.clone(),
         classes: h.classes.iter().filter_map(|c| site.class(c)).collect(),
         tags: h.tags.clone(),
+    }
+}
+
+/// What every step of service `s` shares: its hooks, policy, env.
+pub(super) fn job_of<T: Transport>(
+    r: &super::super::Rollout<T>,
+    plan: &crate::plan::Plan,
+    s: &crate::plan::ServicePlan,
+    state_dir: &str,
+    cancel: super::super::Cancel,
+) -> Arc<ServiceJob> {
+    let model = r.site.service(&s.name).map(|id| &r.site.services[id]);
+    Arc::new(ServiceJob {
+        name: s.name.clone(),
+        hooks: model.map(|m| m.hooks.clone()).unwrap_or_default(),
+        on_failure: s.policy.on_failure,
+        env: super::super::hook::service_env(&r.site, plan, s),
+        state_dir: state_dir.into(),
+        keep_generations: r.site.platform.keep_generations,
+        run: r.run_id.clone(),
+        secrets: r.secrets.clone(),
+        cancel,
+        guard: r.guard.as_deref().map(Arc::from),
+    })
+}
+
+pub(super) fn target(plan: &crate::plan::Plan, h: usize) -> crate::transport::Target {
+    crate::transport::Target {
+        name: plan.hosts[h].name.to_string(),
+        address: plan.hosts[h].address.to_string(),
     }
 }

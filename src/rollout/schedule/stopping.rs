@@ -31,6 +31,7 @@ impl<T: Transport> Scheduler<T> {
     /// ends as usual; one with steps left (or never started) ends `interrupted`, those steps
     /// not started.
     pub(super) fn wind_down(&mut self) {
+        self.wind_down_reverts();
         self.leave_unfinished(ServiceOutcome::Interrupted, "the run was interrupted");
     }
 
@@ -39,7 +40,8 @@ impl<T: Transport> Scheduler<T> {
     pub(super) fn leave_unfinished(&mut self, outcome: ServiceOutcome, reason: &str) {
         for s in 0..self.svcs.len() {
             let svc = &self.svcs[s];
-            if svc.finished.is_some() || svc.running > 0 {
+            // Being reverted: it ends once its reverts have (`reverting.rs`).
+            if svc.finished.is_some() || svc.running > 0 || svc.reverting.is_some() {
                 continue;
             }
             // Stopped at its progress deadline before: failed, for that reason.

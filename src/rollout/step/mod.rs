@@ -66,6 +66,9 @@ pub struct StepJob {
     /// A reconfigure by switch-over of a service with `reload`: the changed inputs that need
     /// a restart ([`crate::plan::Step::restarts`]).
     pub restarts: Vec<String>,
+    /// A revert (`on-failure "revert"`): the files go back to those its step of this run
+    /// replaced (kept on the host until now) instead of being delivered; `files` is unused.
+    pub revert: bool,
 }
 
 /// How it went; `record` is the host's record as now written.
@@ -141,7 +144,9 @@ pub async fn run<L: Link>(job: StepJob, link: &L, sink: &dyn Sink) -> StepResult
     };
     match step.switch().await {
         Ok(()) => {
-            if step.lets_go {
+            // Under `on-failure "revert"` what the placement replaced is kept until the
+            // service's rollout is over: a revert puts it back.
+            if step.lets_go && step.job.service.on_failure != OnFailure::Revert {
                 step.let_go().await;
             }
             StepResult {
@@ -223,12 +228,12 @@ impl<L: Link> Running<'_, L> {
         // (A record's marks are stamped when its command is sent: the last stage starts a
         // chain of its own so that they are not stamped before the stages ahead of it ran.)
         let last = stages.len().checked_sub(1);
-        let no_files = matches!(&self.job.files, Ok(files) if files.is_empty());
+        let no_files = !self.job.revert && matches!(&self.job.files, Ok(files) if files.is_empty());
         let mut chain: Vec<HookCall> = Vec::new();
         for (i, (name, hook)) in stages.iter().enumerate() {
             if files_at == Some(i) && !no_files {
                 self.hooks(std::mem::take(&mut chain)).await?;
-                self.deliver().await?;
+                self.files().await?;
             }
             if Some(i) == last {
                 self.hooks(std::mem::take(&mut chain)).await?;
@@ -243,7 +248,7 @@ impl<L: Link> Running<'_, L> {
         }
         if files_at.is_none() {
             self.hooks(std::mem::take(&mut chain)).await?;
-            self.deliver().await?;
+            self.files().await?;
         }
         if stages.is_empty() {
             self.write(self.marked(Some(Outcome::Success), None, None), false)

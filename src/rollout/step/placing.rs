@@ -1,5 +1,6 @@
-//! A step's files: delivering them before its hooks, putting the previous ones back when it
-//! fails, and letting go of them once it passed.
+//! A step's files: delivering them before its hooks (a revert: putting back those its step of
+//! this run replaced), putting the previous ones back when it fails, and letting go of them
+//! once it passed.
 
 use super::{exit_reason, log_line, Failure, Running};
 use crate::rollout::event::{Event, EventKind};
@@ -49,6 +50,54 @@ impl<L: Link> Running<'_, L> {
                 &self.job.log,
                 &format!("== let go of the previous files: {why}"),
             );
+        }
+    }
+
+    /// The step's files: delivered, or for a revert put back ([`Running::put_back`]).
+    pub(super) async fn files(&mut self) -> Result<(), Failure> {
+        if self.job.revert {
+            self.put_back().await
+        } else {
+            self.deliver().await
+        }
+    }
+
+    /// A revert's files: what this run's step of the service replaced, kept on the host since
+    /// (`on-failure "revert"` lets go of it only once the service's rollout is over), put back
+    /// as a failed step's are. Logged and reported as a stage named `files`.
+    async fn put_back(&mut self) -> Result<(), Failure> {
+        let svc = self.job.service.clone();
+        if let Some(aborted) = crate::rollout::interrupt::interrupted(&svc, "files", false) {
+            return Err(aborted);
+        }
+        self.sink.emit(Event::now(EventKind::HookStarted {
+            service: svc.name.clone(),
+            host: self.job.host.clone(),
+            hook: "files".into(),
+        }));
+        let started = Instant::now();
+        let script = self.guarded(crate::state::restore_script(&svc.state_dir, &svc.name));
+        let failed = match self.link.run(&script).await {
+            Ok(out) if out.success() => None,
+            Ok(out) => Some(exit_reason("files", &out)),
+            Err(e) => Some(e.to_string()),
+        };
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let said = failed
+            .as_deref()
+            .unwrap_or("the files it ran with before are back");
+        log_line(&self.job.log, &format!("== files: {said} after {ms} ms"));
+        self.sink.emit(Event::now(EventKind::HookFinished {
+            service: svc.name.clone(),
+            host: self.job.host.clone(),
+            hook: "files".into(),
+            ok: failed.is_none(),
+            code: Some(if failed.is_none() { 0 } else { 1 }),
+            ms,
+        }));
+        match failed {
+            None => Ok(()),
+            Some(why) => Err(("files", why)),
         }
     }
 
