@@ -45,40 +45,69 @@ pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostI
 }
 
 /// Per host: whether `deploy apply` may leave it unread until its first step (level 2 of
-/// "connecting each host once", over `--max-connections`). A host may be when every service
-/// of its classes needs no other service, no service needs it, and its policy has no canary
-/// and no `wave-max-failed`: then no part of the plan but that service's step on that host is
-/// made from the host's state (see [`planned_from`]), that step can be decided once the host
-/// is read ([`super::decide`]), and no wave's meaning depends on which of its hosts change.
+/// "connecting each host once", over `--max-connections`). A host may be when every service of
+/// its classes may be: its policy has no canary and no `wave-max-failed` (a wave padded with
+/// hosts found converged at their step would hold no real change in its canary, and would
+/// judge its failures against hosts that had nothing to do), and every dependency it is part
+/// of, either way, is a runtime need of every host (`needs "X"`, `healthy` all, no
+/// `addressable`, no `drain`), whose other end may be left unread too when it is the one that
+/// needs. Then:
+/// - the service's own steps start only once every service it needs has ended (every host of
+///   those healthy): none of them waits for a step of another service on another host
+///   (`Step::waits`), and none needs a host of its own to be read to be planned but the one
+///   it runs on, so each is decided once its host is read ([`super::decide`]);
+/// - no service is handed its addresses in a way that drains or repoints (its dependents'
+///   reconfigures are decided from their own records, at waves of this service), and the
+///   services that need it start once it has ended, so that none of their plans waits on
+///   what its hosts run;
+/// - every service that needs it may be left unread as well, so that no plan made before the
+///   run is made from a host that is not read ([`planned_from`]).
 pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
-    // A canary, or a wave's own failure budget, is about the hosts that change: a wave padded
-    // with hosts found converged at their step would hold no real change in its canary, and
-    // would judge its failures against hosts that had nothing to do. Such services are read
-    // before the run.
-    let mut alone: Vec<bool> = site
+    let runtime_of_all = |need: &crate::site::Need| {
+        need.healthy == Some(crate::site::Quota::All) && need.addressable.is_none() && !need.drain
+    };
+    let mut may: Vec<bool> = site
         .services
         .iter()
-        .map(|s| s.policy.canary == 0 && s.policy.wave_max_failed.is_none())
+        .map(|s| {
+            s.policy.canary == 0
+                && s.policy.wave_max_failed.is_none()
+                && s.needs.iter().all(runtime_of_all)
+        })
         .collect();
     for service in &site.services {
         for need in &service.needs {
-            alone[need.service] = false;
+            if !runtime_of_all(need) {
+                may[need.service] = false;
+            }
         }
     }
-    for (sid, service) in site.services.iter().enumerate() {
-        if !service.needs.is_empty() {
-            alone[sid] = false;
+    // A service read before the run is planned from the hosts of the services it needs: they
+    // are read before the run too, and so on down (the services that need one left unread are
+    // left as they are: a service's plan is not made from its dependents' hosts).
+    loop {
+        let mut changed = false;
+        for (sid, service) in site.services.iter().enumerate() {
+            for need in &service.needs {
+                if may[need.service] && !may[sid] {
+                    may[need.service] = false;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
         }
     }
-    let class_alone: Vec<bool> = site
+    let class_may: Vec<bool> = site
         .classes
         .iter()
-        .map(|c| c.services.iter().all(|&s| alone[s]))
+        .map(|c| c.services.iter().all(|&s| may[s]))
         .collect();
     hosts
         .hosts
         .iter()
-        .map(|h| !h.classes.is_empty() && h.classes.iter().all(|&c| class_alone[c]))
+        .map(|h| !h.classes.is_empty() && h.classes.iter().all(|&c| class_may[c]))
         .collect()
 }
 
@@ -219,7 +248,12 @@ mod tests {
              host \"w1\" address=\"10.0.0.2\" class=\"web\"\n\
              host \"d1\" address=\"10.0.0.3\" class=\"db\"\n\
              host \"c1\" address=\"10.0.0.4\" class=\"probe\"\n\
-             host \"m1\" address=\"10.0.0.5\" class=\"meter\"\n} }",
+             host \"m1\" address=\"10.0.0.5\" class=\"meter\"\n\
+             host \"l1\" address=\"10.0.0.6\" class=\"lb\"\n\
+             host \"a1\" address=\"10.0.0.7\" class=\"app\"\n\
+             host \"k1\" address=\"10.0.0.8\" class=\"cache\"\n\
+             host \"q1\" address=\"10.0.0.9\" class=\"queue\"\n\
+             host \"g1\" address=\"10.0.0.10\" class=\"gate\"\n} }",
         );
         w("canary.kdl", "policy \"canary\" { canary 1 }\n");
         w("wave.kdl", "policy \"wave\" { wave-max-failed 1 }\n");
@@ -235,7 +269,17 @@ mod tests {
              service \"front\" { port 80; start \"run\"; needs \"db\" }\n\
              service \"db\" { port 82; start \"run\" }\n\
              service \"probe\" { start \"run\"; policy \"canary.kdl\" }\n\
-             service \"meter\" { start \"run\"; policy \"wave.kdl\" }\n",
+             service \"meter\" { start \"run\"; policy \"wave.kdl\" }\n\
+             class \"lb\" { service \"lb\" }\n\
+             class \"app\" { service \"app\" }\n\
+             class \"cache\" { service \"cache\" }\n\
+             class \"queue\" { service \"queue\" }\n\
+             class \"gate\" { service \"gate\" }\n\
+             service \"lb\" { start \"run\"; needs \"app\" addressable=\"all\" }\n\
+             service \"app\" { port 81; start \"run\"; needs \"cache\" healthy=\"50%\" }\n\
+             service \"cache\" { start \"run\" }\n\
+             service \"queue\" { start \"run\" }\n\
+             service \"gate\" { start \"run\"; needs \"queue\"; policy \"canary.kdl\" }\n",
         );
         let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
         let hosts = crate::inventory::resolve(&site).expect("hosts");
@@ -246,11 +290,19 @@ mod tests {
             .map(|(h, d)| (h.name.to_string(), d))
             .collect();
         let want = |name: &str| deferred.iter().find(|(n, _)| n == name).map(|(_, d)| *d);
-        // `agent` alone: yes. `w1` also runs `front`, which needs `db`: no. `db` is
-        // needed: no.
+        // `agent` alone: yes. `w1` also runs `front`, which needs every `db` host at runtime:
+        // yes, and `db` too.
         assert_eq!(want("e1"), Some(true));
-        assert_eq!(want("w1"), Some(false));
-        assert_eq!(want("d1"), Some(false));
+        assert_eq!(want("w1"), Some(true));
+        assert_eq!(want("d1"), Some(true));
+        // A need for addresses (lb), or of some hosts only (app on cache): neither end.
+        assert_eq!(want("l1"), Some(false));
+        assert_eq!(want("a1"), Some(false));
+        assert_eq!(want("k1"), Some(false));
+        // A runtime need of every host, by a service read before the run (its canary): the
+        // service needed is read too, since the other's plan is made from its hosts.
+        assert_eq!(want("g1"), Some(false));
+        assert_eq!(want("q1"), Some(false));
         // Alone, but with a canary, or a wave's own failure budget: no.
         assert_eq!(want("c1"), Some(false));
         assert_eq!(want("m1"), Some(false));

@@ -29,7 +29,7 @@ pub struct Locked {
     /// Hosts were left unread for the run to read as it goes, planning each service once its
     /// hosts are read ([`Locked::plan_as_read`]), rather than at their steps.
     pub(super) plans_as_read: bool,
-    /// When streaming: the hosts whose services stand alone (`plan::deferrable`).
+    /// When streaming: the hosts that may be left unread (`plan::deferrable`).
     pub(super) alone: HashSet<String>,
     /// Per host: what the store says it runs, for hosts not read (`None`: read it); taken by
     /// [`Locked::observe`].
@@ -145,10 +145,12 @@ impl Locked {
     }
 
     /// Before a run that left hosts unread: gives the lock back on the hosts read before it
-    /// that have no step and whose services stand alone (no other service's plan was made
-    /// from their state), over the links kept from their lock (otherwise the rollout closes
-    /// those links for its own, and giving the lock back at the end connects again). Their
-    /// services need nothing and are needed by nothing: no other step depends on their state.
+    /// that have no step and that may be left unread, over the links kept from their lock
+    /// (otherwise the rollout closes those links for its own, and giving the lock back at the
+    /// end connects again), as an unread step that finds nothing to do gives its host's back
+    /// at once. No plan is made from their state but their own services' (a service that
+    /// needs one of them starts once it has ended, which these hosts already have); another
+    /// run of the site is kept out by the first host by name, held to the end.
     pub fn release_unstepped(&self, plan: &Plan) {
         if self.unread == 0 {
             return;

@@ -255,12 +255,12 @@ impl HostsLock<'_> {
         // the lock keep none under a cap of one.
         let keep = if hosts.hosts.len() > max_connections && !self.carrying_on {
             let reading: HashSet<&str> = targets.iter().map(|t| t.name.as_str()).collect();
-            crate::plan::first_hosts(site, hosts, self.selection)
+            let order: Vec<String> = crate::plan::first_hosts(site, hosts, self.selection)
                 .into_iter()
                 .map(|h| hosts.hosts[h].name.to_string())
                 .filter(|name| reading.contains(name.as_str()))
-                .take(max_connections)
-                .collect()
+                .collect();
+            super::unread::stepped_first(&order, self.anchor.clone(), max_connections)
         } else {
             Vec::new()
         };

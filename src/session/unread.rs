@@ -1,7 +1,8 @@
 //! Which hosts `deploy apply --yes` leaves unread before the run ([`super::Session::lock`]):
 //! under `--max-connections`, all but the first host by name and the hosts the first service
 //! is planned from, read as the run goes ([`super::Locked::plan_as_read`]); over it, the hosts
-//! of services that stand alone, but the cap's worth stepped first, read at their step.
+//! [`crate::plan::deferrable`] says may be, but the cap's worth stepped first, read at their
+//! step.
 
 use crate::inventory::{HostId, Hosts};
 use crate::site::Site;
@@ -15,7 +16,7 @@ pub(super) struct Unread {
     pub count: usize,
     /// They are read as the run goes, each service planned once its hosts are.
     pub plans_as_read: bool,
-    /// Over the cap: the hosts whose services stand alone (`plan::deferrable`).
+    /// Over the cap: the hosts that may be left unread (`plan::deferrable`).
     pub alone: HashSet<String>,
 }
 
@@ -73,7 +74,9 @@ pub(super) fn leave_unread(
     // Over the cap: the hosts that may be are left unread until their first step, but the
     // cap's worth stepped first (read now, their links kept for their steps).
     let selected = crate::plan::first_hosts(site, hosts, selection);
-    let mut first: HashSet<HostId> = selected.iter().copied().take(max_connections).collect();
+    let mut first: HashSet<HostId> = stepped_first(&selected, Some(first_host), max_connections)
+        .into_iter()
+        .collect();
     first.insert(first_host);
     // Hosts selected for no service are not stepped: read as always.
     let selected: HashSet<HostId> = selected.into_iter().collect();
@@ -91,4 +94,40 @@ pub(super) fn leave_unread(
     }
     left.count = unread;
     anchor
+}
+
+/// The hosts read before the run over the cap whose links are kept for their steps: the cap's
+/// worth of `order` (the hosts in the order of their first step), less one when the first host
+/// by name (`anchor`) is not among them, since the run holds that one's link to its end too
+/// ([`crate::transport::Kept::hold`], from a cap of 4): kept beside the cap's worth, it went
+/// over the cap, and closed to make room, it was connected again at its step.
+pub(super) fn stepped_first<T: PartialEq + Clone>(
+    order: &[T],
+    anchor: Option<T>,
+    max_connections: usize,
+) -> Vec<T> {
+    let mut first: Vec<T> = order.iter().take(max_connections).cloned().collect();
+    if anchor.is_some_and(|a| max_connections >= 4 && !first.contains(&a)) {
+        first.truncate(max_connections - 1);
+    }
+    first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stepped_first;
+
+    #[test]
+    fn the_first_host_by_name_takes_one_of_the_kept_links_when_it_is_stepped_later() {
+        let order = [5, 6, 7, 8, 9, 1];
+        // Among the first four: the cap's worth.
+        assert_eq!(stepped_first(&order, Some(6), 4), [5, 6, 7, 8]);
+        // Stepped later: one less, so that its held link and those kept fit under the cap.
+        assert_eq!(stepped_first(&order, Some(1), 4), [5, 6, 7]);
+        // No first host held (under a cap of 4, or none left unread): the cap's worth.
+        assert_eq!(stepped_first(&order, Some(1), 3), [5, 6, 7]);
+        assert_eq!(stepped_first(&order, None, 4), [5, 6, 7, 8]);
+        // Fewer hosts than the cap.
+        assert_eq!(stepped_first(&order[..2], Some(1), 4), [5, 6]);
+    }
 }

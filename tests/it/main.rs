@@ -28,6 +28,7 @@ mod init;
 mod inventory;
 mod kill_points;
 mod login_shell;
+mod one_connection;
 mod plan;
 mod plan_as_read;
 mod plan_diff;
