@@ -1,6 +1,6 @@
 //! Consumers of rollout events: plain timestamped lines, NDJSON, or progress bars on a terminal.
 
-use crate::rollout::{Event, EventKind, ServiceOutcome, Sink};
+use crate::rollout::{Event, EventKind, ServiceOutcome, Sink, Skips};
 use crate::words::count;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::collections::HashMap;
@@ -319,14 +319,15 @@ pub fn line(kind: &EventKind) -> Option<String> {
             succeeded,
             failed,
             not_started,
-            skipped,
             unreachable,
             unreadable,
             refused,
             reverted,
             not_reverted,
             kinds,
+            skips,
             ms,
+            ..
         } => {
             let word = if *converged {
                 "converged"
@@ -338,19 +339,10 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 Some(kinds) => format!("{succeeded} ok ({kinds})"),
                 None => format!("{succeeded} ok"),
             };
-            if *skipped > 0 {
-                more.push_str(&format!(", {skipped} found converged"));
-            }
-            // A host whose state file cannot be read answered: it is said apart.
-            let answering = unreachable.saturating_sub(*unreadable);
-            if answering > 0 {
-                more.push_str(&format!(", {} unreachable", count(answering, "host")));
-            }
-            if *unreadable > 0 {
-                more.push_str(&format!(
-                    ", {} with an unreadable state file",
-                    count(*unreadable, "host")
-                ));
+            // `skipped` (hosts found converged at their step) is in `skips`, with every other
+            // host left alone.
+            if let Some(text) = skipped_text(skips, *unreachable, *unreadable) {
+                more.push_str(&format!(", {text}"));
             }
             if *refused > 0 {
                 more.push_str(&format!(", {} refused", count(*refused, "host")));
@@ -370,7 +362,42 @@ pub fn line(kind: &EventKind) -> Option<String> {
     })
 }
 
-/// A step decided during the run: `api: app3 reconfigure 2.0 (env: MODE), decided as read`.
+/// The hosts the run left alone, for its closing line: `4 skipped (1 converged, 2 on 1
+/// unreachable host, 1 not selected)`, each of a service's hosts once per service, with the
+/// hosts that did not answer (`unreachable`, of which `unreadable` answered but their state
+/// file could not be read) counted as hosts too; `None` when none.
+fn skipped_text(skips: &Skips, unreachable: usize, unreadable: usize) -> Option<String> {
+    let mut parts = Vec::new();
+    if skips.converged > 0 {
+        parts.push(format!("{} converged", skips.converged));
+    }
+    // A host whose state file cannot be read answered: it is said apart.
+    let answering = unreachable.saturating_sub(unreadable);
+    match (skips.unreachable, answering) {
+        (0, 0) => {}
+        (n, 0) => parts.push(format!("{n} unreachable")),
+        (0, hosts) => parts.push(format!("{} unreachable", count(hosts, "host"))),
+        (n, 1) => parts.push(format!("{n} on 1 unreachable host")),
+        (n, hosts) => parts.push(format!("{n} on {hosts} unreachable hosts")),
+    }
+    match (skips.unreadable, unreadable) {
+        (0, 0) => {}
+        (n, 0) => parts.push(format!("{n} with an unreadable state file")),
+        (0, hosts) => parts.push(format!(
+            "{} with an unreadable state file",
+            count(hosts, "host")
+        )),
+        (n, hosts) => parts.push(format!(
+            "{n} on {} with an unreadable state file",
+            count(hosts, "host")
+        )),
+    }
+    if skips.not_selected > 0 {
+        parts.push(format!("{} not selected", skips.not_selected));
+    }
+    (!parts.is_empty()).then(|| format!("{} skipped ({})", skips.total(), parts.join(", ")))
+}
+
 /// A step decided during the run, as its `step-started` event says it.
 struct Decided<'a> {
     from: Option<&'a str>,
@@ -519,5 +546,98 @@ impl Sink for Bars {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::Kinds;
+
+    fn finished(unreachable: usize, unreadable: usize, skips: Skips) -> EventKind {
+        let kinds = Kinds {
+            reconfigured: 2,
+            skipped: skips.total(),
+            ..Kinds::default()
+        };
+        EventKind::RunFinished {
+            converged: unreachable == 0,
+            succeeded: 2,
+            failed: 0,
+            not_started: 0,
+            skipped: 1,
+            unreachable,
+            unreadable,
+            refused: 0,
+            reverted: 0,
+            not_reverted: 0,
+            kinds,
+            skips,
+            ms: 1500,
+        }
+    }
+
+    #[test]
+    fn the_closing_line_counts_every_host_left_alone_by_why() {
+        let none = finished(0, 0, Skips::default());
+        assert_eq!(
+            line(&none).as_deref(),
+            Some("run converged: 2 ok (2 reconfigured), 0 failed, 0 not started in 1.5s")
+        );
+        let converged = finished(
+            0,
+            0,
+            Skips {
+                converged: 3,
+                not_selected: 1,
+                ..Skips::default()
+            },
+        );
+        assert_eq!(
+            line(&converged).as_deref(),
+            Some(
+                "run converged: 2 ok (2 reconfigured), 0 failed, 0 not started, \
+                 4 skipped (3 converged, 1 not selected) in 1.5s"
+            )
+        );
+        // A host that does not answer, running two services, and one whose state file cannot
+        // be read: their services counted, and the hosts.
+        let away = finished(
+            2,
+            1,
+            Skips {
+                converged: 1,
+                unreachable: 2,
+                unreadable: 1,
+                not_selected: 0,
+            },
+        );
+        assert_eq!(
+            line(&away).as_deref(),
+            Some(
+                "run NOT converged: 2 ok (2 reconfigured), 0 failed, 0 not started, \
+                 4 skipped (1 converged, 2 on 1 unreachable host, 1 on 1 host with an \
+                 unreadable state file) in 1.5s"
+            )
+        );
+    }
+
+    #[test]
+    fn run_finished_counts_the_hosts_left_alone_among_its_kinds() {
+        let event = finished(
+            0,
+            0,
+            Skips {
+                converged: 3,
+                ..Skips::default()
+            },
+        );
+        let json = serde_json::to_value(&event).expect("json");
+        assert_eq!(json["kinds"]["skipped"], 3);
+        assert_eq!(json["kinds"]["reconfigured"], 2);
+        assert_eq!(json["skips"]["converged"], 3);
+        assert_eq!(json["skips"]["not_selected"], 0);
+        // Its fields as before: `skipped` those found converged at their step.
+        assert_eq!(json["skipped"], 1);
     }
 }

@@ -267,8 +267,11 @@ pub enum EventKind {
         /// first (absent when none).
         #[serde(skip_serializing_if = "is_zero")]
         not_reverted: usize,
-        /// The steps that succeeded, by what they did.
+        /// The steps that succeeded, by what they did, and the hosts left alone
+        /// ([`Kinds::skipped`]).
         kinds: Kinds,
+        /// The hosts left alone ([`Kinds::skipped`]), by why.
+        skips: Skips,
         ms: u64,
     },
 }
@@ -282,7 +285,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 /// Steps that succeeded, counted by what they did (an unread step by what it was decided to
-/// be once its host was read).
+/// be once its host was read), and the hosts the run left alone.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Kinds {
     pub installed: usize,
@@ -290,6 +293,11 @@ pub struct Kinds {
     pub retried: usize,
     pub reconfigured: usize,
     pub repaired: usize,
+    /// A service's hosts the run left alone, each once per service, however it was found
+    /// ([`Skips::total`]): skipped in the plan (before the run, or as it was made during the
+    /// run) or at an unread step once its host was read. Not steps that succeeded: not in
+    /// `succeeded`, nor in [`Kinds::text`].
+    pub skipped: usize,
 }
 
 impl Kinds {
@@ -313,6 +321,7 @@ impl Kinds {
         self.retried += other.retried;
         self.reconfigured += other.reconfigured;
         self.repaired += other.repaired;
+        self.skipped += other.skipped;
     }
 
     /// `2 installed, 1 reconfigured` (kinds with none left out), or `None` when none.
@@ -329,6 +338,36 @@ impl Kinds {
         .map(|(n, word)| format!("{n} {word}"))
         .collect();
         (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+/// A service's hosts the run left alone, each once per service, by why: found converged (in
+/// the plan, or once read at an unread step), not answering, answering with a state file that
+/// cannot be read, or left out by `--on` (the plan's `skipped`, with what the run found).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Skips {
+    pub converged: usize,
+    pub unreachable: usize,
+    pub unreadable: usize,
+    pub not_selected: usize,
+}
+
+impl Skips {
+    /// Every host left alone: [`Kinds::skipped`].
+    pub fn total(&self) -> usize {
+        self.converged + self.unreachable + self.unreadable + self.not_selected
+    }
+
+    /// Counts one host of a service left alone for `reason` (`unreadable`: it answered, but
+    /// its state file could not be read).
+    pub fn add(&mut self, reason: crate::plan::SkipReason, unreadable: bool) {
+        use crate::plan::SkipReason;
+        match reason {
+            SkipReason::AtVersion => self.converged += 1,
+            SkipReason::NotSelected => self.not_selected += 1,
+            SkipReason::Unreachable if unreadable => self.unreadable += 1,
+            SkipReason::Unreachable => self.unreachable += 1,
+        }
     }
 }
 

@@ -26,7 +26,7 @@ mod tests;
 pub use budget::{flowing, Flowing};
 pub use cancel::{Cancel, Level};
 pub use diff::file_diffs;
-pub use event::{Event, EventKind, Gate, Kinds, Phase, ServiceOutcome, Sink, EVENT_SCHEMA};
+pub use event::{Event, EventKind, Gate, Kinds, Phase, ServiceOutcome, Sink, Skips, EVENT_SCHEMA};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
 pub use planning::{Planned, Planning};
@@ -100,8 +100,10 @@ pub struct Summary {
     pub released: Vec<String>,
     /// `(host, why)`: hosts whose lock was refused as they were read during the run.
     pub refused: Vec<(String, String)>,
-    /// The steps that succeeded, by what they did.
+    /// The steps that succeeded, by what they did, and the hosts left alone.
     pub kinds: Kinds,
+    /// The hosts left alone ([`Kinds::skipped`]), by why.
+    pub skips: Skips,
     /// Services taken off hosts (the plan's removals, with `--prune`).
     pub removed: usize,
     /// The plan's removals this run did not carry out: how many, and why.

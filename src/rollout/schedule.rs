@@ -55,6 +55,8 @@ struct Svc {
     skipped: usize,
     /// Unread steps whose host could not be read.
     unreachable: usize,
+    /// Of those, steps whose host answered but whose state file could not be read.
+    unreadable: usize,
     /// Its steps that succeeded, by what they did.
     kinds: super::event::Kinds,
     finished: Option<ServiceOutcome>,
@@ -224,6 +226,7 @@ impl<T: Transport> Scheduler<T> {
                     not_started: 0,
                     skipped: 0,
                     unreachable: 0,
+                    unreadable: 0,
                     kinds: Default::default(),
                     finished: None,
                     progressed: None,

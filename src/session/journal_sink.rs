@@ -353,6 +353,7 @@ mod tests {
             reverted: 0,
             not_reverted: 0,
             kinds: Default::default(),
+            skips: Default::default(),
             ms: 1,
         }));
         let text = std::fs::read_to_string(sink.path()).unwrap();

@@ -94,6 +94,13 @@ fn apply(fleet: &Fleet, site: &Path, json: bool) -> (Option<i32>, String, String
     support::cli::outcome(&mut cmd)
 }
 
+/// `deploy apply SITE --yes --on SELECTOR`: exit code, stdout, stderr.
+fn apply_on(fleet: &Fleet, site: &Path, on: &str) -> (Option<i32>, String, String) {
+    let mut cmd = support::cli::deploy_in(&fleet.dir);
+    cmd.args(["apply", site.to_str().expect("utf-8"), "--yes", "--on", on]);
+    support::cli::outcome(&mut cmd)
+}
+
 /// The position of the first event of `kind` about `service` (or `host`).
 fn first(events: &[Value], kind: &str, key: &str, value: &str) -> Option<usize> {
     events
@@ -224,11 +231,21 @@ fn steps_decided_as_hosts_are_read_are_said_with_what_they_do_and_why() {
 
     // Every service's env changes: db's steps are in the plan shown (its hosts read before
     // the run), api's and web's are decided as their hosts are read, each said as it starts.
+    // d2 and a2 took the change already (a run `--on` them): left alone, d2 in the plan shown
+    // (read before the run), a2 once read; the closing line counts both as skipped.
     let site_2 = site_with(&fleet, "1.0", "    env \"MODE\" \"b\"\n");
+    let (code, stdout, stderr) = apply_on(&fleet, &site_2, "host:d2,host:a2");
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let ran_before = ["d2", "a2"].map(|host| hooks(&fleet, host));
     let (code, stdout, stderr) = apply(&fleet, &site_2, false);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(
+        ["d2", "a2"].map(|host| hooks(&fleet, host)),
+        ran_before,
+        "d2 and a2 left alone"
+    );
     assert!(
-        stdout.contains("2 steps in 2 waves planned now, 0 skipped."),
+        stdout.contains("1 step in 1 wave planned now, 1 skipped."),
         "{stdout}"
     );
     assert!(
@@ -255,7 +272,7 @@ fn steps_decided_as_hosts_are_read_are_said_with_what_they_do_and_why() {
         )
     );
     // What ran on the hosts: the whole switch-over at 1.0 (no `reload`), each once.
-    for host in ["d1", "a1", "a2", "w1"] {
+    for host in ["d1", "d2", "a1", "a2", "w1"] {
         let lines = hooks(&fleet, host);
         let tail: Vec<&str> = lines[lines.len() - 3..]
             .iter()
@@ -270,8 +287,11 @@ fn steps_decided_as_hosts_are_read_are_said_with_what_they_do_and_why() {
     }
 
     // The same as events: each step-started says its kind and reasons, `decided` where it was
-    // not in the plan shown; the closing event counts the steps by kind.
+    // not in the plan shown; the closing event counts the steps by kind, and the hosts left
+    // alone (d2 and a2 again), by why.
     let site_3 = site_with(&fleet, "1.0", "    env \"MODE\" \"c\"\n");
+    let (code, stdout, stderr) = apply_on(&fleet, &site_3, "host:d2,host:a2");
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let (code, stdout, stderr) = apply(&fleet, &site_3, true);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let ev = support::cli::events(&stdout);
@@ -287,13 +307,14 @@ fn steps_decided_as_hosts_are_read_are_said_with_what_they_do_and_why() {
         })
         .collect();
     started.sort_by_key(|e| (e["service"].to_string(), e["host"].to_string()));
-    let finished = ev
-        .iter()
-        .find(|e| e["event"] == "run-finished")
-        .map(|e| e["kinds"].clone());
+    let finished = ev.iter().find(|e| e["event"] == "run-finished");
     insta::assert_json_snapshot!(
         "decided-events",
-        serde_json::json!({ "started": started, "kinds": finished })
+        serde_json::json!({
+            "started": started,
+            "kinds": finished.map(|e| e["kinds"].clone()),
+            "skips": finished.map(|e| e["skips"].clone()),
+        })
     );
 }
 

@@ -135,6 +135,20 @@ impl<T: Transport> Scheduler<T> {
             sum.not_started += svc.not_started;
             sum.skipped += svc.skipped;
             sum.kinds.add_all(&svc.kinds);
+            // Hosts left alone: those its plan skipped (made before the run, or during it once
+            // its hosts were read), then its unread steps that ended without a hook.
+            for k in &plan.services[s].skipped {
+                let unreadable = self.host_index.get(&k.host).is_some_and(|&h| {
+                    matches!(
+                        plan.hosts[h].observed,
+                        crate::state::Observed::Unreadable { .. }
+                    )
+                });
+                sum.skips.add(k.reason, unreadable);
+            }
+            sum.skips.converged += svc.skipped;
+            sum.skips.unreadable += svc.unreadable;
+            sum.skips.unreachable += svc.unreachable.saturating_sub(svc.unreadable);
             if svc.finished.is_none() {
                 // Its steps not counted yet (each step is counted once, whatever ended it).
                 sum.not_started += plan.services[s].steps().saturating_sub(
@@ -196,6 +210,7 @@ impl<T: Transport> Scheduler<T> {
         sum.reverted = self.reverts.reverted;
         sum.not_reverted = self.reverts.not_reverted;
         sum.failures.sort();
+        sum.kinds.skipped = sum.skips.total();
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.emit(EventKind::RunFinished {
             converged: sum.converged(),
@@ -209,6 +224,7 @@ impl<T: Transport> Scheduler<T> {
             reverted: sum.reverted,
             not_reverted: sum.not_reverted,
             kinds: sum.kinds,
+            skips: sum.skips,
             ms,
         });
         sum

@@ -140,6 +140,7 @@ impl<T: Transport> Scheduler<T> {
                 host.broken.insert(s);
                 self.unreachable_hosts.insert(h);
                 if why.is_some_and(|w| w.starts_with(crate::plan::STATE_UNREADABLE)) {
+                    svc.unreadable += 1;
                     self.unreadable_hosts.insert(h);
                 }
             }

@@ -132,6 +132,17 @@ async fn an_unread_step_is_decided_by_what_its_host_runs_once_read() {
     let ran = fx.run(Rules::default(), 64, true).await;
     assert!(ran.summary.converged(), "{:?}", ran.summary);
     assert_eq!(ran.summary.skipped, 2, "{:?}", ran.summary);
+    // The closing counts: the hosts found converged once read are skipped ones.
+    assert_eq!(
+        (ran.summary.kinds.skipped, ran.summary.skips),
+        (
+            2,
+            crate::rollout::Skips {
+                converged: 2,
+                ..Default::default()
+            }
+        )
+    );
     assert_eq!(ran.counts(), (4, 0, 0));
     // Nothing ran where the host already ran 1.0.
     assert_eq!(ran.touched("api"), ["app1", "app2", "app4", "app5"]);
@@ -234,6 +245,15 @@ async fn a_host_that_cannot_be_read_at_its_step_is_left_alone_as_unreachable() {
     // Not converged, but no failure: the budget (max-failed 0) lets the rest go on.
     assert!(!ran.summary.converged());
     assert_eq!(ran.summary.unreachable, 1, "{:?}", ran.summary);
+    assert_eq!(
+        ran.summary.skips,
+        crate::rollout::Skips {
+            converged: 2,
+            unreachable: 1,
+            ..Default::default()
+        },
+        "app3 and app6 found converged, app4 not answering"
+    );
     assert_eq!(ran.counts(), (3, 0, 0), "app1, app2 and app5 switched");
     assert!(ran.hooks_on("api", "app4").is_empty());
     assert_eq!(ran.touched("api"), ["app1", "app2", "app5"]);
@@ -304,6 +324,11 @@ async fn a_host_that_did_not_answer_at_one_step_is_left_alone_at_the_next() {
             ("api", "app1", SkipReason::Unreachable),
             ("worker", "app1", SkipReason::Unreachable)
         ]
+    );
+    // Both services of the host counted as left alone, the host once as unreachable.
+    assert_eq!(
+        (ran.summary.skips.unreachable, ran.summary.unreachable),
+        (2, 1)
     );
 }
 
