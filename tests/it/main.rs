@@ -37,6 +37,7 @@ mod recovery;
 mod removal;
 mod repair;
 mod revert;
+mod rounds;
 mod safety;
 mod selectors;
 mod stable;
