@@ -8,10 +8,10 @@
 //! the same under the site's keys in etcd ([`shared`]), so that another checkout sees them.
 
 pub mod blobs;
-mod journal;
 pub mod shared;
 pub mod show;
 pub mod snapshot;
+mod tally;
 pub mod undo;
 
 pub use blobs::{Blobs, Digest};
@@ -70,6 +70,9 @@ pub enum RunResult {
     Converged,
     /// Some hosts failed or did not answer.
     Failed,
+    /// A service's failure budget was spent under `on-failure "revert"`: the hosts the run
+    /// had switched were switched back.
+    Reverted,
     /// Stopped by a signal.
     Interrupted,
     /// The site's lock in etcd was lost.
@@ -80,6 +83,11 @@ pub enum RunResult {
 
 impl RunResult {
     pub fn of(outcome: &Outcome) -> RunResult {
+        if let Outcome::Ran { summary, .. } = outcome {
+            if summary.reverted + summary.not_reverted > 0 {
+                return RunResult::Reverted;
+            }
+        }
         match outcome.verdict() {
             crate::apply::Verdict::Converged => RunResult::Converged,
             crate::apply::Verdict::Failed => RunResult::Failed,
@@ -93,6 +101,7 @@ impl RunResult {
         match self {
             RunResult::Converged => "converged",
             RunResult::Failed => "failed",
+            RunResult::Reverted => "reverted",
             RunResult::Interrupted => "interrupted",
             RunResult::LockLost => "lock lost",
             RunResult::JournalFailed => "journal failed",
@@ -113,7 +122,8 @@ impl std::fmt::Display for Who {
     }
 }
 
-/// What one run did to one service, from its journal.
+/// What one run did to one service, from its events. (The fields after `failed` came later:
+/// an entry written without them reads as none.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
     pub service: String,
@@ -123,8 +133,34 @@ pub struct Change {
     pub from: Vec<Option<String>>,
     /// The versions it went to, each once, sorted (one but for a run planned in parts).
     pub to: Vec<String>,
-    /// Of those steps, the ones that failed.
+    /// Of those steps (and removals), the ones that failed.
     pub failed: usize,
+    /// What the steps did: how many hosts each kind of step was begun on, in the order the
+    /// run first began each kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<Kinded>,
+    /// Why its reconfigures and repairs (as the plan says them: `env: MODE`), each once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// Hosts it was taken off (`--prune`), and the versions they ran.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub removed: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_versions: Vec<String>,
+    /// Hosts switched back by `on-failure "revert"`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reverted: usize,
+}
+
+/// How many hosts a kind of step was begun on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kinded {
+    pub kind: crate::plan::StepKind,
+    pub hosts: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One run that changed hosts, as `deploy history` lists it.
@@ -346,25 +382,18 @@ pub fn apply<O: Operator + 'static>(
         None => Snapshot::take(&site, &history.blobs())?,
     };
     let started = now();
-    let outcome = prepared.run(sink, operator);
+    let tally = Arc::new(tally::Tally::new(sink));
+    let outcome = prepared.run(tally.clone(), operator);
     if let Some(entry) = undone_to {
         // Put back for this run only; the next undo puts it back again.
         let _ = std::fs::remove_dir_all(history.work(&entry.run));
     }
     let outcome = outcome?;
     let holder = crate::state::lock::Holder::me(&site.name, run.as_str());
-    let journal = Path::new(CONTROLLER_DIR)
-        .join("runs")
-        .join(run.as_str())
-        .join(crate::state::journal::JOURNAL_FILE);
-    // A step's intent is in the journal before its first command: a run without one changed
+    // A step is said before its first command, a removal too: a run with neither changed
     // nothing (one stopped before its first step, or that found nothing to do).
-    let changes = journal::changes(&journal);
-    let ran = match &outcome {
-        Outcome::Ran { summary, unchanged } => !unchanged && summary.succeeded + summary.failed > 0,
-        _ => false,
-    };
-    if changes.is_empty() && !ran {
+    let changes = tally.changes();
+    if changes.is_empty() {
         return Ok(outcome);
     }
     let entry = Entry {

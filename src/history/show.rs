@@ -36,25 +36,83 @@ pub fn text(site: &str, entries: &[Entry]) -> String {
     out
 }
 
-/// `api: 1.0 → 2.0 on 3 hosts (1 failed)`.
+/// `api: 1.0 → 2.0 on 3 hosts: 2 upgrades, 1 install (1 failed)`, with the reasons of its
+/// reconfigures (`1 reconfigure: env: MODE`), the hosts switched back (`3 reverted`), and what
+/// it removed (`api: 1.0 removed from 2 hosts`).
 fn change(c: &Change) -> String {
-    let from: Vec<&str> = c
-        .from
-        .iter()
-        .map(|f| f.as_deref().unwrap_or("fresh"))
-        .collect();
-    let hosts = if c.hosts == 1 { "host" } else { "hosts" };
-    let failed = match c.failed {
-        0 => String::new(),
-        n => format!(" ({n} failed)"),
+    use super::Kinded;
+    use crate::plan::StepKind;
+    use crate::words::count;
+    let mut said = Vec::new();
+    if c.hosts > 0 {
+        let from: Vec<&str> = c
+            .from
+            .iter()
+            .map(|f| f.as_deref().unwrap_or("fresh"))
+            .collect();
+        let mut line = format!(
+            "{} → {} on {}",
+            from.join(", "),
+            c.to.join(", "),
+            count(c.hosts, "host")
+        );
+        // What the steps did, unless the versions say it: one kind, installs or upgrades.
+        let plain = matches!(
+            c.kinds.as_slice(),
+            [] | [Kinded {
+                kind: StepKind::Install | StepKind::Upgrade,
+                ..
+            }]
+        );
+        if !plain {
+            let kinds: Vec<String> = c
+                .kinds
+                .iter()
+                .map(|k| kind_count(k.hosts, k.kind))
+                .collect();
+            line.push_str(&format!(": {}", kinds.join(", ")));
+            if !c.reasons.is_empty() {
+                line.push_str(&format!(" ({})", c.reasons.join(", ")));
+            }
+        }
+        said.push(line);
+    }
+    if c.removed > 0 {
+        let versions = match c.removed_versions.as_slice() {
+            [] => String::new(),
+            v => format!("{} ", v.join(", ")),
+        };
+        said.push(format!(
+            "{versions}removed from {}",
+            count(c.removed, "host")
+        ));
+    }
+    let mut notes = Vec::new();
+    if c.failed > 0 {
+        notes.push(format!("{} failed", c.failed));
+    }
+    if c.reverted > 0 {
+        notes.push(format!("{} reverted", c.reverted));
+    }
+    let notes = match notes.is_empty() {
+        true => String::new(),
+        false => format!(" ({})", notes.join(", ")),
     };
-    format!(
-        "{}: {} → {} on {} {hosts}{failed}",
-        c.service,
-        from.join(", "),
-        c.to.join(", "),
-        c.hosts
-    )
+    format!("{}: {}{notes}", c.service, said.join("; "))
+}
+
+/// `n` steps of `kind` in words: "2 upgrades", "1 retry".
+fn kind_count(n: usize, kind: crate::plan::StepKind) -> String {
+    use crate::plan::StepKind;
+    let (one, many) = match kind {
+        StepKind::Install => ("install", "installs"),
+        StepKind::Upgrade => ("upgrade", "upgrades"),
+        StepKind::Retry => ("retry", "retries"),
+        StepKind::Reconfigure => ("reconfigure", "reconfigures"),
+        StepKind::Repair => ("repair", "repairs"),
+        StepKind::Unread => ("step decided at its start", "steps decided at their start"),
+    };
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 #[derive(Serialize)]

@@ -194,23 +194,143 @@ fn runs_are_in_the_order_they_started_not_in_id_order() {
     );
 }
 
+/// A sink that keeps nothing.
+struct Nowhere;
+
+impl crate::rollout::Sink for Nowhere {
+    fn emit(&self, _: crate::rollout::Event) {}
+}
+
 #[test]
-fn what_a_run_changed_is_read_from_its_journal() {
-    let text = r#"{"time":"t","entry":"step-intent","service":"api","host":"app1","from":"1.0","to":"2.0"}
-{"time":"t","entry":"step-intent","service":"api","host":"app2","from":null,"to":"2.0"}
-{"time":"t","entry":"step-result","service":"api","host":"app1","ok":true,"failed_hook":null,"rolled_back":false,"reason":null}
-{"time":"t","entry":"step-result","service":"api","host":"app2","ok":false,"failed_hook":"check","rolled_back":true,"reason":"x"}
-not json
-"#;
-    let changes = journal::from_text(text);
+fn what_a_run_changed_is_tallied_from_its_events() {
+    use crate::plan::{Path as HookPath, RemovalWhy, StepKind};
+    use crate::rollout::{Event, EventKind, Sink};
+    let tally = tally::Tally::new(std::sync::Arc::new(Nowhere));
+    let started = |host: &str, from: Option<&str>, kind: StepKind, reasons: &[&str]| {
+        Event::now(EventKind::StepStarted {
+            service: "api".into(),
+            host: host.into(),
+            from: from.map(String::from),
+            to: if kind == StepKind::Reconfigure {
+                "1.0"
+            } else {
+                "2.0"
+            }
+            .into(),
+            kind,
+            reasons: reasons.iter().map(|r| r.to_string()).collect(),
+            path: HookPath::SwitchOver,
+            restarts: Vec::new(),
+            decided: false,
+        })
+    };
+    let finished = |service: &str, host: &str, ok: bool| {
+        Event::now(EventKind::StepFinished {
+            service: service.into(),
+            host: host.into(),
+            ok,
+            failed_hook: (!ok).then(|| "check".into()),
+            rolled_back: !ok,
+            reason: None,
+            log: String::new(),
+            record: None,
+        })
+    };
+    // A step's end for a service with no step begun counts nothing.
+    tally.emit(finished("web", "w1", false));
+    tally.emit(started("app1", Some("1.0"), StepKind::Upgrade, &[]));
+    tally.emit(started("app2", None, StepKind::Install, &[]));
+    tally.emit(started(
+        "app3",
+        Some("1.0"),
+        StepKind::Reconfigure,
+        &["env: MODE"],
+    ));
+    tally.emit(finished("api", "app1", true));
+    tally.emit(finished("api", "app2", false));
+    tally.emit(Event::now(EventKind::RevertFinished {
+        service: "api".into(),
+        host: "app1".into(),
+        ok: true,
+        failed_hook: None,
+        reason: None,
+        log: String::new(),
+        record: None,
+    }));
+    // A service taken off a host, and one whose removal failed.
+    for (host, ok) in [("app4", true), ("app5", false)] {
+        tally.emit(Event::now(EventKind::RemovalStarted {
+            service: "cache".into(),
+            host: host.into(),
+            version: "0.9".into(),
+            why: RemovalWhy::LeftSite,
+        }));
+        tally.emit(Event::now(EventKind::RemovalFinished {
+            service: "cache".into(),
+            host: host.into(),
+            why: RemovalWhy::LeftSite,
+            ok,
+            failed_hook: None,
+            reason: None,
+            log: String::new(),
+            emptied: false,
+        }));
+    }
+    let changes = tally.changes();
+    let kinded = |kind, hosts| Kinded { kind, hosts };
     assert_eq!(
         changes,
-        vec![Change {
-            service: "api".into(),
-            hosts: 2,
-            from: vec![None, Some("1.0".into())],
-            to: vec!["2.0".into()],
-            failed: 1,
-        }]
+        vec![
+            Change {
+                service: "api".into(),
+                hosts: 3,
+                from: vec![None, Some("1.0".into())],
+                to: vec!["1.0".into(), "2.0".into()],
+                failed: 1,
+                kinds: vec![
+                    kinded(StepKind::Upgrade, 1),
+                    kinded(StepKind::Install, 1),
+                    kinded(StepKind::Reconfigure, 1)
+                ],
+                reasons: vec!["env: MODE".into()],
+                removed: 0,
+                removed_versions: vec![],
+                reverted: 1,
+            },
+            Change {
+                service: "cache".into(),
+                hosts: 0,
+                from: vec![],
+                to: vec![],
+                failed: 1,
+                kinds: vec![],
+                reasons: vec![],
+                removed: 1,
+                removed_versions: vec!["0.9".into()],
+                reverted: 0,
+            }
+        ]
     );
+    let entry = Entry {
+        changes,
+        ..entry("r1", RunResult::Reverted, None)
+    };
+    let text = show::text("shop", &[entry]);
+    assert!(
+        text.contains("api: fresh, 1.0 → 1.0, 2.0 on 3 hosts: 1 upgrade, 1 install, 1 reconfigure (env: MODE) (1 failed, 1 reverted)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cache: 0.9 removed from 1 host (1 failed)"),
+        "{text}"
+    );
+    assert!(text.contains("reverted"), "{text}");
+}
+
+#[test]
+fn an_entry_written_before_kinds_removals_and_reverts_were_kept_still_reads() {
+    let old = r#"{"service":"api","hosts":2,"from":["1.0"],"to":["2.0"],"failed":0}"#;
+    let change: Change = serde_json::from_str(old).unwrap();
+    assert_eq!((change.hosts, change.removed, change.reverted), (2, 0, 0));
+    assert!(change.kinds.is_empty() && change.reasons.is_empty());
 }

@@ -143,6 +143,41 @@ fn a_service_taken_out_of_the_site_is_removed_only_with_prune() {
     let plan = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(!plan.contains("remove cache"), "{plan}");
     assert!(plan.contains("\n0 steps in 0 waves"), "{plan}");
+
+    // The run that only removed is in the history, as what it did: the last one, converged.
+    let out = deploy(&fleet, &["history", &site, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let history: serde_json::Value = serde_json::from_slice(&out.stdout).expect("history JSON");
+    let runs = history["runs"].as_array().expect("runs");
+    let last = runs.last().expect("a run");
+    assert_eq!(last["result"], "converged", "{history}");
+    let changes = last["changes"].as_array().expect("changes");
+    assert_eq!(changes.len(), 1, "{history}");
+    assert_eq!(changes[0]["service"], "cache", "{history}");
+    assert_eq!(changes[0]["removed"], 2, "{history}");
+    assert_eq!(changes[0]["removed_versions"][0], "0.9", "{history}");
+    assert_eq!(changes[0]["hosts"], 0, "{history}");
+    let text = support::cli::ok(deploy(&fleet, &["history", &site]));
+    assert!(text.contains("cache: 0.9 removed from 2 hosts"), "{text}");
+    // So `deploy undo` goes back to the run before it, and the service comes back.
+    support::cli::ok(deploy(&fleet, &["undo", &site, "--yes"]));
+    for h in HOSTS {
+        let services = &state(&fleet, h)["services"];
+        assert_eq!(services["cache"]["version"], "0.9", "{h}: {services}");
+        let pid = std::fs::read_to_string(fleet.host_root(h).join("srv/cache/pid"))
+            .expect("cache started again");
+        assert!(alive(&fleet, h, pid.trim()), "cache runs again on {h}");
+        let whats: Vec<String> = support::hooks::events(&fleet)
+            .into_iter()
+            .filter(|(_, host, _, s)| host == h && s == "cache")
+            .map(|(_, _, what, _)| what)
+            .collect();
+        assert_eq!(whats, ["start", "stop", "remove", "start"], "{h}");
+    }
 }
 
 /// The api behind haproxy (tests/drain.rs's site), with a `remove` hook; with `spare`, app2 is
