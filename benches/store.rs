@@ -84,6 +84,7 @@ fn main() {
                 validated: Some(mark(())),
                 inputs: Some(desired.inputs(0, h)),
                 removal: None,
+                hooks: None,
             };
             writes.push(store::host_seen(
                 &keys,

@@ -357,6 +357,7 @@ fn build(spec: &Spec) -> Built {
                                 validated: failed,
                                 inputs: None,
                                 removal: None,
+                                hooks: None,
                             },
                         )
                     })

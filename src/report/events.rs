@@ -228,7 +228,25 @@ pub fn line(kind: &EventKind) -> Option<String> {
             host,
             from,
             to,
-        } => format!("{service}: {host} reverting {from} → {to}"),
+            hooks,
+            secrets,
+        } => {
+            let mut text = format!("{service}: {host} reverting {from} → {to}");
+            if hooks == "site" {
+                text.push_str(" with the site's hooks and env (it recorded none before this run)");
+            }
+            if !secrets.is_empty() {
+                let (noun, value) = match secrets.len() {
+                    1 => ("secret", "value"),
+                    _ => ("secrets", "values"),
+                };
+                text.push_str(&format!(
+                    "; {noun} {} changed in this run: the site's current {value}",
+                    secrets.join(", ")
+                ));
+            }
+            text
+        }
         EventKind::RevertFinished {
             service,
             host,

@@ -220,6 +220,12 @@ pub enum EventKind {
         host: String,
         from: String,
         to: String,
+        /// `"recorded"`: with the hooks and `env` the host recorded before this run; `"site"`:
+        /// with the site's, as it recorded none (an older `deploy`, or taken from the store).
+        hooks: String,
+        /// Secrets this run changed: the revert's hooks get the site's current values.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        secrets: Vec<String>,
     },
     RevertFinished {
         service: String,

@@ -24,6 +24,7 @@ mod reverting;
 mod rounds;
 mod starting;
 use starting::{job_of, target};
+mod stepping_back;
 mod stopping;
 
 /// Per service: where its rollout stands.

@@ -191,6 +191,7 @@ impl JournalSink {
                 host,
                 from,
                 to,
+                ..
             } => Entry::RevertIntent {
                 service,
                 host,
@@ -480,6 +481,8 @@ mod revert_tests {
                 host: host.into(),
                 from: "2.0".into(),
                 to: "1.0".into(),
+                hooks: "recorded".into(),
+                secrets: Vec::new(),
             }));
         }
         sink.emit(Event::now(EventKind::HookStarted {

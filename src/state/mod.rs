@@ -7,6 +7,7 @@ pub mod lock;
 mod observe;
 mod private;
 mod record;
+mod recorded;
 mod removal;
 mod status;
 pub mod store;
@@ -20,6 +21,7 @@ pub use inputs::{added_hosts, member_of, moved_hosts, Inputs, Takes};
 pub use observe::{observed_from, Offline, Remote};
 pub use private::{append_private, private_dir};
 pub use record::{read_script, write_script, HostRecord, Mark, Outcome, ServiceRecord, STATE_FILE};
+pub use recorded::{RecordedCheck, RecordedHooks};
 pub use removal::{RecordedHook, Removal};
 pub use status::{
     status, Checked, Expected, FailingCheck, Failure, HostStatus, ServiceStatus, SiteLock, Source,

@@ -33,6 +33,11 @@ pub struct ServiceRecord {
     /// (`None`: recorded by a `deploy` that kept none; a removal then runs no hook).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removal: Option<super::Removal>,
+    /// The texts of every hook and the variables they got when it was last configured (never a
+    /// secret): what a revert switches the host back with (`None`: recorded by a `deploy` that
+    /// kept none, or taken from the shared store; a revert then runs the site's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<super::RecordedHooks>,
 }
 
 impl ServiceRecord {
@@ -44,6 +49,7 @@ impl ServiceRecord {
             validated: None,
             inputs: None,
             removal: None,
+            hooks: None,
         }
     }
 }
@@ -157,6 +163,7 @@ mod tests {
                 validated: None,
                 inputs: None,
                 removal: None,
+                hooks: None,
             },
         );
         assert!(sh(&write_script(&state_dir, &record), dir.path())

@@ -4,6 +4,9 @@
 //! version's `start` again after the failure, app3 before app2 before app1; each records 1.0
 //! and serves 1.0's file contents again (the file the step replaced put back, nothing of it
 //! left beside); app5 was never touched; the run fails, and its NDJSON says what was reverted.
+//! A second fleet: the upgrade also changes every hook's text, an `env` value and a secret; the
+//! switched hosts run 1.0's own texts with 1.0's `env` again (and the current secret), but one
+//! whose record kept no texts (an older deploy), which runs the site's and says so.
 
 use crate::support;
 use support::fleet::{Fleet, FleetHost};
@@ -225,4 +228,212 @@ fn the_hosts_switched_before_the_budget_was_spent_are_switched_back_last_first()
             "{host} pending: {pending:?}"
         );
     }
+}
+
+/// The site at `version` ("1.0" or "2.0"), whose hook texts, `MODE` and secret change with it:
+/// each hook logs its own text's mark (`one`, `two`) with the versions and `MODE` it got; 2.0's
+/// check fails on app4.
+fn changing_site(version: &str) -> String {
+    let (mark, mode, fail) = match version {
+        "1.0" => ("one", "old", ""),
+        _ => (
+            "two",
+            "new",
+            r#"if [ "$DEPLOY_HOST" = app4 ]; then @EV@ev down; exit 1; fi; "#,
+        ),
+    };
+    r####"site "back" {
+    version "1.0"
+    platform "platform.kdl"
+    policy "policy.kdl"
+}
+class "app" { service "api" }
+service "api" {
+    version "@V@"
+    env "MODE" "@MODE@"
+    secret "TOKEN" env="REVERT_TOKEN"
+    stop #"@EV@ev stop-@M@-$DEPLOY_OLD_VERSION-$MODE"#
+    install #"@EV@ev install-@M@-$DEPLOY_NEW_VERSION-$MODE"#
+    migrate #"@EV@ev migrate-@M@-$DEPLOY_OLD_VERSION-$DEPLOY_NEW_VERSION-$MODE"#
+    start #"@EV@ev start-@M@-$DEPLOY_NEW_VERSION-$MODE; mkdir -p /srv/api; printf '%s %s %s %s\n' @M@ "$DEPLOY_NEW_VERSION" "$MODE" "$TOKEN" >/srv/api/started"#
+    check #"@FAIL@@EV@ev up-@M@-$DEPLOY_NEW_VERSION-$MODE"# timeout="2s" interval="200ms"
+    rollback #"@EV@ev rollback"#
+}
+"####
+    .replace("@FAIL@", fail)
+    .replace("@V@", version)
+    .replace("@M@", mark)
+    .replace("@MODE@", mode)
+    .replace("@EV@", EV)
+}
+
+fn apply_changing(fleet: &Fleet, version: &str, token: &str) -> std::process::Output {
+    fleet.write_platform("/var/lib/drover");
+    let path = fleet.write_site(
+        &changing_site(version),
+        "policy \"back\" { batch 1; max-failed 0; on-failure \"revert\"; }\n",
+    );
+    support::cli::deploy_in(&fleet.dir)
+        .args(["apply", path.to_str().unwrap(), "--yes", "--json"])
+        .env("REVERT_TOKEN", token)
+        .env(
+            "DROVER_FINGERPRINT_KEY",
+            "a-fingerprint-key-for-the-revert-test",
+        )
+        .output()
+        .expect("run deploy")
+}
+
+#[test]
+fn a_revert_runs_the_hook_texts_and_env_each_host_recorded_before_the_run() {
+    let hosts: Vec<FleetHost> = HOSTS.iter().map(|h| FleetHost::new(h, "app")).collect();
+    let fleet = Fleet::start(&hosts);
+    let out = apply_changing(&fleet, "1.0", "tok-1");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each host keeps 1.0's texts and env (never the secret).
+    for host in HOSTS {
+        let api = &state(&fleet, host)["services"]["api"];
+        let start = api["hooks"]["start"]["command"].as_str().unwrap_or("");
+        assert!(start.contains("start-one-"), "{host}: {api}");
+        assert_eq!(api["hooks"]["check"]["interval"], "200ms", "{host}: {api}");
+        let env = &api["hooks"]["env"];
+        assert!(
+            env.as_array()
+                .is_some_and(|e| e.contains(&serde_json::json!(["MODE", "old"]))),
+            "{host}: {api}"
+        );
+        let text = serde_json::to_string(&state(&fleet, host)).unwrap_or_default();
+        assert!(
+            !text.contains("tok-1"),
+            "{host} recorded the secret: {text}"
+        );
+    }
+    // app2 as an older deploy left it: no texts.
+    let path = fleet.host_root("app2").join("var-lib/drover/state.json");
+    let mut app2 = state(&fleet, "app2");
+    if let Some(api) = app2["services"]["api"].as_object_mut() {
+        api.remove("hooks");
+    }
+    std::fs::write(&path, app2.to_string()).expect("rewrite app2's record");
+    let before = support::hooks::events(&fleet).len();
+
+    let out = apply_changing(&fleet, "2.0", "tok-2");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stderr}\n{stdout}");
+    let events: Vec<(u128, String, String, String)> = support::hooks::events(&fleet)
+        .into_iter()
+        .skip(before)
+        .collect();
+    let at = |host: &str, what: &str| -> Vec<u128> {
+        events
+            .iter()
+            .filter(|(_, h, w, _)| h == host && w == what)
+            .map(|(ns, ..)| *ns)
+            .collect()
+    };
+    let after = |host: &str, since: u128| -> Vec<String> {
+        events
+            .iter()
+            .filter(|(ns, h, ..)| h == host && *ns > since)
+            .map(|(_, _, w, _)| w.clone())
+            .collect()
+    };
+    let down = *at("app4", "down").last().expect("app4's check failed");
+    for host in ["app1", "app3"] {
+        assert_eq!(at(host, "up-two-2.0-new").len(), 1, "{host}: {events:?}");
+        // After app4 failed: 2.0 stopped by this run's `stop` (it stops what runs now), then
+        // 1.0's own install, migrate, start and check, with MODE=old.
+        assert_eq!(
+            after(host, down),
+            [
+                "stop-two-2.0-new",
+                "install-one-1.0-old",
+                "migrate-one-2.0-1.0-old",
+                "start-one-1.0-old",
+                "up-one-1.0-old"
+            ],
+            "{host}: {events:?}"
+        );
+        // What it started with: 1.0's text, 1.0's env, the site's current secret.
+        assert_eq!(
+            file(&fleet, host, "srv/api/started"),
+            "one 1.0 old tok-2\n",
+            "{host}"
+        );
+        let api = &state(&fleet, host)["services"]["api"];
+        assert_eq!(api["version"], "1.0", "{host}: {api}");
+        assert_eq!(api["validated"]["outcome"], "success", "{host}: {api}");
+        let start = api["hooks"]["start"]["command"].as_str().unwrap_or("");
+        assert!(start.contains("start-one-"), "{host}: {api}");
+        // Its inputs are 1.0's (as app5's, untouched), but for the secret, the current one.
+        let app5 = &state(&fleet, "app5")["services"]["api"]["inputs"];
+        for key in ["hook:start", "hook:check", "env:MODE"] {
+            assert_eq!(api["inputs"][key], app5[key], "{host} {key}: {api}");
+        }
+        assert_ne!(
+            api["inputs"]["secret:TOKEN"], app5["secret:TOKEN"],
+            "{host}: {api}"
+        );
+    }
+    // app2 recorded no texts: the site's (2.0's) ran, with MODE=new.
+    assert_eq!(
+        after("app2", down),
+        [
+            "stop-two-2.0-new",
+            "install-two-1.0-new",
+            "migrate-two-2.0-1.0-new",
+            "start-two-1.0-new",
+            "up-two-1.0-new"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(
+        file(&fleet, "app2", "srv/api/started"),
+        "two 1.0 new tok-2\n"
+    );
+    assert!(events.iter().all(|(_, h, ..)| h != "app5"), "{events:?}");
+
+    // The NDJSON says which reverts ran the recorded texts, and that the secret is current.
+    let started: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "revert-started")
+        .collect();
+    let said: Vec<(&str, &str)> = started
+        .iter()
+        .map(|e| {
+            (
+                e["host"].as_str().unwrap_or(""),
+                e["hooks"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        said,
+        [("app3", "recorded"), ("app2", "site"), ("app1", "recorded")],
+        "{stdout}"
+    );
+    assert!(
+        started
+            .iter()
+            .all(|e| e["secrets"] == serde_json::json!(["TOKEN"])),
+        "{stdout}"
+    );
+    // The step's log says it, and never the secret.
+    let logs = fleet.dir.join(".drover/runs");
+    let mut texts = String::new();
+    for run in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
+        let log = run.path().join("app2/api.log");
+        texts.push_str(&std::fs::read_to_string(log).unwrap_or_default());
+    }
+    assert!(
+        texts.contains("with the site's hooks and env: it recorded none before this run"),
+        "{texts}"
+    );
+    assert!(!texts.contains("tok-2"), "{texts}");
 }

@@ -228,6 +228,7 @@ impl<T: Transport> Scheduler<T> {
             log,
             release: None,
             revert: false,
+            stop_now: None,
         }))
     }
 

@@ -9,17 +9,16 @@
 //! it recorded before: `stop` (the new version), the files its step replaced put back (kept on
 //! the host until the service's rollout is over, see `step::run`), `install`, `migrate`, `start`
 //! and `check` of the old version, with `DEPLOY_OLD_VERSION` the new version and
-//! `DEPLOY_NEW_VERSION` the old one; the hooks and `env` are the site's (a host records only
-//! their digests). The host's record then says the old version with its old inputs, which is
+//! `DEPLOY_NEW_VERSION` the old one; the hooks and `env` are those the host recorded before
+//! this run (but `stop`, this run's; the site's when it recorded none: [`super::stepping_back`]).
+//! The host's record then says the old version with its old inputs, which is
 //! not what the site says: the next `deploy apply` plans the change again. A revert that fails
 //! runs no `rollback` and puts nothing back (it is left as it failed, for inspection); the
 //! others go on, and the run fails either way.
 
 use super::super::event::{EventKind, ServiceOutcome};
-use super::super::hook::step_env;
-use super::super::step::{self, ServiceJob, StepJob, StepResult};
-use super::{stopping, target, Scheduler};
-use crate::plan::{Path, StepKind};
+use super::super::step::{self, ServiceJob, StepResult};
+use super::{stepping_back, stopping, target, Scheduler};
 use crate::site::OnFailure;
 use crate::state::{Outcome, ServiceRecord};
 use crate::transport::{Link, Transport};
@@ -158,18 +157,11 @@ impl<T: Transport> Scheduler<T> {
         self.svcs[s].next_wave = sp.waves.len();
         self.give_up(s, &left);
         let base = &self.svcs[s].job;
-        let job = Arc::new(ServiceJob {
-            name: base.name.clone(),
-            hooks: base.hooks.clone(),
-            on_failure: OnFailure::Stop,
-            env: base.env.clone(),
-            state_dir: base.state_dir.clone(),
-            run: base.run.clone(),
-            secrets: base.secrets.clone(),
-            cancel: self.r.cancel.child(),
-            guard: base.guard.clone(),
-            keep_generations: base.keep_generations,
-        });
+        let job = Arc::new(stepping_back::revert_job(
+            base,
+            base.hooks.clone(),
+            self.r.cancel.child(),
+        ));
         self.reverts
             .stop
             .get_or_insert_with(|| format!("the run stops: {} is reverted ({reason})", sp.name));
@@ -289,50 +281,22 @@ impl<T: Transport> Scheduler<T> {
             return;
         };
         let record = self.hosts[h].record.clone();
-        let now = record.services.get(&sp.name).map_or_else(
-            || sp.waves[sw.wave].steps[sw.step].to.to_string(),
-            |r| r.version.clone(),
-        );
-        let step_path = sp.waves[sw.wave].steps[sw.step].path;
-        let (kind, path) = if now == before.version {
-            (StepKind::Reconfigure, step_path.unwrap_or(Path::SwitchOver))
-        } else {
-            (StepKind::Upgrade, Path::SwitchOver)
-        };
         let log = self
             .r
             .log_dir
             .join(&*ph.name)
             .join(format!("{}.log", sp.name));
-        let job = StepJob {
-            service: rv.job.clone(),
-            host: ph.name.to_string(),
-            env: step_env(&rv.job.env, ph, Some(&now), &before.version),
-            from: Some(now.clone()),
-            to: before.version.clone(),
-            kind,
-            path,
-            inputs: before.inputs.clone().unwrap_or_default(),
-            files: Ok(Vec::new()),
-            record,
-            log,
-            release: None,
-            reasons: Vec::new(),
-            restarts: Vec::new(),
-            revert: true,
-        };
-        step::log_line(
-            &job.log,
-            &format!(
-                "== revert: {now} → {} (on-failure \"revert\")",
-                before.version
-            ),
-        );
+        let step = &sp.waves[sw.wave].steps[sw.step];
+        let back = stepping_back::step_back(&rv.job, ph, step, &before, record, log);
+        let job = back.job;
+        step::log_line(&job.log, &back.said);
         self.emit(EventKind::RevertStarted {
             service: sp.name.clone(),
             host: ph.name.to_string(),
-            from: now,
+            from: job.from.clone().unwrap_or_default(),
             to: before.version,
+            hooks: back.hooks.into(),
+            secrets: back.secrets,
         });
         self.hosts[h].busy = true;
         let (links, sink, target) = (self.links.clone(), self.r.sink.clone(), target(&plan, h));

@@ -66,6 +66,7 @@ impl<T: Transport> Scheduler<T> {
             .then(|| self.r.release.as_deref().map(Arc::from))
             .flatten(),
             revert: false,
+            stop_now: None,
         };
         let unread = (st.kind == StepKind::Unread).then(|| Unread {
             site: self.r.site.clone(),

@@ -29,6 +29,7 @@ impl<L: Link> Running<'_, L> {
                     timeout: Some(check.timeout),
                     then,
                     last: true,
+                    env: None,
                 }])
                 .await;
             match attempt {

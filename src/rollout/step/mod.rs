@@ -69,6 +69,17 @@ pub struct StepJob {
     /// A revert (`on-failure "revert"`): the files go back to those its step of this run
     /// replaced (kept on the host until now) instead of being delivered; `files` is unused.
     pub revert: bool,
+    /// A revert with the hooks the host recorded before this run (the job's): the `stop` that
+    /// stops what runs now instead (this run's, the site's) and the variables it gets. `None`:
+    /// `stop` is the job's, with the job's variables.
+    pub stop_now: Option<StopNow>,
+}
+
+/// The `stop` of a revert that runs the hooks its host recorded before ([`StepJob::stop_now`]).
+#[derive(Clone)]
+pub struct StopNow {
+    pub hook: Option<Hook>,
+    pub env: Vec<(String, String)>,
 }
 
 /// How it went; `record` is the host's record as now written.
@@ -195,11 +206,18 @@ struct HookCall<'h> {
     then: Option<HostRecord>,
     /// With `then`: give the host's lock back too, if this is its last step.
     last: bool,
+    /// Its variables, when not the step's ([`StepJob::stop_now`]).
+    env: Option<&'h [(String, String)]>,
 }
 
 impl<L: Link> Running<'_, L> {
     async fn switch(&mut self) -> Result<(), Failure> {
         let hooks = self.job.service.hooks.clone();
+        let stop_now = self.job.stop_now.clone();
+        let (stop, stop_env) = match &stop_now {
+            Some(now) => (now.hook.as_ref(), Some(now.env.as_slice())),
+            None => (hooks.stop.as_ref(), None),
+        };
         let fresh = self.job.from.is_none();
         // Nothing running uses what changed: only the new inputs are recorded.
         if self.job.path == Path::Record {
@@ -209,7 +227,7 @@ impl<L: Link> Running<'_, L> {
         }
         let reload = self.job.path == Path::Reload && hooks.reload.is_some();
         let stages: Vec<(&'static str, &Hook)> = [
-            ("stop", hooks.stop.as_ref(), !fresh && !reload),
+            ("stop", stop, !fresh && !reload),
             ("install", hooks.install.as_ref(), !reload),
             ("migrate", hooks.migrate.as_ref(), !fresh && !reload),
             ("start", hooks.start.as_ref(), !reload),
@@ -244,6 +262,7 @@ impl<L: Link> Running<'_, L> {
                 timeout: hook.timeout,
                 then: (Some(i) == last).then(|| self.marked(Some(Outcome::Success), None, None)),
                 last: false,
+                env: stop_env.filter(|_| *name == "stop"),
             });
         }
         if files_at.is_none() {
@@ -279,6 +298,7 @@ impl<L: Link> Running<'_, L> {
                 then: (!stable)
                     .then(|| self.marked_on(base.clone(), None, Some(Outcome::Success), None)),
                 last: true,
+                env: None,
             });
             let attempt = self.hooks(std::mem::take(&mut chain)).await;
             let deadline = *deadline.get_or_insert(self.last_started + check.timeout);
@@ -315,7 +335,7 @@ impl<L: Link> Running<'_, L> {
             });
             prepared.push(hook_run::prepare(&hook_run::Call {
                 guard: svc.guard.as_deref(),
-                env: &self.job.env,
+                env: call.env.unwrap_or(&self.job.env),
                 command: call.command,
                 state_dir: &svc.state_dir,
                 service: &svc.name,
@@ -429,6 +449,7 @@ impl<L: Link> Running<'_, L> {
             timeout,
             then: None,
             last: false,
+            env: None,
         };
         self.hooks(vec![call]).await
     }
@@ -559,6 +580,8 @@ impl<L: Link> Running<'_, L> {
                 // What a removal will run here, should the service leave the host.
                 let hooks = &self.job.service.hooks;
                 entry.removal = Some(crate::state::Removal::of(hooks, &self.job.env));
+                // What a revert will switch the host back with, after a later step.
+                entry.hooks = Some(crate::state::RecordedHooks::of(hooks, &self.job.env));
             }
         }
         if let Some(v) = validated {

@@ -38,6 +38,7 @@ fn changed(old_api: &str, new_api: &str, lb: &str) -> Fixture {
                         validated: None,
                         inputs: Some(old.desired.inputs(sid, h)),
                         removal: None,
+                        hooks: None,
                     };
                     (s.name.clone(), record)
                 })

@@ -36,6 +36,7 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
                             validated: None,
                             inputs: Some(old.inputs(sid, b)),
                             removal: None,
+                            hooks: None,
                         },
                     )
                 })
@@ -320,6 +321,7 @@ async fn a_wait_for_a_placeholder_its_plan_drops_is_over() {
         validated: None,
         inputs: Some(fx.desired.inputs(api, app3)),
         removal: None,
+        hooks: None,
     };
     truth[app3] = Observed::Running {
         services: [("api".to_string(), record)].into_iter().collect(),

@@ -52,6 +52,7 @@ fn reverts(ran: &Ran, service: &str) -> Vec<(String, String, String)> {
                 host,
                 from,
                 to,
+                ..
             } if s == service => Some((host.clone(), from.clone(), to.clone())),
             _ => None,
         })
@@ -260,5 +261,120 @@ async fn a_clean_run_under_revert_lets_go_of_what_it_kept_once_the_service_is_do
             .collect();
         assert_eq!(let_go.len(), 1, "{host}: {let_go:?}");
         assert!(let_go[0] > last_end, "{host}");
+    }
+}
+
+/// The `hooks` field and the secrets of every revert of `service` as it started, by host.
+fn reverts_with(ran: &Ran, service: &str) -> Vec<(String, String)> {
+    ran.events
+        .iter()
+        .filter_map(|(_, _, e)| match e {
+            EventKind::RevertStarted {
+                service: s,
+                host,
+                hooks,
+                ..
+            } if s == service => Some((host.clone(), hooks.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_revert_runs_the_hooks_and_env_the_host_recorded_before_or_says_it_had_none() {
+    // As `revert_run`, the site's api with `MODE=new`; app1 and app3 recorded 0.9's hooks
+    // (`hook <name> api-was`) and `MODE=old`, app2 recorded none (an older deploy).
+    let body = format!(
+        "class \"app\" {{ service \"api\" }}\n{}",
+        svc("api", "policy \"p.kdl\"\n    env \"MODE\" \"new\"")
+    );
+    let hs = hosts("app", "app", 5);
+    let running: Vec<(&str, &str, &str)> =
+        hs.iter().map(|(h, _)| (h.as_str(), "api", "0.9")).collect();
+    let policy = "batch 1; max-failed 0; on-failure \"revert\"";
+    let mut fx = fixture(&body, &host_refs(&hs), &[("p.kdl", policy)], &running);
+    let sid = fx.site.service("api").expect("api");
+    let mut was = fx.site.services[sid].hooks.clone();
+    for h in [
+        &mut was.stop,
+        &mut was.install,
+        &mut was.migrate,
+        &mut was.start,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        h.command.push_str("-was");
+    }
+    if let Some(c) = &mut was.check {
+        c.command.push_str("-was");
+    }
+    let env = [("DEPLOY_SERVICE", "api"), ("MODE", "old")].map(|(k, v)| (k.into(), v.into()));
+    let recorded = crate::state::RecordedHooks::of(&was, &env);
+    let plan = Arc::make_mut(&mut fx.plan);
+    for host in plan
+        .hosts
+        .iter_mut()
+        .filter(|h| ["app1", "app3"].contains(&&*h.name))
+    {
+        if let Observed::Running { services } = &mut host.observed {
+            if let Some(api) = services.get_mut("api") {
+                api.hooks = Some(recorded.clone());
+            }
+        }
+    }
+    let ran = fx
+        .run(
+            Rules::default().fail(Some("app4"), "hook check api"),
+            64,
+            true,
+        )
+        .await;
+    assert_eq!(
+        reverts_with(&ran, "api"),
+        [("app3", "recorded"), ("app2", "site"), ("app1", "recorded")]
+            .map(|(h, w)| (h.to_string(), w.to_string()))
+    );
+    assert_eq!(
+        reverted(&ran, "api"),
+        [("app3", true), ("app2", true), ("app1", true)].map(|(h, ok)| (h.to_string(), ok))
+    );
+    let mode = |v: &str| format!("MODE={}", quote(v));
+    for host in ["app1", "app2", "app3"] {
+        let (end, ..) = ran.step_finished("api", host);
+        let back: Vec<Cmd> = ran
+            .cmds()
+            .into_iter()
+            .filter(|c| c.host == host && c.start > end)
+            .collect();
+        let ran_hook = |text: &str, env: &str| {
+            back.iter()
+                .any(|c| c.script.contains(&quote(text)) && c.script.contains(env))
+        };
+        // `stop` stops what runs now: the site's, with this run's variables, either way.
+        assert!(ran_hook("hook stop api", &mode("new")), "{host}: {back:?}");
+        let recorded = host != "app2";
+        for hook in ["install", "migrate", "start", "check"] {
+            let (text, env) = match recorded {
+                true => (format!("hook {hook} api-was"), mode("old")),
+                false => (format!("hook {hook} api"), mode("new")),
+            };
+            assert!(ran_hook(&text, &env), "{host} {hook}: {back:?}");
+            if recorded {
+                let site = format!("hook {hook} api");
+                assert!(!ran_hook(&site, "MODE"), "{host} {hook}: {back:?}");
+            }
+        }
+        // The host records 0.9's texts again (the site's, after a revert with them).
+        let last = back
+            .iter()
+            .rfind(|c| c.writes_state())
+            .expect("state written");
+        assert_eq!(
+            last.script.contains("hook start api-was"),
+            recorded,
+            "{}",
+            last.script
+        );
     }
 }

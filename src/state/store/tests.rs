@@ -37,6 +37,7 @@ fn healthy(version: &str) -> ServiceRecord {
         validated: Some(mark(Outcome::Success, None)),
         inputs: Some(inputs(version)),
         removal: None,
+        hooks: None,
     }
 }
 
@@ -93,6 +94,7 @@ fn a_step_is_one_running_key_and_exactly_one_outcome_per_category() {
         validated: None,
         inputs: None,
         removal: None,
+        hooks: None,
     };
     let view = view_of(&step("app1", &failed));
     let p = &view.hosts["app1"].services["api"];

@@ -54,6 +54,7 @@ impl Published {
             validated: self.validated.as_ref().map(|s| s.mark.clone()),
             inputs,
             removal: None,
+            hooks: None,
         })
     }
 
