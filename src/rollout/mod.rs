@@ -30,7 +30,7 @@ pub use event::{Event, EventKind, Gate, Kinds, Phase, ServiceOutcome, Sink, Skip
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
 pub use planning::{Planned, Planning};
-pub use processes::kill_script;
+pub use processes::{kill_outcome, kill_script};
 pub use unread::LockAtStep;
 pub use verify::{check_converged, check_status, plan_repairs, repairs, verify, CheckResult};
 

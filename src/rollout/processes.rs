@@ -48,7 +48,7 @@
 //! for a hook chained after another ([`Recorded`]'s `stop`, the chain's stop file), which does
 //! not start once that file or the run's stop file ([`run_stop_file`]) is there.
 
-use crate::state::lock::{hooks_dir, hooks_tag, Holder};
+use crate::state::lock::{group_runs, hooks_dir, hooks_tag, Holder, NOT_ENDED};
 use crate::transport::{env_prefix, quote, Link, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -195,7 +195,8 @@ pub fn kill_hook_script(pid_file: &str, number: u64) -> String {
 }
 
 /// Kills every hook process group recorded on the host by the run that holds or held the lock
-/// `holder`, removes their pid files, and prints how many groups it signalled. The run may be dead (carried on
+/// `holder`, removes their pid files, and prints how many groups it ended, after the groups it
+/// could not end, if any ([`kill_run_script`], [`kill_outcome`]). The run may be dead (carried on
 /// after a crash), and a group id it recorded may be someone else's by now, so a group is left
 /// alone when:
 /// - it is marked `ended` (its hook's shell is gone, `hook_run.rs`): it may be gone too;
@@ -225,9 +226,16 @@ fn own_pid_files() -> String {
 }
 
 /// [`kill_script`] for the pid files `pids` (a glob pattern of digits, `-`, `.` and `*`).
+///
+/// Its output ends with the number of groups it ended; before it, when some could not be
+/// ended, a line [`NOT_ENDED`] with their ids: a group it may not signal (another user's:
+/// the run logged in as someone else) whose processes still run, or one that still runs a
+/// second after its `KILL` (stuck in the kernel). Whether a group runs is read from every
+/// process's `/proc/<pid>/stat` (its group, and not a zombie), whoever's it is
+/// ([`group_runs`]).
 fn kill_run_script(state_dir: &str, pids: &str) -> String {
     format!(
-        r#"d={d}; n=0; live=; b=; {{ read -r b <{boot}; }} 2>/dev/null
+        r#"d={d}; n=0; live=; stuck=; b=; {{ read -r b <{boot}; }} 2>/dev/null
 for f in "$d"/{pids}; do
   [ -f "$f" ] || continue
   p=; e=; hb=; hs=; {{ {{ read -r p _k e; read -r hb hs _r; }} <"$f"; }} 2>/dev/null; rm -f "$f"
@@ -239,7 +247,8 @@ for f in "$d"/{pids}; do
     [ -z "$s" ] || {{ j=0; while [ $j -lt 19 ] && [ "${{s#* }}" != "$s" ]; do s=${{s#* }}; j=$((j+1)); done
       [ $j = 19 ] && [ "${{s%% *}}" = "$hs" ]; }} || continue;;
   esac
-  kill -TERM "-$p" 2>/dev/null && {{ n=$((n+1)); live="$live $p"; }}
+  if kill -TERM "-$p" 2>/dev/null; then n=$((n+1)); live="$live $p"
+  elif {runs}; then stuck="$stuck $p"; fi
 done
 i=0
 while [ -n "$live" ] && [ "$i" -lt 50 ]; do
@@ -249,10 +258,38 @@ while [ -n "$live" ] && [ "$i" -lt 50 ]; do
   i=$((i+1)); sleep 0.1
 done
 for p in $live; do kill -KILL "-$p" 2>/dev/null; done
+i=0
+while [ -n "$live" ] && [ "$i" -lt 10 ]; do
+  still=
+  for p in $live; do {runs} && still="$still $p"; done
+  live=$still; [ -n "$live" ] || break
+  i=$((i+1)); sleep 0.1
+done
+for p in $live; do n=$((n-1)); done
+stuck="$stuck$live"
+[ -z "$stuck" ] || echo "{NOT_ENDED}$stuck"
 echo "$n""#,
         d = quote(&hooks_dir(state_dir)),
         boot = BOOT_ID,
+        runs = group_runs("p"),
     )
+}
+
+/// The number of groups a kill script's output ends with ([`kill_run_script`]), and the
+/// groups its [`NOT_ENDED`] line names (a shell's start-up files may print before them).
+pub fn kill_outcome(stdout: &[u8]) -> (Option<usize>, Vec<String>) {
+    let text = String::from_utf8_lossy(stdout);
+    let count = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .and_then(|l| l.trim().parse().ok());
+    let stuck = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(NOT_ENDED))
+        .flat_map(|ids| ids.split_whitespace().map(str::to_string))
+        .collect();
+    (count, stuck)
 }
 
 /// Kills this process's hooks on the host behind `link`, pass after pass (a hook may write its
@@ -270,10 +307,7 @@ pub async fn kill_running<L: Link>(link: &L, state_dir: &str, grace: Duration) -
     while Instant::now() < deadline {
         if let Ok(Ok(out)) = tokio::time::timeout(Duration::from_secs(10), link.run(&script)).await
         {
-            killed += String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse::<usize>()
-                .unwrap_or(0);
+            killed += kill_outcome(&out.stdout).0.unwrap_or(0);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -453,3 +453,65 @@ fn then_runs_only_after_a_hook_that_passed_and_its_failure_is_told_apart() {
     assert_eq!(own.code, Some(THEN_FAILED));
     assert!(then_failed(&own).is_none());
 }
+
+/// A hook of another user's (root's), the kill script run as `nobody` (a run that logged in
+/// as another user than the one whose lock it breaks): it may not signal the hook's group, and
+/// says so, with the group's id, counting it as not ended. Without it, the hook ran on
+/// and the script said `0`, as if there was nothing to end.
+#[test]
+fn a_hook_the_kill_script_may_not_end_is_said_with_its_group() {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        eprintln!("skipped: needs root, to run the kill script as another user");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hooks = dir.path().join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let open = std::fs::Permissions::from_mode(0o777);
+    std::fs::set_permissions(dir.path(), open.clone()).unwrap();
+    std::fs::set_permissions(&hooks, open.clone()).unwrap();
+    let state = dir.path().display().to_string();
+    let pid_file = hooks.join("4242-1.pid");
+    let mut hook = sh(&format!(
+        "echo \"$$ 7\" > '{}'; exec sleep 300",
+        pid_file.display()
+    ))
+    .spawn()
+    .expect("sh");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&pid_file).map_or(true, |t| t.is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::set_permissions(&pid_file, open).unwrap();
+    let holder = Holder {
+        pid: 4242,
+        hooks: "4242-1".into(),
+        ..Holder::me("s", "r")
+    };
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["/bin/sh", "-c", &kill_script(&state, &holder)])
+        .output()
+        .expect("setpriv");
+    let running = hook.try_wait().unwrap().is_none();
+    let _ = hook.kill();
+    let _ = hook.wait();
+    assert!(running, "the hook runs on");
+    let pid = hook.id().to_string();
+    assert_eq!(
+        kill_outcome(&out.stdout),
+        (Some(0), vec![pid.clone()]),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{NOT_ENDED} {pid}\n0\n")
+    );
+}

@@ -8,10 +8,12 @@ use super::unread::{leave_unread, Unread};
 use super::{Core, Locked, RunTransport, Session, SessionError, Shared};
 use crate::inventory::Hosts;
 use crate::plan::Selection;
-use crate::rollout::kill_script;
+use crate::rollout::{kill_outcome, kill_script};
 use crate::site::Site;
 use crate::state::journal::{self, RunRecord};
-use crate::state::lock::{Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError};
+use crate::state::lock::{
+    Broken, FileLock, FleetLock, Holder, Liveness, Lock, LockError, NotEnded,
+};
 use crate::state::store::Fingerprints;
 use crate::state::Observed;
 use crate::transport::{AnyTransport, Kept, Link, Target, Transport};
@@ -83,7 +85,7 @@ impl Session {
             anchor,
             fence,
         };
-        let (targets, unlocked) =
+        let (targets, unlocked, not_ended) =
             hosts_lock.take(&mut held, &transport, &mut known, &mut unread)?;
         let mut locked = Locked {
             held,
@@ -99,8 +101,13 @@ impl Session {
             .into_iter()
             .map(|(name, reason)| (name, format!("not locked: {reason}")));
         let state_dir = site.platform.host_state_dir();
+        // A host left alone for processes it could not end is not looked at again.
+        let targets: Vec<Target> = targets
+            .into_iter()
+            .filter(|t| !not_ended.iter().any(|(h, _)| *h == t.name))
+            .collect();
         let unchecked = locked.carry_on(site, unfinished, &transport, &targets, &state_dir);
-        for (name, reason) in unlocked.chain(unchecked) {
+        for (name, reason) in unlocked.chain(not_ended).chain(unchecked) {
             if let Some(h) = hosts.find(&name) {
                 known[h] = Some(Observed::Unreachable { reason });
             }
@@ -234,8 +241,9 @@ struct HostsLock<'a> {
 
 impl HostsLock<'_> {
     /// Locks every host to read (not known from the store), reading each one's state file in
-    /// the same command; the fleet's lock is then `held`'s. Returns the hosts locked and those
-    /// that did not answer (with why).
+    /// the same command; the fleet's lock is then `held`'s. Returns the hosts locked, those
+    /// that did not answer (with why), and those locked where processes of another run could
+    /// not be ended (with why): both are left alone.
     #[allow(clippy::type_complexity)]
     fn take(
         self,
@@ -243,7 +251,7 @@ impl HostsLock<'_> {
         transport: &RunTransport,
         known: &mut [Option<Observed>],
         unread: &mut Unread,
-    ) -> Result<(Vec<Target>, Vec<(String, String)>), SessionError> {
+    ) -> Result<(Vec<Target>, Vec<(String, String)>, Vec<(String, String)>), SessionError> {
         let (site, hosts) = (self.site, self.hosts);
         let core = &held.core;
         let max_connections = core.options.max_connections;
@@ -313,8 +321,9 @@ impl HostsLock<'_> {
                 names.join(", ")
             ));
         }
+        let not_ended = left_alone(&core.say, &taken.not_ended);
         held.fleet = Some(fleet);
-        Ok((targets, taken.unreachable))
+        Ok((targets, taken.unreachable, not_ended))
     }
 }
 
@@ -366,7 +375,7 @@ impl Locked {
         hosts.dedup_by(|a, b| a.name == b.name);
         let script = kill_script(state_dir, &holder);
         for target in hosts {
-            let killed = self.block_on(async {
+            let outcome = self.block_on(async {
                 let link = transport.connect(target).await.ok()?;
                 let out = tokio::time::timeout(Duration::from_secs(30), link.run(&script)).await;
                 match out {
@@ -374,15 +383,22 @@ impl Locked {
                     _ => link.close().await,
                 }
                 let out = out.ok()?.ok()?;
-                // The count is the last line (a shell's start-up files may print before it).
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())?
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
+                Some(kill_outcome(&out.stdout))
             });
+            // Hooks it could not end: the host is left alone, said as such.
+            let killed = match outcome {
+                Some((count, groups)) if !groups.is_empty() => {
+                    let n = NotEnded {
+                        host: target.name.clone(),
+                        groups,
+                        run: Some(rec.run.clone()),
+                    };
+                    unchecked.extend(left_alone(&self.held.core.say, &[n]));
+                    Some(count.unwrap_or(0))
+                }
+                Some((count, _)) => count,
+                None => None,
+            };
             match killed {
                 Some(0) => {}
                 Some(n) => self.say(&format!(
@@ -430,10 +446,12 @@ impl crate::rollout::LockAtStep<RunLink> for AtStep {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Observed, String>> + Send + 'a>>
     {
         Box::pin(async move {
-            let (observed, broken) = self.fleet.lock_at_step(link, host, &self.me).await?;
+            let (observed, broken, not_ended) =
+                self.fleet.lock_at_step(link, host, &self.me).await?;
             for line in broken_lines(broken.as_slice()) {
                 (self.say)(&line);
             }
+            left_alone(&self.say, not_ended.as_slice());
             Ok(observed)
         })
     }
@@ -460,6 +478,18 @@ fn report_broken(say: &super::Say, broken: &[Broken]) {
             holder.run
         ));
     }
+}
+
+/// Warns of the hosts where processes of another run could not be ended (`not_ended`), and
+/// returns them with why they are left alone in this run.
+fn left_alone(say: &super::Say, not_ended: &[NotEnded]) -> Vec<(String, String)> {
+    not_ended
+        .iter()
+        .map(|n| {
+            say(&n.warning());
+            (n.host.clone(), n.reason())
+        })
+        .collect()
 }
 
 /// The hosts whose entry in `known` (what is known of each without reading it) is `pick`ed,

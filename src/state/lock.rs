@@ -31,8 +31,10 @@ use thiserror::Error;
 
 mod fleet;
 mod host_scripts;
+mod in_flight;
 pub use fleet::FleetLock;
 pub use host_scripts::{guard_script, hooks_dir, GUARDED, GUARD_MARK, UNLOCKED_MARK};
+pub use in_flight::{group_runs, NOT_ENDED};
 
 /// Who holds a lock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,6 +192,53 @@ pub struct Taken {
     pub broken: Vec<Broken>,
     /// Hosts that could not be reached, and so are not locked: `(host, reason)`.
     pub unreachable: Vec<(String, String)>,
+    /// Hosts locked where processes of another run could not be ended: left alone.
+    pub not_ended: Vec<NotEnded>,
+}
+
+/// Processes of another run that taking a host's lock could not end (still running after
+/// `TERM` and `KILL`: another user's, or unkillable): its hooks, or commands it had in flight.
+/// The host is locked, but the run leaves it alone, neither read nor changed: those processes
+/// may still change it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotEnded {
+    pub host: String,
+    /// Their process group ids on the host.
+    pub groups: Vec<String>,
+    /// The run whose lock was broken or taken over, if it was.
+    pub run: Option<String>,
+}
+
+impl NotEnded {
+    fn whose(&self) -> String {
+        self.run
+            .as_ref()
+            .map_or("another run".into(), |r| format!("run {r}"))
+    }
+
+    /// Why the host is left alone, as its state says.
+    pub fn reason(&self) -> String {
+        format!(
+            "processes of {} could not be ended there (process groups {})",
+            self.whose(),
+            self.groups.join(", ")
+        )
+    }
+
+    /// The warning the operator is given.
+    pub fn warning(&self) -> String {
+        let first = self.groups.first().map_or("PGID", String::as_str);
+        format!(
+            "warning: {host}: process group{s} {groups} of {whose} could not be ended (still \
+             running after TERM and KILL: another user's, or stuck in the kernel): {host} is \
+             left alone in this run, neither read nor changed; end them on the host, as their \
+             owner or root (`kill -KILL -- -{first}`), then run `deploy apply` again",
+            host = self.host,
+            s = if self.groups.len() == 1 { "" } else { "s" },
+            groups = self.groups.join(", "),
+            whose = self.whose(),
+        )
+    }
 }
 
 #[derive(Debug, Clone, Error, PartialEq, Eq)]

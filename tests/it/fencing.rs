@@ -180,3 +180,93 @@ fn a_run_whose_locks_were_broken_runs_no_hook_beside_the_run_that_broke_them() {
     let said = text(&a);
     assert!(said.contains("fenced"), "A says why it stopped:\n{said}");
 }
+
+/// Run A (logged in as root) dies while its `install` runs on h1: the hook runs on. Run B
+/// logs in as another user (`nobody`, the host's state directory shared with it), takes A's
+/// stale lock over and may not end A's hook: it says so, naming the host, the hook's process
+/// group and A's run, and leaves h1 alone (no hook of its own there, no record written), the
+/// hook running on. Without the report, B said nothing of the hook and went on with h1 as if it
+/// had ended: its own hooks ran there beside A's.
+#[test]
+fn a_hook_the_run_taking_the_lock_may_not_end_leaves_its_host_alone() {
+    let fleet = Fleet::start(&[FleetHost::new("h1", "app").nobody_logs_in()]);
+    let platform = fleet.write_platform("/var/lib/drover");
+    let count = |needle: &str| {
+        fleet
+            .lines("h1", "var-lib/hooklog")
+            .iter()
+            .filter(|l| l.starts_with(needle))
+            .count()
+    };
+    let site_1 = site(&fleet, "1.0", 300);
+    let mut a = deploy(&fleet, &["apply", site_1.to_str().expect("utf-8"), "--yes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start A");
+    wait_for("A's install", || count("start 1.0 install") == 1);
+    let _ = a.kill();
+    let _ = a.wait();
+    let group = fleet.ssh("h1", "read -r p _ < /var/lib/drover/hooks/*.pid && echo $p");
+    let group = String::from_utf8_lossy(&group.stdout).trim().to_string();
+    assert!(
+        !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()),
+        "{group:?}"
+    );
+    let hook_runs = || {
+        fleet
+            .ssh("h1", &format!("kill -0 -- -{group}"))
+            .status
+            .success()
+    };
+    assert!(hook_runs(), "A's hook runs on once A is gone");
+    // B: nobody, the state directory (and the hooks' log) shared with it.
+    assert!(fleet
+        .ssh("h1", "chmod -R a+rwX /var/lib/drover && touch /var/lib/hooklog && chmod a+rw /var/lib/hooklog")
+        .status
+        .success());
+    let text_of = std::fs::read_to_string(&platform).expect("platform");
+    std::fs::write(
+        &platform,
+        text_of.replace("user=\"root\"", "user=\"nobody\""),
+    )
+    .expect("write");
+    std::fs::write(fleet.host_root("h1").join("var-lib/ready-2.0"), "").expect("ready");
+    let site_2 = site(&fleet, "2.0", 1);
+    let b = deploy(&fleet, &["apply", site_2.to_str().expect("utf-8"), "--yes"])
+        .output()
+        .expect("run B");
+    let said = text(&b);
+    let still = hook_runs();
+    let _ = fleet.ssh("h1", &format!("kill -KILL -- -{group}"));
+    assert!(
+        said.contains("took over the lock of") && said.contains("its process is gone"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("warning: h1: process group {group} of run "))
+            && said.contains("could not be ended")
+            && said.contains("h1 is left alone in this run")
+            && said.contains(&format!("kill -KILL -- -{group}")),
+        "B says which hook it could not end, and what to do:\n{said}"
+    );
+    // Counted with the hosts left alone, and why: the run cannot say the site converged.
+    assert!(
+        said.contains("skipped, unreachable: h1")
+            && said.contains("Left alone, nothing known of what they run:")
+            && said.contains(&format!(
+                "could not be ended there (process groups {group})"
+            )),
+        "{said}"
+    );
+    assert_eq!(b.status.code(), Some(1), "h1 was left alone:\n{said}");
+    assert!(still, "A's hook runs on");
+    assert_eq!(count("start 2.0"), 0, "B ran no hook on h1:\n{said}");
+    assert!(
+        !fleet
+            .host_root("h1")
+            .join("var-lib/drover/state.json")
+            .exists(),
+        "B wrote no record on h1"
+    );
+}

@@ -97,6 +97,9 @@ pub struct FleetHost {
     /// root's login shell on this host (the machine's own when `None`): an `/etc/passwd` of
     /// the host's, the machine's with root's shell changed, is mounted over `/etc/passwd`.
     pub login_shell: Option<String>,
+    /// Whether `nobody` may log in too (with `/bin/sh`, at home in `/tmp`): in the host's own
+    /// `/etc/passwd`, as for [`FleetHost::login_shell`].
+    pub nobody_logs_in: bool,
     /// Whether the host has a second address its sshd also listens on, which
     /// [`Fleet::move_host`] makes the inventory's.
     pub movable: bool,
@@ -110,6 +113,7 @@ impl FleetHost {
             class: class.into(),
             tags: Vec::new(),
             login_shell: None,
+            nobody_logs_in: false,
             movable: false,
         }
     }
@@ -117,6 +121,13 @@ impl FleetHost {
     /// Gives root this login shell on the host (builder style).
     pub fn login_shell(mut self, shell: &str) -> FleetHost {
         self.login_shell = Some(shell.into());
+        self
+    }
+
+    /// Lets `nobody` log in with the fleet's key, as a second account (builder style).
+    #[allow(dead_code)]
+    pub fn nobody_logs_in(mut self) -> FleetHost {
+        self.nobody_logs_in = true;
         self
     }
 
@@ -509,18 +520,24 @@ impl Fleet {
             for (sub, _) in HOST_DIRS {
                 fs::create_dir_all(root.join(sub)).unwrap();
             }
-            if let Some(shell) = &host.spec.login_shell {
+            if host.spec.login_shell.is_some() || host.spec.nobody_logs_in {
                 let passwd = fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
                 let ours: String = passwd
                     .lines()
-                    .map(|line| match line.strip_prefix("root:") {
-                        Some(rest) => {
-                            let fields: Vec<&str> = rest.split(':').collect();
-                            let kept = &fields[..fields.len().saturating_sub(1)];
-                            format!("root:{}:{shell}\n", kept.join(":"))
-                        }
-                        None => format!("{line}\n"),
-                    })
+                    .map(
+                        |line| match (line.strip_prefix("root:"), &host.spec.login_shell) {
+                            (Some(rest), Some(shell)) => {
+                                let fields: Vec<&str> = rest.split(':').collect();
+                                let kept = &fields[..fields.len().saturating_sub(1)];
+                                format!("root:{}:{shell}\n", kept.join(":"))
+                            }
+                            _ if host.spec.nobody_logs_in && line.starts_with("nobody:") => {
+                                let fields: Vec<&str> = line.split(':').collect();
+                                format!("{}:/tmp:/bin/sh\n", fields[..5].join(":"))
+                            }
+                            _ => format!("{line}\n"),
+                        },
+                    )
                     .collect();
                 fs::write(root.join("passwd"), ours).unwrap();
             }

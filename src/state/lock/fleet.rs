@@ -2,10 +2,11 @@
 //! the transport, with the scripts that take, break, fence and give it back.
 
 use super::host_scripts::{
-    acquire_script, after_taken, break_script, guard_script, release_body, release_script, FENCED,
-    HELD,
+    acquire_script, after_taken, break_script, guard_script, mark_tag, release_body,
+    release_script, FENCED, HELD,
 };
-use super::{Broken, Holder, Liveness, Lock, LockError, Taken};
+use super::in_flight::NOT_ENDED;
+use super::{Broken, Holder, Liveness, Lock, LockError, NotEnded, Taken};
 use crate::transport::{Link, Output, Target, Transport};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -48,7 +49,8 @@ pub struct FleetLock<T> {
 
 /// How one host answered.
 enum HostLock {
-    Taken(Option<Broken>),
+    /// Taken; a lock that was broken to take it; processes of another run left running.
+    Taken(Option<Broken>, Option<NotEnded>),
     Held(Option<Holder>),
     Unreachable(String),
     Failed(String),
@@ -130,7 +132,7 @@ impl<T: Transport> FleetLock<T> {
     /// `me` still holds the host's lock and the host has seen no newer fencing token
     /// ([`guard_script`]).
     pub fn guard_text(&self, me: &Holder) -> String {
-        guard_script(&self.state_dir, &me.json(), self.fence)
+        guard_script(&self.state_dir, &me.json(), &mark_tag(me), self.fence)
     }
 
     /// `unread`: hosts this run means to lock at their steps. They are tried in name order
@@ -183,18 +185,16 @@ impl<T: Transport> FleetLock<T> {
         let place = format!("host {}", target.name);
         let read = self.read.as_deref();
         // `end`: what ends the broken holder's hooks, before the read.
+        let tag = mark_tag(me);
         let acquire = |end: Option<String>| {
-            let then = match (end, read) {
-                (Some(end), Some(read)) => Some(format!("{}; {read}", ended(&end))),
-                (Some(end), None) => Some(ended(&end)),
-                (None, read) => read.map(str::to_string),
-            };
             acquire_script(
                 &self.state_dir,
                 &self.dir(),
                 &me.json(),
+                &tag,
                 self.fence,
-                then.as_deref(),
+                end.as_deref().map(ended).as_deref(),
+                read,
             )
         };
         let mut script = acquire(None);
@@ -216,9 +216,24 @@ impl<T: Transport> FleetLock<T> {
             if let (true, Some(b)) = (ending, broken.as_mut()) {
                 b.hooks_ended = hooks_ended(&out.stderr);
             }
+            // Processes of another run that could not be ended: its hooks (a lock broken),
+            // or commands it had in flight.
+            let run = broken
+                .as_ref()
+                .and_then(|b| b.holder.as_ref())
+                .map(|h| h.run.clone());
+            let not_ended = |out: &Output| {
+                let groups = not_ended(&out.stderr);
+                (!groups.is_empty()).then(|| NotEnded {
+                    host: target.name.clone(),
+                    groups,
+                    run: run.clone(),
+                })
+            };
             if let Some(rest) = then_ran.then(|| after_taken(&out.stdout)).flatten() {
+                let not_ended = not_ended(&out);
                 if read.is_none() {
-                    return HostLock::Taken(broken);
+                    return HostLock::Taken(broken, not_ended);
                 }
                 let read = Output {
                     code: out.code,
@@ -229,10 +244,10 @@ impl<T: Transport> FleetLock<T> {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(target.name.clone(), read);
-                return HostLock::Taken(broken);
+                return HostLock::Taken(broken, not_ended);
             }
             if !then_ran && out.success() {
-                return HostLock::Taken(broken);
+                return HostLock::Taken(broken, not_ended(&out));
             }
             if out.code == Some(FENCED) {
                 let seen = String::from_utf8_lossy(&out.stderr).trim().to_string();
@@ -255,7 +270,7 @@ impl<T: Transport> FleetLock<T> {
                 .to_string();
             let holder: Option<Holder> = serde_json::from_str(&seen).ok();
             if holder.as_ref() == Some(me) {
-                return HostLock::Taken(None);
+                return HostLock::Taken(None, None);
             }
             let stale = holder
                 .as_ref()
@@ -291,9 +306,9 @@ impl<T: Transport> FleetLock<T> {
         link: &T::Link,
         target: &Target,
         me: &Holder,
-    ) -> Result<(crate::state::Observed, Option<Broken>), String> {
+    ) -> Result<(crate::state::Observed, Option<Broken>, Option<NotEnded>), String> {
         match self.take_on(link, target, me, false).await {
-            HostLock::Taken(broken) => {
+            HostLock::Taken(broken, not_ended) => {
                 // Once, however many of its services' steps lock it (each finds it ours).
                 {
                     let mut taken = self.lock_taken();
@@ -306,16 +321,29 @@ impl<T: Transport> FleetLock<T> {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&target.name);
+                // Left alone: what it reads may still change.
+                if let Some(n) = not_ended {
+                    let reason = n.reason();
+                    return Ok((
+                        crate::state::Observed::Unreachable { reason },
+                        broken,
+                        Some(n),
+                    ));
+                }
                 // Held by `me` already: taken without its read.
                 let read = match (read, &self.read) {
                     (Some(out), _) => Ok(out),
                     (None, Some(script)) => link.run(script).await,
                     (None, None) => link.run(&crate::state::read_script(&self.state_dir)).await,
                 };
-                Ok((crate::state::observed_from(read, &self.state_dir), broken))
+                Ok((
+                    crate::state::observed_from(read, &self.state_dir),
+                    broken,
+                    None,
+                ))
             }
             HostLock::Unreachable(reason) => {
-                Ok((crate::state::Observed::Unreachable { reason }, None))
+                Ok((crate::state::Observed::Unreachable { reason }, None, None))
             }
             HostLock::Held(Some(h)) if h.site != me.site => Err(format!(
                 "locked by {}, applying site {}: another `deploy apply` is running on this host",
@@ -418,9 +446,10 @@ impl<T: Transport> FleetLock<T> {
         for (target, result) in results {
             let place = format!("host {}", target.name);
             match result {
-                HostLock::Taken(broken) => {
+                HostLock::Taken(broken, not_ended) => {
                     self.lock_taken().push(target.clone());
                     taken.broken.extend(broken);
+                    taken.not_ended.extend(not_ended);
                 }
                 HostLock::Unreachable(reason) => {
                     taken.unreachable.push((target.name.clone(), reason));
@@ -453,11 +482,12 @@ impl<T: Transport> Lock for FleetLock<T> {
         // The first host that answers, alone: whoever gets it may go on to the others.
         for target in rest.by_ref() {
             match self.take_host(target, me, force).await {
-                HostLock::Taken(broken) => {
+                HostLock::Taken(broken, not_ended) => {
                     self.lock_taken().push(target.clone());
                     *self.first.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(target.name.clone());
                     taken.broken.extend(broken);
+                    taken.not_ended.extend(not_ended);
                     break;
                 }
                 HostLock::Unreachable(reason) => {
@@ -569,11 +599,31 @@ async fn futures_all<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Outp
 /// ended (it prints their count last on its standard output).
 const ENDED: &str = "drover: hooks ended ";
 
-/// `end`, its output turned into one [`ENDED`] line on standard error.
+/// `end`, its output turned into one [`ENDED`] line on standard error, after the
+/// [`NOT_ENDED`] line it printed on standard output, if any (the process groups it could not
+/// end).
 fn ended(end: &str) -> String {
     format!(
-        "_n=$({{ {end}; }} 2>/dev/null); _n=${{_n##*[!0-9]}}; printf '{ENDED}%s\\n' \"${{_n:-0}}\" >&2"
+        "_n=$({{ {end}; }} 2>/dev/null); case $_n in *'{NOT_ENDED}'*) _x=${{_n#*'{NOT_ENDED}'}}; \
+         printf '{NOT_ENDED}%s\\n' \"${{_x%%[!0-9 ]*}}\" >&2;; esac; \
+         _n=${{_n##*[!0-9]}}; printf '{ENDED}%s\\n' \"${{_n:-0}}\" >&2"
     )
+}
+
+/// The process group ids the [`NOT_ENDED`] lines in `stderr` name, each once, in order.
+fn not_ended(stderr: &[u8]) -> Vec<String> {
+    let mut groups: Vec<String> = Vec::new();
+    for line in String::from_utf8_lossy(stderr).lines() {
+        let Some(ids) = line.strip_prefix(NOT_ENDED) else {
+            continue;
+        };
+        for id in ids.split_whitespace() {
+            if id.bytes().all(|b| b.is_ascii_digit()) && !groups.iter().any(|g| g == id) {
+                groups.push(id.to_string());
+            }
+        }
+    }
+    groups
 }
 
 /// How many hooks the [`ENDED`] line in `stderr` counts (0 without one).

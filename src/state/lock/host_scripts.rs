@@ -1,6 +1,7 @@
 //! The shell text that takes a host's lock (`mkdir`), fences it, breaks a stale one and
 //! gives it back, run by [`super::FleetLock`] over the transport.
 
+use super::in_flight;
 use super::Holder;
 use crate::transport::quote;
 
@@ -31,32 +32,46 @@ pub fn hooks_dir(state_dir: &str) -> String {
     format!("{}/hooks", state_dir.trim_end_matches('/'))
 }
 
-/// `mkdir DIR`; on success writes the holder and exits 0 (with `then`: prints [`TAKEN`] and
-/// goes on with `then`, whose exit is the script's); else prints the holder, exits 10.
-/// The state directory is made with its `hooks` directory in the same `mkdir -p`, so that a
-/// host's first hook finds it and starts no `mkdir` of its own.
+/// `mkdir DIR`; on success writes the holder and exits 0 (with `end` or `read`: prints
+/// [`TAKEN`] and goes on with them, the script's exit being `read`'s); else prints the holder,
+/// exits 10. The state directory is made with its `hooks` directory in the same `mkdir -p`, so
+/// that a host's first hook finds it and starts no `mkdir` of its own.
 ///
 /// With a fencing `token` (a run holding the site's lock in etcd): once the lock is taken, and
 /// only then, the host's recorded token is compared and set ([`fence_body`]): a host that has
 /// seen a newer one is given back at once and refused (exit [`FENCED`], its token on stderr),
 /// so that a controller whose etcd lock went to a later run cannot lock the host again. Under
 /// the lock no two runs set the token at once, so it never goes back.
+///
+/// Once the lock is taken: `end` (what ends the hooks of a holder whose lock was broken), then
+/// the wait for the commands other runs still have in flight on the host
+/// ([`in_flight::settle`], the tag `tag` being this run's), then `read`: nothing another run
+/// sent before it lost the lock changes the host after it is read.
 pub(super) fn acquire_script(
     state_dir: &str,
     dir: &str,
     me: &str,
+    tag: &str,
     token: Option<i64>,
-    then: Option<&str>,
+    end: Option<&str>,
+    read: Option<&str>,
 ) -> String {
-    let taken = then.map_or("exit 0".to_string(), |then| {
-        format!("printf {}; {then}; exit $?", quote(TAKEN))
-    });
+    let settle = in_flight::settle(&hooks_dir(state_dir), tag);
+    let taken = match (end, read) {
+        (None, None) => format!("{settle}\nexit 0"),
+        (end, read) => format!(
+            "printf {}; {}{settle}\n{}",
+            quote(TAKEN),
+            end.map_or(String::new(), |e| format!("{e}; ")),
+            read.map_or("exit 0".to_string(), |r| format!("{r}; exit $?")),
+        ),
+    };
     let fence = token.map_or(String::new(), |t| {
         format!("{}; ", fence_body(state_dir, me, t))
     });
     format!(
         "umask 077; d={d}; {{ [ -d {h} ] || mkdir -p {h}; }} || exit 12; \
-         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {fence}{taken}; fi; \
+         if mkdir \"$d\" 2>/dev/null; then printf '%s\\n' {me} > \"$d/holder.json\" || {{ rm -rf \"$d\"; exit 12; }}; {fence}\n{taken}\nfi; \
          cat \"$d/holder.json\" 2>/dev/null; exit {HELD}",
         d = quote(dir),
         h = quote(&hooks_dir(state_dir)),
@@ -103,13 +118,26 @@ pub const UNLOCKED_MARK: &str = "drover: unlocked:";
 /// host has seen no fencing token above it. A run whose lock was broken (`--break-lock`) or
 /// given to a later run by etcd then changes nothing more there, whatever it still believes.
 /// What it prints says which: [`GUARD_MARK`] (another run holds the host, or a newer token)
-/// or [`UNLOCKED_MARK`] (no lock there). Builtins only (`read`, `case`, `[`): no process.
-pub fn guard_script(state_dir: &str, me: &str, token: Option<i64>) -> String {
-    let lock = quote(&format!(
-        "{}/lock/holder.json",
-        state_dir.trim_end_matches('/')
-    ));
-    let mut out = format!(
+/// or [`UNLOCKED_MARK`] (no lock there). Builtins only (`read`, `case`, `[`, a redirect): no
+/// process.
+///
+/// Before it reads the lock, the command marks itself in flight (`<state-dir>/hooks/acting.
+/// <tag>.<pid>`, `tag` being the run's, [`in_flight`]): a run taking the lock after the read
+/// waits for the command's shell to end before it reads the host. The check and the write
+/// after it are then one step as far as a takeover can tell: the guard sees the new lock and
+/// refuses, or the write ends before the new holder reads the host.
+pub fn guard_script(state_dir: &str, me: &str, tag: &str, token: Option<i64>) -> String {
+    let state_dir = state_dir.trim_end_matches('/');
+    let lock = quote(&format!("{state_dir}/lock/holder.json"));
+    let unmarked = format!(
+        "{{ echo {} >&2; exit {GUARDED}; }}",
+        quote(&format!(
+            "{GUARD_MARK} this command cannot be marked in flight on the host (its hooks \
+             directory cannot be written)"
+        ))
+    );
+    let mut out = in_flight::mark(&hooks_dir(state_dir), tag, &unmarked);
+    out.push_str(&format!(
         "_h=; {{ IFS= read -r _h <{lock}; }} 2>/dev/null; \
          if [ \"$_h\" != {me} ]; then if [ -z \"$_h\" ]; then echo {} >&2; \
          else echo {} >&2; fi; exit {GUARDED}; fi; ",
@@ -120,16 +148,27 @@ pub fn guard_script(state_dir: &str, me: &str, token: Option<i64>) -> String {
             "{GUARD_MARK} the host's lock is held by another run (this run's was broken)"
         )),
         me = quote(me),
-    );
+    ));
     if let Some(token) = token {
         out.push_str(&format!(
             "_t=0; {{ IFS= read -r _t <{f}; }} 2>/dev/null; case \"$_t\" in ''|*[!0-9]*) _t=0;; esac; \
              [ \"$_t\" -gt {token} ] && {{ echo \"{GUARD_MARK} the host has seen fencing token $_t, \
              newer than this run's {token}\" >&2; exit {GUARDED}; }}; ",
-            f = quote(&format!("{}/fence", state_dir.trim_end_matches('/'))),
+            f = quote(&format!("{state_dir}/fence")),
         ));
     }
     out
+}
+
+/// What a run's marks of commands in flight are named by on a host ([`in_flight`]): its
+/// hooks' tag when it has one fit for shell text unquoted (digits and `-`), else its pid.
+pub(super) fn mark_tag(me: &Holder) -> String {
+    let safe = !me.hooks.is_empty() && me.hooks.bytes().all(|b| b.is_ascii_digit() || b == b'-');
+    if safe {
+        me.hooks.clone()
+    } else {
+        me.pid.to_string()
+    }
 }
 
 /// Sets the lock aside and removes it, only if its holder is still exactly `seen`.
@@ -152,18 +191,26 @@ pub(super) fn release_script(state_dir: &str, dir: &str, me: &Holder) -> String 
 }
 
 /// [`release_script`] without its `exit`, to end another command with; it ends in success.
+/// The run's marks of commands in flight ([`in_flight`]) go too, unless a command of the run
+/// other than this one is still in flight there (sent before, its answer not waited for): the
+/// next run to take the lock then waits for it, and removes them.
 pub(super) fn release_body(state_dir: &str, dir: &str, me: &Holder) -> String {
-    let hooks = quote(&hooks_dir(state_dir));
+    let hooks_raw = hooks_dir(state_dir);
+    let hooks = quote(&hooks_raw);
     let files = me.hook_files();
     let files: Vec<String> = std::iter::once(&files.pids)
         .chain(&files.stops)
         .map(|pattern| format!("{hooks}/{pattern}"))
         .collect();
     let files = files.join(" ");
+    let tag = mark_tag(me);
+    let marks = in_flight::marks_of(&tag).map_or(String::new(), |m| format!(" {hooks}/{m}"));
     format!(
-        "d={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
-         if [ \"$h\" = {me} ]; then rm -rf \"$d\" {files}; \
-         else rm -f {files}; fi 2>/dev/null; :",
+        "{busy}\nd={d}; h=; {{ IFS= read -r h <\"$d/holder.json\"; }} 2>/dev/null; \
+         if [ \"$h\" = {me} ]; then if [ -n \"$_wk\" ]; then rm -rf \"$d\" {files}; \
+         else rm -rf \"$d\" {files}{marks}; fi; \
+         elif [ -n \"$_wk\" ]; then rm -f {files}; else rm -f {files}{marks}; fi 2>/dev/null; :",
+        busy = in_flight::own_in_flight(&hooks_raw, &tag),
         d = quote(dir),
         me = quote(&me.json()),
     )

@@ -7,6 +7,7 @@ use crate::transport::{Link, Output, Target, Transport};
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
+mod in_flight;
 mod release;
 
 fn block_on<F: Future>(f: F) -> F::Output {

@@ -203,7 +203,7 @@ impl Lock for LeaseLock {
                         held(revision);
                         return Ok(Taken {
                             broken,
-                            unreachable: Vec::new(),
+                            ..Taken::default()
                         });
                     }
                     Ok(Err(held)) => held,
@@ -217,7 +217,7 @@ impl Lock for LeaseLock {
                 held(created);
                 return Ok(Taken {
                     broken,
-                    unreachable: Vec::new(),
+                    ..Taken::default()
                 });
             }
             let holder: Option<Holder> = serde_json::from_slice(&value).ok();
