@@ -83,13 +83,11 @@ impl Tally {
         // step begun, a removal begun, a revert done); the end of a step only counts for a
         // service already seen.
         let (name, first) = match kind {
-            EventKind::StepStarted { service, .. }
-            | EventKind::RemovalStarted { service, .. }
-            | EventKind::RevertFinished {
-                service, ok: true, ..
-            } => (service, true),
-            EventKind::StepFinished { service, .. }
-            | EventKind::RemovalFinished { service, .. } => (service, false),
+            EventKind::StepStarted { intent, .. } => (&intent.service, true),
+            EventKind::RemovalStarted { service, .. } => (service, true),
+            EventKind::RevertFinished { result, .. } if result.ok => (&result.service, true),
+            EventKind::StepFinished { result, .. } => (&result.service, false),
+            EventKind::RemovalFinished { service, .. } => (service, false),
             _ => return,
         };
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -102,24 +100,22 @@ impl Tally {
         let s = seen.services.entry(name.clone()).or_default();
         match kind {
             EventKind::StepStarted {
-                host,
-                from,
-                to,
+                intent,
                 kind,
                 reasons,
                 ..
             } => {
-                s.hosts.insert(host.clone());
-                s.from.insert(from.clone());
-                s.to.insert(to.clone());
-                s.kinds.insert(host.clone(), *kind);
+                s.hosts.insert(intent.host.clone());
+                s.from.insert(intent.from.clone());
+                s.to.insert(intent.to.clone());
+                s.kinds.insert(intent.host.clone(), *kind);
                 s.reasons.extend(reasons.iter().cloned());
             }
-            EventKind::StepFinished { host, ok, .. } => {
-                if *ok {
-                    s.failed.remove(host);
+            EventKind::StepFinished { result, .. } => {
+                if result.ok {
+                    s.failed.remove(&result.host);
                 } else {
-                    s.failed.insert(host.clone());
+                    s.failed.insert(result.host.clone());
                 }
             }
             EventKind::RemovalStarted { version, .. } => {
@@ -132,8 +128,8 @@ impl Tally {
                     s.failed.insert(host.clone());
                 }
             }
-            EventKind::RevertFinished { host, .. } => {
-                s.reverted.insert(host.clone());
+            EventKind::RevertFinished { result, .. } => {
+                s.reverted.insert(result.host.clone());
             }
             _ => {}
         }

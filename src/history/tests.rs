@@ -208,15 +208,17 @@ fn what_a_run_changed_is_tallied_from_its_events() {
     let tally = tally::Tally::new(std::sync::Arc::new(Nowhere));
     let started = |host: &str, from: Option<&str>, kind: StepKind, reasons: &[&str]| {
         Event::now(EventKind::StepStarted {
-            service: "api".into(),
-            host: host.into(),
-            from: from.map(String::from),
-            to: if kind == StepKind::Reconfigure {
-                "1.0"
-            } else {
-                "2.0"
-            }
-            .into(),
+            intent: crate::rollout::StepIntent {
+                service: "api".into(),
+                host: host.into(),
+                from: from.map(String::from),
+                to: if kind == StepKind::Reconfigure {
+                    "1.0"
+                } else {
+                    "2.0"
+                }
+                .into(),
+            },
             kind,
             reasons: reasons.iter().map(|r| r.to_string()).collect(),
             path: HookPath::SwitchOver,
@@ -226,12 +228,14 @@ fn what_a_run_changed_is_tallied_from_its_events() {
     };
     let finished = |service: &str, host: &str, ok: bool| {
         Event::now(EventKind::StepFinished {
-            service: service.into(),
-            host: host.into(),
-            ok,
-            failed_hook: (!ok).then(|| "check".into()),
-            rolled_back: !ok,
-            reason: None,
+            result: crate::rollout::StepEnd {
+                service: service.into(),
+                host: host.into(),
+                ok,
+                failed_hook: (!ok).then(|| "check".into()),
+                rolled_back: !ok,
+                reason: None,
+            },
             log: String::new(),
             record: None,
         })
@@ -249,11 +253,13 @@ fn what_a_run_changed_is_tallied_from_its_events() {
     tally.emit(finished("api", "app1", true));
     tally.emit(finished("api", "app2", false));
     tally.emit(Event::now(EventKind::RevertFinished {
-        service: "api".into(),
-        host: "app1".into(),
-        ok: true,
-        failed_hook: None,
-        reason: None,
+        result: crate::rollout::RevertEnd {
+            service: "api".into(),
+            host: "app1".into(),
+            ok: true,
+            failed_hook: None,
+            reason: None,
+        },
         log: String::new(),
         record: None,
     }));

@@ -1,6 +1,9 @@
 //! Consumers of rollout events: plain timestamped lines, NDJSON, or progress bars on a terminal.
 
-use crate::rollout::{Event, EventKind, ServiceOutcome, Sink, Skips};
+use crate::rollout::{
+    Event, EventKind, Interruption, RevertEnd, RevertIntent, ServiceOutcome, Sink, Skips,
+    StepBlocked, StepEnd, StepIntent,
+};
 use crate::words::count;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::collections::HashMap;
@@ -104,10 +107,13 @@ pub fn line(kind: &EventKind) -> Option<String> {
         // A step decided once its host was read: what it does, and why, as the plan shows
         // for the hosts read before the run.
         EventKind::StepStarted {
-            service,
-            host,
-            from,
-            to,
+            intent:
+                StepIntent {
+                    service,
+                    host,
+                    from,
+                    to,
+                },
             kind,
             reasons,
             path,
@@ -128,16 +134,24 @@ pub fn line(kind: &EventKind) -> Option<String> {
         | EventKind::HookStarted { .. }
         | EventKind::HookFinished { .. } => return None,
         EventKind::StepFinished {
-            service,
-            host,
-            ok: true,
+            result:
+                StepEnd {
+                    service,
+                    host,
+                    ok: true,
+                    ..
+                },
             ..
         } => format!("{service}: {host} ok"),
         EventKind::StepFinished {
-            service,
-            host,
-            reason,
-            rolled_back,
+            result:
+                StepEnd {
+                    service,
+                    host,
+                    reason,
+                    rolled_back,
+                    ..
+                },
             log,
             ..
         } => {
@@ -147,11 +161,11 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 reason.as_deref().unwrap_or("failed")
             )
         }
-        EventKind::StepBlocked {
+        EventKind::StepBlocked(StepBlocked {
             service,
             host,
             reason,
-        } => format!("{service}: {host} not started: {reason}"),
+        }) => format!("{service}: {host} not started: {reason}"),
         EventKind::WaitDropped { service, why, .. } => {
             format!("{service}: a wait dropped, as it would go round: {why}")
         }
@@ -224,10 +238,13 @@ pub fn line(kind: &EventKind) -> Option<String> {
             text
         }
         EventKind::RevertStarted {
-            service,
-            host,
-            from,
-            to,
+            intent:
+                RevertIntent {
+                    service,
+                    host,
+                    from,
+                    to,
+                },
             hooks,
             secrets,
         } => {
@@ -248,15 +265,23 @@ pub fn line(kind: &EventKind) -> Option<String> {
             text
         }
         EventKind::RevertFinished {
-            service,
-            host,
-            ok: true,
+            result:
+                RevertEnd {
+                    service,
+                    host,
+                    ok: true,
+                    ..
+                },
             ..
         } => format!("{service}: {host} reverted"),
         EventKind::RevertFinished {
-            service,
-            host,
-            reason,
+            result:
+                RevertEnd {
+                    service,
+                    host,
+                    reason,
+                    ..
+                },
             log,
             ..
         } => format!(
@@ -290,20 +315,20 @@ pub fn line(kind: &EventKind) -> Option<String> {
                 .unwrap_or_default();
             format!("{service}: {word}{why} ({succeeded} ok, {failed} failed, {not_started} not started)")
         }
-        EventKind::Interrupted {
+        EventKind::Interrupted(Interruption {
             abort: false,
             running,
             reason,
-        } => format!(
+        }) => format!(
             "INTERRUPTED ({reason}): no new step starts; waiting for {} to finish (interrupt again to abort {})",
             count(*running, "running step"),
             if *running == 1 { "it" } else { "them" }
         ),
-        EventKind::Interrupted {
+        EventKind::Interrupted(Interruption {
             abort: true,
             running,
             reason,
-        } => format!(
+        }) => format!(
             "ABORTING ({reason}): killing the hooks of {} on their hosts",
             count(*running, "running step")
         ),
@@ -521,7 +546,10 @@ impl Sink for Bars {
             } => self
                 .bar(service, 0)
                 .set_message(format!("wave {wave}: {}", count(hosts.len(), "host"))),
-            EventKind::StepFinished { service, ok, .. } => {
+            EventKind::StepFinished {
+                result: StepEnd { service, ok, .. },
+                ..
+            } => {
                 self.bar(service, 0).inc(1);
                 if !ok {
                     let _ = self.multi.println(line(&event.kind).unwrap_or_default());

@@ -42,11 +42,11 @@ fn blocked(ran: &Ran, service: &str) -> Vec<(String, String)> {
     ran.events
         .iter()
         .filter_map(|(_, _, e)| match e {
-            EventKind::StepBlocked {
+            EventKind::StepBlocked(StepBlocked {
                 service: s,
                 host,
                 reason,
-            } if s == service => Some((host.clone(), reason.clone())),
+            }) if s == service => Some((host.clone(), reason.clone())),
             _ => None,
         })
         .collect()
@@ -207,9 +207,13 @@ service "api" {{
 fn reason_of(ran: &Ran, service: &str, host: &str) -> Option<String> {
     ran.events.iter().find_map(|(_, _, e)| match e {
         EventKind::StepFinished {
-            service: s,
-            host: h,
-            reason,
+            result:
+                StepEnd {
+                    service: s,
+                    host: h,
+                    reason,
+                    ..
+                },
             ..
         } if s == service && h == host => reason.clone(),
         _ => None,

@@ -1,6 +1,9 @@
 //! What the rollout tells the world: a stream of events; renderers are consumers.
 
 use crate::plan::Condition;
+pub use crate::state::journal::{
+    HookEnd, HookStart, Interruption, RevertEnd, RevertIntent, StepBlocked, StepEnd, StepIntent,
+};
 use serde::Serialize;
 use std::time::SystemTime;
 
@@ -66,7 +69,10 @@ pub enum EventKind {
     },
     /// A host's lock was refused as it was read during the run (another run holds it):
     /// nothing more starts, and the run ends not converged.
-    Refused { host: String, reason: String },
+    Refused {
+        host: String,
+        reason: String,
+    },
     ServiceStarted {
         service: String,
         waves: usize,
@@ -78,11 +84,11 @@ pub enum EventKind {
         canary: bool,
         hosts: Vec<String>,
     },
+    /// A step about to change its host (its intent, as the run journal records it, then
+    /// what it does).
     StepStarted {
-        service: String,
-        host: String,
-        from: Option<String>,
-        to: String,
+        #[serde(flatten)]
+        intent: StepIntent,
         /// What the step does: `install`, `upgrade`, `retry`, `reconfigure`, … (for a host
         /// read at its step, what was decided once it was read).
         kind: crate::plan::StepKind,
@@ -102,37 +108,19 @@ pub enum EventKind {
         decided: bool,
     },
     /// A hook is about to run on its host (written to the run journal before it runs).
-    HookStarted {
-        service: String,
-        host: String,
-        hook: String,
-    },
-    HookFinished {
-        service: String,
-        host: String,
-        hook: String,
-        ok: bool,
-        code: Option<i32>,
-        ms: u64,
-    },
+    HookStarted(HookStart),
+    HookFinished(HookEnd),
+    /// How a step ended (its result, as the run journal records it), and its log.
     StepFinished {
-        service: String,
-        host: String,
-        ok: bool,
-        failed_hook: Option<String>,
-        rolled_back: bool,
-        reason: Option<String>,
+        #[serde(flatten)]
+        result: StepEnd,
         log: String,
         /// The service's record as the step left it on the host (not in the NDJSON: it is
         /// the host's state file's to say; the shared store publishes it).
         #[serde(skip)]
         record: Option<Box<crate::state::ServiceRecord>>,
     },
-    StepBlocked {
-        service: String,
-        host: String,
-        reason: String,
-    },
+    StepBlocked(StepBlocked),
     /// An unread step ran nothing once its host was locked and read (`deploy apply` over
     /// `--max-connections`): the host already runs what the site says (`at-version`), or it
     /// could not be read (`unreachable`, with why) and is left alone.
@@ -202,7 +190,10 @@ pub enum EventKind {
     },
     /// The plan's removals the run did not carry out, and why (no `--prune`, a step that did
     /// not pass, the run stopped).
-    RemovalsLeft { count: usize, reason: String },
+    RemovalsLeft {
+        count: usize,
+        reason: String,
+    },
     /// `on-failure "revert"`: the service's failure budget is spent (or its progress deadline
     /// passed), its running steps have ended, and the hosts this run switched are switched
     /// back, in the order of `hosts` (last switched first); `left`: hosts it installed, which
@@ -216,10 +207,8 @@ pub enum EventKind {
     },
     /// A host's revert starts: from the version it runs now back to the one it ran before.
     RevertStarted {
-        service: String,
-        host: String,
-        from: String,
-        to: String,
+        #[serde(flatten)]
+        intent: RevertIntent,
         /// `"recorded"`: with the hooks and `env` the host recorded before this run; `"site"`:
         /// with the site's, as it recorded none (an older `deploy`, or taken from the store).
         hooks: String,
@@ -228,25 +217,15 @@ pub enum EventKind {
         secrets: Vec<String>,
     },
     RevertFinished {
-        service: String,
-        host: String,
-        ok: bool,
-        failed_hook: Option<String>,
-        reason: Option<String>,
+        #[serde(flatten)]
+        result: RevertEnd,
         log: String,
         /// The service's record as the revert left it on the host (not in the NDJSON).
         #[serde(skip)]
         record: Option<Box<crate::state::ServiceRecord>>,
     },
-    /// The run was told to stop (`abort: false`: no new step starts, running steps finish)
-    /// or to abort (`abort: true`: running steps are killed and recorded as interrupted).
-    Interrupted {
-        abort: bool,
-        /// Steps running when it happened.
-        running: usize,
-        /// Why: a signal, or the run journal that cannot be written.
-        reason: String,
-    },
+    /// The run was told to stop or to abort ([`Interruption`]).
+    Interrupted(Interruption),
     RunFinished {
         converged: bool,
         succeeded: usize,

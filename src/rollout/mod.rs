@@ -26,7 +26,10 @@ mod tests;
 pub use budget::{flowing, Flowing};
 pub use cancel::{Cancel, Level};
 pub use diff::file_diffs;
-pub use event::{Event, EventKind, Gate, Kinds, Phase, ServiceOutcome, Sink, Skips, EVENT_SCHEMA};
+pub use event::{
+    Event, EventKind, Gate, HookEnd, HookStart, Interruption, Kinds, Phase, RevertEnd,
+    RevertIntent, ServiceOutcome, Sink, Skips, StepBlocked, StepEnd, StepIntent, EVENT_SCHEMA,
+};
 pub use hook::needs_var;
 pub use ideal::makespan as ideal_makespan;
 pub use planning::{Planned, Planning};

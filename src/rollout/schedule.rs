@@ -1,6 +1,6 @@
 //! The coordinator: decides which steps may start, launches them, and records what finished.
 
-use super::event::{Event, EventKind, ServiceOutcome};
+use super::event::{Event, EventKind, ServiceOutcome, StepBlocked};
 use super::links::Links;
 use super::step::{ServiceJob, StepResult};
 use super::{initial_record, Rollout, Summary};
@@ -646,11 +646,11 @@ impl<T: Transport> Scheduler<T> {
                     "{} did not switch on this host",
                     plan.services[*broken].name
                 );
-                self.emit(EventKind::StepBlocked {
+                self.emit(EventKind::StepBlocked(StepBlocked {
                     service: sp.name.clone(),
                     host: st.host.to_string(),
                     reason,
-                });
+                }));
                 self.svcs[s].not_started += 1;
                 self.hosts[h].broken.insert(s);
                 self.host_step_over(h);

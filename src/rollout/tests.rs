@@ -2,7 +2,10 @@
 //! command per host, same-host order, runtime conditions, waves, failure budgets, blocking,
 //! pauses, the connection pool and the hooks' environment.
 
-use super::{run, Event, EventKind, Gate, Rollout, ServiceOutcome, Sink, Summary};
+use super::{
+    run, Event, EventKind, Gate, Interruption, RevertEnd, RevertIntent, Rollout, ServiceOutcome,
+    Sink, StepBlocked, StepEnd, StepIntent, Summary,
+};
 use crate::plan::{self, Plan, Selection};
 use crate::site::{self, Site};
 use crate::state::{Observed, ServiceRecord};
@@ -759,9 +762,13 @@ impl Ran {
             .iter()
             .filter_map(|(seq, at, e)| match e {
                 EventKind::StepFinished {
-                    service: s,
-                    host,
-                    ok,
+                    result:
+                        StepEnd {
+                            service: s,
+                            host,
+                            ok,
+                            ..
+                        },
                     ..
                 } if s == service => Some((*seq, *at, host.clone(), *ok)),
                 _ => None,
@@ -908,9 +915,13 @@ async fn a_step_whose_task_panics_fails_and_is_counted_once() {
     assert_eq!(ran.counts(), (5, 1, 0), "{:?}", ran.summary);
     let finished = ran.events.iter().find_map(|(_, _, e)| match e {
         EventKind::StepFinished {
-            service,
-            host,
-            failed_hook,
+            result:
+                StepEnd {
+                    service,
+                    host,
+                    failed_hook,
+                    ..
+                },
             ..
         } if service == "api" && host == "app2" => Some(failed_hook.clone()),
         _ => None,
@@ -1481,7 +1492,9 @@ async fn a_step_is_blocked_on_a_host_where_a_service_it_follows_failed() {
         .events
         .iter()
         .filter_map(|(_, _, e)| match e {
-            EventKind::StepBlocked { service, host, .. } => Some((service.clone(), host.clone())),
+            EventKind::StepBlocked(StepBlocked { service, host, .. }) => {
+                Some((service.clone(), host.clone()))
+            }
             _ => None,
         })
         .collect();

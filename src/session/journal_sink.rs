@@ -52,8 +52,20 @@ impl JournalSink {
         self.journal.path()
     }
 
+    /// The journal's entry for an event, if it has one. A step's intent and result, a hook's
+    /// start and end, a step blocked, a revert's intent and result and an interruption are
+    /// the event's own payload; the run's start and end, a service planned or finished and a
+    /// step skipped are summed up from the event (and what the run started with).
     fn entry(&self, kind: &EventKind) -> Option<Entry> {
-        Some(match kind.clone() {
+        Some(match kind {
+            EventKind::StepStarted { intent, .. } => Entry::StepIntent(intent.clone()),
+            EventKind::HookStarted(hook) => Entry::HookStarted(hook.clone()),
+            EventKind::HookFinished(hook) => Entry::HookFinished(hook.clone()),
+            EventKind::StepFinished { result, .. } => Entry::StepResult(result.clone()),
+            EventKind::StepBlocked(blocked) => Entry::StepBlocked(blocked.clone()),
+            EventKind::RevertStarted { intent, .. } => Entry::RevertIntent(intent.clone()),
+            EventKind::RevertFinished { result, .. } => Entry::RevertResult(result.clone()),
+            EventKind::Interrupted(why) => Entry::Interrupted(why.clone()),
             EventKind::RunStarted {
                 run,
                 site,
@@ -61,76 +73,15 @@ impl JournalSink {
                 hosts,
                 ..
             } => Entry::RunStarted {
-                run,
-                site,
+                run: run.clone(),
+                site: site.clone(),
                 site_file: self.context.site_file.clone(),
                 site_digest: self.context.site_digest.clone(),
                 plan_digest: self.context.plan_digest.clone(),
-                steps,
-                hosts,
+                steps: *steps,
+                hosts: *hosts,
                 holder: Box::new(self.context.holder.clone()),
                 resumes: self.context.resumes.clone(),
-            },
-            EventKind::StepStarted {
-                service,
-                host,
-                from,
-                to,
-                ..
-            } => Entry::StepIntent {
-                service,
-                host,
-                from,
-                to,
-            },
-            EventKind::HookStarted {
-                service,
-                host,
-                hook,
-            } => Entry::HookStarted {
-                service,
-                host,
-                hook,
-            },
-            EventKind::HookFinished {
-                service,
-                host,
-                hook,
-                ok,
-                code,
-                ms,
-            } => Entry::HookFinished {
-                service,
-                host,
-                hook,
-                ok,
-                code,
-                ms,
-            },
-            EventKind::StepFinished {
-                service,
-                host,
-                ok,
-                failed_hook,
-                rolled_back,
-                reason,
-                ..
-            } => Entry::StepResult {
-                service,
-                host,
-                ok,
-                failed_hook,
-                rolled_back,
-                reason,
-            },
-            EventKind::StepBlocked {
-                service,
-                host,
-                reason,
-            } => Entry::StepBlocked {
-                service,
-                host,
-                reason,
             },
             EventKind::StepSkipped {
                 service,
@@ -138,15 +89,15 @@ impl JournalSink {
                 skip,
                 reason,
             } => Entry::StepSkipped {
-                service,
-                host,
+                service: service.clone(),
+                host: host.clone(),
                 skip: match skip {
                     crate::plan::SkipReason::AtVersion => "at-version",
                     crate::plan::SkipReason::NotSelected => "not-selected",
                     crate::plan::SkipReason::Unreachable => "unreachable",
                 }
                 .into(),
-                reason,
+                reason: reason.clone(),
             },
             EventKind::ServiceFinished {
                 service,
@@ -154,21 +105,12 @@ impl JournalSink {
                 reason,
                 ..
             } => Entry::ServiceFinished {
-                service,
+                service: service.clone(),
                 outcome: serde_json::to_value(outcome)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default(),
-                reason,
-            },
-            EventKind::Interrupted {
-                abort,
-                running,
-                reason,
-            } => Entry::Interrupted {
-                abort,
-                running,
-                reason,
+                reason: reason.clone(),
             },
             EventKind::RunFinished {
                 converged,
@@ -177,40 +119,15 @@ impl JournalSink {
                 not_started,
                 ..
             } => Entry::RunFinished {
-                converged,
+                converged: *converged,
                 interrupted: self.cancel.stopping(),
-                succeeded,
-                failed,
-                not_started,
+                succeeded: *succeeded,
+                failed: *failed,
+                not_started: *not_started,
             },
-            EventKind::ServicePlanned { service, steps, .. } => {
-                Entry::ServicePlanned { service, steps }
-            }
-            EventKind::RevertStarted {
-                service,
-                host,
-                from,
-                to,
-                ..
-            } => Entry::RevertIntent {
-                service,
-                host,
-                from,
-                to,
-            },
-            EventKind::RevertFinished {
-                service,
-                host,
-                ok,
-                failed_hook,
-                reason,
-                ..
-            } => Entry::RevertResult {
-                service,
-                host,
-                ok,
-                failed_hook,
-                reason,
+            EventKind::ServicePlanned { service, steps, .. } => Entry::ServicePlanned {
+                service: service.clone(),
+                steps: *steps,
             },
             _ => return None,
         })
@@ -224,11 +141,11 @@ impl Sink for JournalSink {
             // result are what a resumed run goes by, and they wait for the disk.
             let written = match entry {
                 // A step that ran nothing changed nothing: no carrying on depends on it.
-                Entry::HookStarted { .. }
-                | Entry::HookFinished { .. }
+                Entry::HookStarted(_)
+                | Entry::HookFinished(_)
                 | Entry::StepSkipped { .. }
                 | Entry::ServicePlanned { .. } => self.journal.note(&event.time, entry),
-                _ => self.journal.append(&event.time, entry),
+                _ => waiting(|| self.journal.append(&event.time, entry)),
             };
             if let Err(e) = written {
                 let why = format!(
@@ -243,6 +160,17 @@ impl Sink for JournalSink {
             }
         }
         self.inner.emit(event);
+    }
+}
+
+/// Waits for the journal's writer to say a line is on disk. On a worker of the runtime, the
+/// worker's other tasks move to another thread meanwhile (`block_in_place`): steps go on
+/// starting while the disk syncs, however few the cores ([`super::runtime`]).
+fn waiting<R>(wait: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+        // The writer is a thread of its own: a runtime of one thread may wait for it.
+        _ => wait(),
     }
 }
 
@@ -262,10 +190,12 @@ mod tests {
 
     fn step(service: &str, host: &str) -> EventKind {
         EventKind::StepStarted {
-            service: service.into(),
-            host: host.into(),
-            from: Some("1.0".into()),
-            to: "2.0".into(),
+            intent: StepIntent {
+                service: service.into(),
+                host: host.into(),
+                from: Some("1.0".into()),
+                to: "2.0".into(),
+            },
             kind: crate::plan::StepKind::Upgrade,
             reasons: Vec::new(),
             path: crate::plan::Path::SwitchOver,
@@ -276,12 +206,14 @@ mod tests {
 
     fn finished(service: &str, host: &str, ok: bool) -> EventKind {
         EventKind::StepFinished {
-            service: service.into(),
-            host: host.into(),
-            ok,
-            failed_hook: None,
-            rolled_back: false,
-            reason: None,
+            result: StepEnd {
+                service: service.into(),
+                host: host.into(),
+                ok,
+                failed_hook: None,
+                rolled_back: false,
+                reason: None,
+            },
             log: String::new(),
             record: None,
         }
@@ -318,11 +250,11 @@ mod tests {
         for h in ["a1", "a2", "a3"] {
             sink.emit(ev(step("api", h)));
         }
-        sink.emit(ev(EventKind::HookStarted {
+        sink.emit(ev(EventKind::HookStarted(HookStart {
             service: "api".into(),
             host: "a2".into(),
             hook: "migrate".into(),
-        }));
+        })));
         sink.emit(ev(finished("api", "a1", true)));
         sink.emit(ev(finished("api", "a3", false)));
         // The process "dies" here: no run-finished. Its holder is this (live) process.
@@ -336,11 +268,11 @@ mod tests {
         assert_eq!(rec.plan_digest.as_deref(), Some(&*"p".repeat(64)));
 
         cancel.raise(Level::Stop, "SIGINT");
-        sink.emit(ev(EventKind::Interrupted {
+        sink.emit(ev(EventKind::Interrupted(Interruption {
             abort: false,
             running: 1,
             reason: "SIGINT".into(),
-        }));
+        })));
         sink.emit(ev(finished("api", "a2", true)));
         sink.emit(ev(EventKind::RunFinished {
             converged: false,
@@ -380,11 +312,11 @@ mod tests {
                 let j = journal.clone();
                 std::thread::spawn(move || {
                     for i in 0..25 {
-                        let entry = Entry::HookStarted {
+                        let entry = Entry::HookStarted(HookStart {
                             service: format!("s{t}"),
                             host: format!("h{i}"),
                             hook: "install".into(),
-                        };
+                        });
                         j.append("2026-01-01T00:00:00.000Z", entry).unwrap();
                     }
                 })
@@ -405,10 +337,12 @@ mod tests {
     fn a_noted_line_waits_for_the_next_synced_one_and_keeps_its_place() {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::create(&dir.path().join("r")).unwrap();
-        let hook = |h: &str| Entry::HookStarted {
-            service: "api".into(),
-            host: h.into(),
-            hook: "install".into(),
+        let hook = |h: &str| {
+            Entry::HookStarted(HookStart {
+                service: "api".into(),
+                host: h.into(),
+                hook: "install".into(),
+            })
         };
         journal.note("t1", hook("a")).unwrap();
         assert_eq!(std::fs::read_to_string(journal.path()).unwrap(), "");
@@ -445,6 +379,78 @@ mod tests {
         assert!(sink.error().unwrap().contains("cannot be written"));
         assert!(cancel.reason().contains("cannot be written"));
     }
+
+    /// The sink after the journal hears of an event only once its line is in the journal's
+    /// file. Here it reads the file as it hears of each step's intent.
+    struct Reading {
+        path: std::path::PathBuf,
+        found: Mutex<Vec<bool>>,
+    }
+    impl Sink for Reading {
+        fn emit(&self, event: Event) {
+            if let EventKind::StepStarted { intent, .. } = &event.kind {
+                let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+                let line = format!("\"host\":\"{}\",", intent.host);
+                let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+                found.push(text.contains(&line));
+            }
+        }
+    }
+
+    /// An event that waits for the disk is passed on, and its `emit` returns, only once the
+    /// journal's writer has its line in the file: intents emitted by many tasks at once (on a
+    /// runtime of one worker, which each hands to another thread while it waits), and results
+    /// of a megabyte each (a writer that answered before writing would be read mid-write).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn an_event_is_on_disk_before_it_is_passed_on_or_emit_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().join("r1");
+        let reading = Arc::new(Reading {
+            path: run_dir.join(JOURNAL_FILE),
+            found: Mutex::new(Vec::new()),
+        });
+        let sink = Arc::new(JournalSink::new(
+            Journal::create(&run_dir).unwrap(),
+            reading.clone(),
+            Cancel::new(),
+            RunContext {
+                site_file: String::new(),
+                site_digest: String::new(),
+                plan_digest: String::new(),
+                holder: Holder::me("s", "r1"),
+                resumes: None,
+            },
+        ));
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let sink = sink.clone();
+                tokio::spawn(async move { sink.emit(ev(step("api", &format!("a{i}")))) })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let found = reading.found.lock().unwrap().clone();
+        assert_eq!(found, [true; 16]);
+        let long = "x".repeat(1 << 20);
+        for i in 0..4 {
+            let host = format!("a{i}");
+            let mut kind = finished("api", &host, false);
+            if let EventKind::StepFinished { result, .. } = &mut kind {
+                result.reason = Some(long.clone());
+            }
+            sink.emit(ev(kind));
+            let text = std::fs::read_to_string(sink.path()).unwrap();
+            let last: Line = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+            assert!(
+                matches!(&last.entry, Entry::StepResult(r) if r.host == host),
+                "{:?}",
+                last.entry
+            );
+            assert!(text.ends_with('\n'));
+        }
+        assert_eq!(sink.error(), None);
+    }
 }
 
 #[cfg(test)]
@@ -477,25 +483,29 @@ mod revert_tests {
         );
         for host in ["a1", "a2"] {
             sink.emit(Event::now(EventKind::RevertStarted {
-                service: "api".into(),
-                host: host.into(),
-                from: "2.0".into(),
-                to: "1.0".into(),
+                intent: RevertIntent {
+                    service: "api".into(),
+                    host: host.into(),
+                    from: "2.0".into(),
+                    to: "1.0".into(),
+                },
                 hooks: "recorded".into(),
                 secrets: Vec::new(),
             }));
         }
-        sink.emit(Event::now(EventKind::HookStarted {
+        sink.emit(Event::now(EventKind::HookStarted(HookStart {
             service: "api".into(),
             host: "a2".into(),
             hook: "start".into(),
-        }));
+        })));
         sink.emit(Event::now(EventKind::RevertFinished {
-            service: "api".into(),
-            host: "a1".into(),
-            ok: true,
-            failed_hook: None,
-            reason: None,
+            result: RevertEnd {
+                service: "api".into(),
+                host: "a1".into(),
+                ok: true,
+                failed_hook: None,
+                reason: None,
+            },
             log: String::new(),
             record: None,
         }));

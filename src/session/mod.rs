@@ -100,16 +100,20 @@ pub enum Ended {
     LockLost,
 }
 
-/// The async runtime of a command: at least four worker threads, whatever the cores: the run
-/// journal's sync blocks the worker that emits an event for a few milliseconds, and on a
-/// 2-core controller that would leave nothing to start the next steps. Each worker has an 8 MiB
-/// stack (tokio's default is 2): a step's future nests the link's, and an unoptimised build
-/// copies such futures up the stack as it polls them.
+/// The async runtime of a command: a worker thread per core. None of them syncs the run
+/// journal (its writer is a thread of its own); one that waits for it, or for etcd to take a
+/// step's intent, hands its other tasks to another thread meanwhile (`block_in_place`) and
+/// joins the runtime's pool of blocking threads. That pool keeps its idle threads while the
+/// runtime lasts: a transfer's `ssh` is told to end with the thread that started it
+/// ([`crate::transport`]'s direct connections). Each thread has an 8 MiB stack (tokio's
+/// default is 2): a step's future nests the link's, and an unoptimised build copies such
+/// futures up the stack as it polls them.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cores.max(4))
+        .worker_threads(cores)
         .thread_stack_size(8 << 20)
+        .thread_keep_alive(Duration::MAX)
         .enable_all()
         .build()
 }

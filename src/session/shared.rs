@@ -8,7 +8,9 @@
 use super::{Say, SessionError};
 use crate::inventory::Hosts;
 use crate::plan::Plan;
-use crate::rollout::{Cancel, Event, EventKind, Level, Sink};
+use crate::rollout::{
+    Cancel, Event, EventKind, Level, RevertEnd, RevertIntent, Sink, StepEnd, StepIntent,
+};
 use crate::site::Site;
 use crate::state::lock::{Holder, Lock, LockError, Taken};
 use crate::state::store::{self, Etcd, Fence, Fingerprints, Keys, LeaseLock, Store, Write};
@@ -346,7 +348,10 @@ impl Sink for Publishing {
             // The step's intent, in etcd before its first command: a run that dies before it
             // publishes the step's result leaves it, and every later run reads the host.
             EventKind::StepStarted {
-                service, host, to, ..
+                intent: StepIntent {
+                    service, host, to, ..
+                },
+                ..
             } => {
                 let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let intent = store::busy(&self.shared.keys, host, service, to, &run, &now());
@@ -361,10 +366,14 @@ impl Sink for Publishing {
                 }
             }
             EventKind::StepFinished {
-                service,
-                host,
-                failed_hook,
-                reason,
+                result:
+                    StepEnd {
+                        service,
+                        host,
+                        failed_hook,
+                        reason,
+                        ..
+                    },
                 record,
                 ..
             } => {
@@ -420,7 +429,10 @@ impl Sink for Publishing {
             }
             // A revert's intent, as a step's: a run that dies during it leaves the host busy.
             EventKind::RevertStarted {
-                service, host, to, ..
+                intent: RevertIntent {
+                    service, host, to, ..
+                },
+                ..
             } => {
                 let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let intent = store::busy(&self.shared.keys, host, service, to, &run, &now());
@@ -428,8 +440,7 @@ impl Sink for Publishing {
             }
             // A host switched back: the store says what it runs now, as its record does.
             EventKind::RevertFinished {
-                service,
-                host,
+                result: RevertEnd { service, host, .. },
                 record,
                 ..
             } => {

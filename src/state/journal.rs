@@ -8,7 +8,8 @@
 //!   synced too. A step's intent is on disk before its first command is sent; its result once
 //!   its last state write is done. The hook lines (which hook a step is in) reach the disk
 //!   with the next synced line: a run that dies may lose the last of them, never an intent
-//!   or a result.
+//!   or a result. One thread of its own writes and syncs the file ([`writer`]); whoever
+//!   appends waits for its answer that the line is on disk.
 //! - One pointer per site to the run that is not finished: `.drover/unfinished/<site>.json`
 //!   (`{"run", "journal"}`), written (atomically) when a run starts and removed when one ends
 //!   without being interrupted. A pointer left behind means the run was interrupted, or its
@@ -24,7 +25,14 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex};
+use std::sync::mpsc;
+
+mod payload;
+mod writer;
+pub use payload::{
+    HookEnd, HookStart, Interruption, RevertEnd, RevertIntent, StepBlocked, StepEnd, StepIntent,
+};
+use writer::{Order, Writer};
 
 /// Where `deploy` keeps its own files on the controller, relative to where it runs.
 pub const CONTROLLER_DIR: &str = ".drover";
@@ -58,55 +66,19 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resumes: Option<String>,
     },
-    StepIntent {
-        service: String,
-        host: String,
-        from: Option<String>,
-        to: String,
-    },
-    HookStarted {
-        service: String,
-        host: String,
-        hook: String,
-    },
-    HookFinished {
-        service: String,
-        host: String,
-        hook: String,
-        ok: bool,
-        code: Option<i32>,
-        ms: u64,
-    },
-    StepResult {
-        service: String,
-        host: String,
-        ok: bool,
-        failed_hook: Option<String>,
-        rolled_back: bool,
-        reason: Option<String>,
-    },
-    StepBlocked {
-        service: String,
-        host: String,
-        reason: String,
-    },
-    /// `on-failure "revert"`: a host is switched back from `from` to `to`. Until its result,
-    /// it is in flight as a step is (a run carried on stops what it left running there).
-    RevertIntent {
-        service: String,
-        host: String,
-        from: String,
-        to: String,
-    },
-    RevertResult {
-        service: String,
-        host: String,
-        ok: bool,
-        failed_hook: Option<String>,
-        reason: Option<String>,
-    },
+    StepIntent(StepIntent),
+    HookStarted(HookStart),
+    HookFinished(HookEnd),
+    StepResult(StepEnd),
+    StepBlocked(StepBlocked),
+    /// `on-failure "revert"`: a host is switched back; until its result, it is in flight.
+    RevertIntent(RevertIntent),
+    RevertResult(RevertEnd),
     /// A service planned during the run, once its hosts were read: its steps join the run's.
-    ServicePlanned { service: String, steps: usize },
+    ServicePlanned {
+        service: String,
+        steps: usize,
+    },
     /// An unread step that ran nothing once its host was read (`skip`: `at-version` or
     /// `unreachable`).
     StepSkipped {
@@ -121,11 +93,7 @@ pub enum Entry {
         outcome: String,
         reason: Option<String>,
     },
-    Interrupted {
-        abort: bool,
-        running: usize,
-        reason: String,
-    },
+    Interrupted(Interruption),
     RunFinished {
         converged: bool,
         interrupted: bool,
@@ -135,32 +103,14 @@ pub enum Entry {
     },
 }
 
-/// An open journal, appended to and synced line by line.
-///
-/// Appends from many steps at once share their syncs (group commit): whoever finds no sync
-/// under way writes every line queued so far and syncs once, while the others wait for a sync
-/// that covers their line. Each `append` returns only once its line is on disk.
+/// An open journal, appended to and synced line by line by its writer ([`writer`]), a thread
+/// of its own: appends from many steps at once share their syncs (group commit), and each
+/// `append` returns only once its line is on disk.
 pub struct Journal {
     path: PathBuf,
-    state: Mutex<Queue>,
-    synced: Condvar,
-}
-
-struct Queue {
-    /// Out while a sync is under way (its leader holds it).
-    file: Option<std::fs::File>,
-    /// Lines not yet written.
-    pending: Vec<u8>,
-    /// Lines numbered from 1: the last queued, and the last synced.
-    queued: u64,
-    done: u64,
-    syncing: bool,
-    /// The lines (from, to) of the last sync that failed, and its error.
-    failed: Option<(u64, u64, String)>,
-    /// A write failed: the file may end in part of a line, so the next write starts on a line
-    /// of its own (an empty line is nothing to a reader; two entries glued into one would be
-    /// a damaged line).
-    torn: bool,
+    /// To the writer; `None` once the journal is dropped (the writer then ends).
+    orders: Option<mpsc::Sender<Order>>,
+    writer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Journal {
@@ -169,7 +119,7 @@ impl Journal {
     #[cfg(test)]
     pub(crate) fn refuse_writes(&self) {
         if let Ok(f) = std::fs::File::open(&self.path) {
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).file = Some(f);
+            let _ = self.send(Order::Swap(f));
         }
     }
 
@@ -177,13 +127,14 @@ impl Journal {
     #[cfg(test)]
     pub(crate) fn accept_writes(&self) {
         if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&self.path) {
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).file = Some(f);
+            let _ = self.send(Order::Swap(f));
         }
     }
 }
 
 impl Journal {
-    /// Creates `dir/journal.ndjson` (and `dir`), syncing every directory it creates.
+    /// Creates `dir/journal.ndjson` (and `dir`), syncing every directory it creates, and
+    /// starts its writer.
     pub fn create(dir: &Path) -> std::io::Result<Journal> {
         create_dirs(dir)?;
         let path = dir.join(JOURNAL_FILE);
@@ -194,18 +145,14 @@ impl Journal {
         )
         .open(&path)?;
         sync_dir(Some(dir))?;
+        let (orders, received) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("journal".into())
+            .spawn(move || Writer::new(file).run(received))?;
         Ok(Journal {
             path,
-            state: Mutex::new(Queue {
-                file: Some(file),
-                pending: Vec::new(),
-                queued: 0,
-                done: 0,
-                syncing: false,
-                failed: None,
-                torn: false,
-            }),
-            synced: Condvar::new(),
+            orders: Some(orders),
+            writer: Some(writer),
         })
     }
 
@@ -213,68 +160,47 @@ impl Journal {
         &self.path
     }
 
+    fn send(&self, order: Order) -> std::io::Result<()> {
+        self.orders
+            .as_ref()
+            .and_then(|o| o.send(order).ok())
+            .ok_or_else(|| std::io::Error::other("the journal is closed"))
+    }
+
     /// Queues one line that only informs (which hook runs): it is not waited for, and reaches
     /// the disk with the next line that is synced.
     pub fn note(&self, time: &str, entry: Entry) -> std::io::Result<()> {
-        let text = Self::text(time, entry)?;
-        let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        q.pending.extend_from_slice(text.as_bytes());
-        q.queued += 1;
-        Ok(())
+        self.send(Order::Note(Self::text(time, entry)?))
     }
 
-    fn text(time: &str, entry: Entry) -> std::io::Result<String> {
+    fn text(time: &str, entry: Entry) -> std::io::Result<Vec<u8>> {
         let line = Line {
             time: time.to_string(),
             entry,
         };
-        let mut text = serde_json::to_string(&line).map_err(std::io::Error::other)?;
-        text.push('\n');
+        let mut text = serde_json::to_vec(&line).map_err(std::io::Error::other)?;
+        text.push(b'\n');
         Ok(text)
     }
 
     /// Appends one line; returns once it (and every line queued before it) is synced to disk.
     pub fn append(&self, time: &str, entry: Entry) -> std::io::Result<()> {
-        let text = Self::text(time, entry)?;
-        let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        q.pending.extend_from_slice(text.as_bytes());
-        q.queued += 1;
-        let mine = q.queued;
-        loop {
-            if q.done >= mine {
-                return match &q.failed {
-                    Some((from, to, e)) if (*from..=*to).contains(&mine) => {
-                        Err(std::io::Error::other(e.clone()))
-                    }
-                    _ => Ok(()),
-                };
-            }
-            if q.syncing {
-                q = self.synced.wait(q).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            // Lead a sync of everything queued so far.
-            q.syncing = true;
-            let mut batch = std::mem::take(&mut q.pending);
-            if q.torn {
-                batch.insert(0, b'\n');
-            }
-            let (from, upto) = (q.done + 1, q.queued);
-            let mut file = q.file.take();
-            drop(q);
-            let result = match file.as_mut() {
-                Some(f) => f.write_all(&batch).and_then(|_| f.sync_data()),
-                None => Err(std::io::Error::other("the journal is closed")),
-            };
-            q = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            q.file = file;
-            q.syncing = false;
-            q.done = upto;
-            q.torn = result.is_err();
-            if let Err(e) = result {
-                q.failed = Some((from, upto, e.to_string()));
-            }
-            self.synced.notify_all();
+        let (ack, synced) = mpsc::channel();
+        self.send(Order::Append(Self::text(time, entry)?, ack))?;
+        match synced.recv() {
+            Ok(result) => result.map_err(std::io::Error::other),
+            Err(_) => Err(std::io::Error::other("the journal is closed")),
+        }
+    }
+}
+
+impl Drop for Journal {
+    /// The writer ends once it has written what was sent before (noted lines that no synced
+    /// one followed are not written, as when the process dies).
+    fn drop(&mut self) {
+        self.orders = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
         }
     }
 }
@@ -492,12 +418,12 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
                 rec.holder = Some(*holder);
                 rec.resumes = resumes;
             }
-            Entry::StepIntent {
+            Entry::StepIntent(StepIntent {
                 service,
                 host,
                 from,
                 to,
-            } => {
+            }) => {
                 order += 1;
                 let key = (service.clone(), host.clone());
                 let step = InFlight {
@@ -509,23 +435,23 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
                 };
                 open.insert(key, (order, step));
             }
-            Entry::HookStarted {
+            Entry::HookStarted(HookStart {
                 service,
                 host,
                 hook,
-            } => {
+            }) => {
                 if let Some((_, s)) = open.get_mut(&(service, host)) {
                     s.hook = Some(hook);
                 }
             }
-            Entry::HookFinished { service, host, .. } => {
+            Entry::HookFinished(HookEnd { service, host, .. }) => {
                 if let Some((_, s)) = open.get_mut(&(service, host)) {
                     s.hook = None;
                 }
             }
-            Entry::StepResult {
+            Entry::StepResult(StepEnd {
                 service, host, ok, ..
-            } => {
+            }) => {
                 open.remove(&(service, host));
                 if ok {
                     rec.succeeded += 1;
@@ -533,12 +459,12 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
                     rec.failed += 1;
                 }
             }
-            Entry::RevertIntent {
+            Entry::RevertIntent(RevertIntent {
                 service,
                 host,
                 from,
                 to,
-            } => {
+            }) => {
                 order += 1;
                 let key = (service.clone(), host.clone());
                 let step = InFlight {
@@ -550,7 +476,7 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
                 };
                 open.insert(key, (order, step));
             }
-            Entry::RevertResult { service, host, .. } => {
+            Entry::RevertResult(RevertEnd { service, host, .. }) => {
                 open.remove(&(service, host));
             }
             Entry::StepBlocked { .. } => rec.blocked += 1,
@@ -583,114 +509,4 @@ pub fn read(run: &str, path: &str, text: &str) -> RunRecord {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn line(entry: Entry) -> String {
-        let line = Line {
-            time: "2026-11-28T07:00:00.000Z".into(),
-            entry,
-        };
-        serde_json::to_string(&line).expect("serializes")
-    }
-
-    fn skipped(host: &str, skip: &str) -> String {
-        line(Entry::StepSkipped {
-            service: "api".into(),
-            host: host.into(),
-            skip: skip.into(),
-            reason: None,
-        })
-    }
-
-    #[test]
-    fn steps_that_found_their_host_at_the_version_count_as_done() {
-        let text = [
-            line(Entry::ServicePlanned {
-                service: "api".into(),
-                steps: 4,
-            }),
-            line(Entry::StepIntent {
-                service: "api".into(),
-                host: "a1".into(),
-                from: Some("1".into()),
-                to: "2".into(),
-            }),
-            line(Entry::StepResult {
-                service: "api".into(),
-                host: "a1".into(),
-                ok: true,
-                failed_hook: None,
-                rolled_back: false,
-                reason: None,
-            }),
-            skipped("a2", "at-version"),
-            skipped("a3", "unreachable"),
-        ]
-        .join("\n");
-        let rec = read("r1", "j", &text);
-        assert_eq!((rec.steps, rec.succeeded, rec.skipped), (4, 1, 1));
-        assert_eq!(rec.unreachable, 1);
-        let said = rec.describe();
-        assert!(
-            said.contains(": 2 of 4 steps done, 0 failed, 1 left alone (unreachable), none"),
-            "{said}"
-        );
-    }
-
-    fn result(host: &str) -> Entry {
-        Entry::StepResult {
-            service: "api".into(),
-            host: host.into(),
-            ok: true,
-            failed_hook: None,
-            rolled_back: false,
-            reason: None,
-        }
-    }
-
-    /// Only a last line cut short (no newline after it) is passed over; a damaged line
-    /// anywhere else is reported, by line number, and said by `describe`.
-    #[test]
-    fn only_a_torn_last_line_is_dropped_any_other_bad_line_is_reported() {
-        let good = line(result("a1"));
-        let torn = &good[..good.len() / 2];
-        let rec = read("r1", "j", &format!("{good}\n{torn}"));
-        assert_eq!(rec.succeeded, 1);
-        assert!(rec.damaged.is_empty(), "{:?}", rec.damaged);
-        let rec = read("r1", "j", &format!("{good}\n{torn}\n\n{good}\n"));
-        assert_eq!(rec.succeeded, 2);
-        assert_eq!(rec.damaged.len(), 1, "{:?}", rec.damaged);
-        assert!(rec.damaged[0].starts_with("line 2: "), "{:?}", rec.damaged);
-        let said = rec.describe();
-        assert!(said.contains("has 1 damaged line(s)"), "{said}");
-        // Cut short but followed by its newline: not the process dying mid-line.
-        let rec = read("r1", "j", &format!("{good}\n{torn}\n"));
-        assert_eq!(rec.damaged.len(), 1, "{:?}", rec.damaged);
-    }
-
-    /// An append that failed part-way (a full disk) leaves part of a line: the next append
-    /// starts on a line of its own, so its entry is read, not glued to the fragment.
-    #[test]
-    fn an_append_after_a_failed_one_starts_on_a_fresh_line() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let journal = Journal::create(dir.path()).expect("journal");
-        let t = "2026-11-28T07:00:00.000Z";
-        journal.append(t, result("a1")).expect("first");
-        journal.refuse_writes();
-        assert!(journal.append(t, result("a2")).is_err());
-        // What the failed write got onto the disk before failing.
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(journal.path())
-            .expect("open");
-        f.write_all(br#"{"time":"2026-11-28T07:00:00.000Z","ent"#)
-            .expect("fragment");
-        journal.accept_writes();
-        journal.append(t, result("a3")).expect("after");
-        let text = std::fs::read_to_string(journal.path()).expect("read");
-        let rec = read("r1", "j", &text);
-        assert_eq!(rec.succeeded, 2, "{text}");
-        assert_eq!(rec.damaged.len(), 1, "{:?}", rec.damaged);
-    }
-}
+mod tests;

@@ -174,8 +174,9 @@ pub async fn send(
 /// OOM killer): a transfer never runs on for a `deploy` that is gone (the host then keeps
 /// nothing of it: the part it received is short, and removed). The signal comes when the
 /// thread that started it ends: the runtime's threads last as long as the process (nothing
-/// here may run on a thread that ends sooner: no `block_in_place`, whose thread joins the
-/// blocking pool and ends when idle). Elsewhere the transfer runs to its end.
+/// here may run on a thread that ends sooner: no `block_in_place` here; a worker that blocks
+/// in place elsewhere joins the blocking pool, whose idle threads [`crate::session::runtime`]
+/// keeps). Elsewhere the transfer runs to its end.
 fn ends_with_this_process(command: &mut tokio::process::Command) {
     #[cfg(target_os = "linux")]
     {

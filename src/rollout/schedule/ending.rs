@@ -1,7 +1,7 @@
 //! How waves, services and the run end: a wave settled, cut short by its budget or paused
 //! after; a service halted, blocked or finished; the run's summary.
 
-use super::super::event::{EventKind, ServiceOutcome};
+use super::super::event::{EventKind, ServiceOutcome, StepBlocked};
 use super::super::Summary;
 use super::Scheduler;
 use crate::plan::SkipReason;
@@ -50,11 +50,11 @@ impl<T: Transport> Scheduler<T> {
         let sp = &plan.services[s];
         for i in std::mem::take(&mut self.svcs[s].pending) {
             let st = &sp.waves[w].steps[i];
-            self.emit(EventKind::StepBlocked {
+            self.emit(EventKind::StepBlocked(StepBlocked {
                 service: sp.name.clone(),
                 host: st.host.to_string(),
                 reason: reason.to_string(),
-            });
+            }));
             self.svcs[s].not_started += 1;
             if let Some(&h) = self.host_index.get(&st.host) {
                 self.hosts[h].broken.insert(s);

@@ -4,7 +4,7 @@
 use super::super::step::StepResult;
 use super::{Ended, Scheduler};
 use crate::plan::{SkipReason, StepKind};
-use crate::rollout::event::EventKind;
+use crate::rollout::event::{EventKind, StepEnd};
 use crate::transport::Transport;
 
 impl<T: Transport> Scheduler<T> {
@@ -74,12 +74,14 @@ impl<T: Transport> Scheduler<T> {
                 reason,
             }),
             None => self.emit(EventKind::StepFinished {
-                service: sp.name.clone(),
-                host: st.host.to_string(),
-                ok,
-                failed_hook: result.failed_hook.clone(),
-                rolled_back: result.rolled_back,
-                reason: result.reason.clone(),
+                result: StepEnd {
+                    service: sp.name.clone(),
+                    host: st.host.to_string(),
+                    ok,
+                    failed_hook: result.failed_hook.clone(),
+                    rolled_back: result.rolled_back,
+                    reason: result.reason.clone(),
+                },
                 log: self
                     .r
                     .log_dir

@@ -16,7 +16,7 @@
 //! runs no `rollback` and puts nothing back (it is left as it failed, for inspection); the
 //! others go on, and the run fails either way.
 
-use super::super::event::{EventKind, ServiceOutcome};
+use super::super::event::{EventKind, RevertEnd, RevertIntent, ServiceOutcome};
 use super::super::step::{self, ServiceJob, StepResult};
 use super::{stepping_back, stopping, target, Scheduler};
 use crate::site::OnFailure;
@@ -291,10 +291,12 @@ impl<T: Transport> Scheduler<T> {
         let job = back.job;
         step::log_line(&job.log, &back.said);
         self.emit(EventKind::RevertStarted {
-            service: sp.name.clone(),
-            host: ph.name.to_string(),
-            from: job.from.clone().unwrap_or_default(),
-            to: before.version,
+            intent: RevertIntent {
+                service: sp.name.clone(),
+                host: ph.name.to_string(),
+                from: job.from.clone().unwrap_or_default(),
+                to: before.version,
+            },
             hooks: back.hooks.into(),
             secrets: back.secrets,
         });
@@ -448,11 +450,13 @@ impl<T: Transport> Scheduler<T> {
         self.hosts[h].record = result.record.clone();
         let ok = result.ok();
         self.emit(EventKind::RevertFinished {
-            service: name.clone(),
-            host: host.clone(),
-            ok,
-            failed_hook: result.failed_hook.clone(),
-            reason: result.reason.clone(),
+            result: RevertEnd {
+                service: name.clone(),
+                host: host.clone(),
+                ok,
+                failed_hook: result.failed_hook.clone(),
+                reason: result.reason.clone(),
+            },
             log: log.clone(),
             record: result.record.services.get(name).cloned().map(Box::new),
         });

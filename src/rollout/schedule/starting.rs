@@ -1,7 +1,7 @@
 //! A step's start: its job built from the plan and the site (env, inputs, files, whether it
 //! gives the host's lock back), and its task spawned: connect, settle an unread step, run.
 
-use super::super::event::{Event, EventKind};
+use super::super::event::{Event, EventKind, StepBlocked, StepIntent};
 use super::super::hook::step_env;
 use super::super::step::{self, ServiceJob, StepJob, StepResult};
 use super::super::unread::{self, Unread};
@@ -95,10 +95,12 @@ impl<T: Transport> Scheduler<T> {
         let task = self.tasks.spawn(async move {
             let started = |job: &StepJob| {
                 sink.emit(Event::now(EventKind::StepStarted {
-                    service: service.clone(),
-                    host: job.host.clone(),
-                    from: job.from.clone(),
-                    to: job.to.clone(),
+                    intent: StepIntent {
+                        service: service.clone(),
+                        host: job.host.clone(),
+                        from: job.from.clone(),
+                        to: job.to.clone(),
+                    },
                     kind: job.kind,
                     reasons: job.reasons.clone(),
                     path: job.path,
@@ -113,11 +115,11 @@ impl<T: Transport> Scheduler<T> {
                 cancel.stopping().then(|| {
                     let why = format!("the run is stopping ({})", cancel.reason());
                     step::log_line(&job.log, &format!("== not started: {why}"));
-                    sink.emit(Event::now(EventKind::StepBlocked {
+                    sink.emit(Event::now(EventKind::StepBlocked(StepBlocked {
                         service: service.clone(),
                         host: job.host.clone(),
                         reason: why,
-                    }));
+                    })));
                     StepResult::not_started(job.record.clone())
                 })
             };

@@ -4,7 +4,7 @@
 //! each running step also kills its hooks on its host and records itself as interrupted.
 
 use super::super::cancel::{Cancel, Level};
-use super::super::event::{EventKind, ServiceOutcome};
+use super::super::event::{EventKind, Interruption, ServiceOutcome};
 use super::super::processes::kill_running;
 use super::Scheduler;
 use crate::transport::{Link, Transport};
@@ -19,11 +19,11 @@ impl<T: Transport> Scheduler<T> {
     /// The run reached `level`: say so (once per level).
     pub(super) fn interrupted(&mut self, level: Level) {
         let running = self.svcs.iter().map(|s| s.running).sum();
-        self.emit(EventKind::Interrupted {
+        self.emit(EventKind::Interrupted(Interruption {
             abort: level >= Level::Abort,
             running,
             reason: self.r.cancel.reason(),
-        });
+        }));
         self.wind_down();
     }
 

@@ -10,7 +10,7 @@ pub mod removing;
 use log::exit_reason;
 pub use log::log_line;
 
-use super::event::{Event, EventKind, Sink};
+use super::event::{Event, EventKind, HookEnd, HookStart, Sink};
 use super::hook_run::{self, Ran};
 use crate::desired::Delivery;
 use crate::plan::{Path, StepKind};
@@ -389,11 +389,11 @@ impl<L: Link> Running<'_, L> {
             // Aborting: a later hook of the chain may already run on the host. It is waited for
             // all the same: the abort's kill passes kill it, or it does not start (the run's
             // stop file), or it ended first, and then what it wrote is the host's record.
-            self.sink.emit(Event::now(EventKind::HookStarted {
+            self.sink.emit(Event::now(EventKind::HookStarted(HookStart {
                 service: svc.name.clone(),
                 host: self.job.host.clone(),
                 hook: call.name.into(),
-            }));
+            })));
             self.last_started = Instant::now();
             // Boxed: the link's future is large, and would be copied up the stack here.
             let ran = Box::pin(async {
@@ -493,14 +493,14 @@ impl<L: Link> Running<'_, L> {
             (Err(e), None) => (None, false, e.to_string()),
         };
         self.log(name, &result, ms);
-        self.sink.emit(Event::now(EventKind::HookFinished {
+        self.sink.emit(Event::now(EventKind::HookFinished(HookEnd {
             service: self.job.service.name.clone(),
             host: self.job.host.clone(),
             hook: name.into(),
             ok,
             code,
             ms,
-        }));
+        })));
         if let Some(reason) = state_failed {
             log_line(&self.job.log, &format!("== state: {reason}"));
             return Err(("state", reason));

@@ -3,7 +3,7 @@
 //! once it passed.
 
 use super::{exit_reason, log_line, Failure, Running};
-use crate::rollout::event::{Event, EventKind};
+use crate::rollout::event::{Event, EventKind, HookEnd, HookStart};
 use crate::transport::Link;
 use std::time::Instant;
 
@@ -70,11 +70,11 @@ impl<L: Link> Running<'_, L> {
         if let Some(aborted) = crate::rollout::interrupt::interrupted(&svc, "files", false) {
             return Err(aborted);
         }
-        self.sink.emit(Event::now(EventKind::HookStarted {
+        self.sink.emit(Event::now(EventKind::HookStarted(HookStart {
             service: svc.name.clone(),
             host: self.job.host.clone(),
             hook: "files".into(),
-        }));
+        })));
         let started = Instant::now();
         let script = self.guarded(crate::state::restore_script(&svc.state_dir, &svc.name));
         let failed = match self.link.run(&script).await {
@@ -87,14 +87,14 @@ impl<L: Link> Running<'_, L> {
             .as_deref()
             .unwrap_or("the files it ran with before are back");
         log_line(&self.job.log, &format!("== files: {said} after {ms} ms"));
-        self.sink.emit(Event::now(EventKind::HookFinished {
+        self.sink.emit(Event::now(EventKind::HookFinished(HookEnd {
             service: svc.name.clone(),
             host: self.job.host.clone(),
             hook: "files".into(),
             ok: failed.is_none(),
             code: Some(if failed.is_none() { 0 } else { 1 }),
             ms,
-        }));
+        })));
         match failed {
             None => Ok(()),
             Some(why) => Err(("files", why)),
@@ -117,11 +117,11 @@ impl<L: Link> Running<'_, L> {
         if let Some(aborted) = crate::rollout::interrupt::interrupted(&svc, "files", false) {
             return Err(aborted);
         }
-        self.sink.emit(Event::now(EventKind::HookStarted {
+        self.sink.emit(Event::now(EventKind::HookStarted(HookStart {
             service: svc.name.clone(),
             host: self.job.host.clone(),
             hook: "files".into(),
-        }));
+        })));
         let started = Instant::now();
         let result = crate::rollout::files::deliver(
             self.link,
@@ -157,14 +157,14 @@ impl<L: Link> Running<'_, L> {
             &self.job.log,
             &format!("== files: {} after {ms} ms", svc.secrets.redact_str(&text)),
         );
-        self.sink.emit(Event::now(EventKind::HookFinished {
+        self.sink.emit(Event::now(EventKind::HookFinished(HookEnd {
             service: svc.name.clone(),
             host: self.job.host.clone(),
             hook: "files".into(),
             ok,
             code: Some(if ok { 0 } else { 1 }),
             ms,
-        }));
+        })));
         if ok {
             Ok(())
         } else {

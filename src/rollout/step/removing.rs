@@ -5,7 +5,7 @@
 
 use super::log::{exit_reason, log_line};
 use crate::plan::Removal;
-use crate::rollout::event::{Event, EventKind, Sink};
+use crate::rollout::event::{Event, EventKind, HookEnd, HookStart, Sink};
 use crate::rollout::hook_run::{self, Ran};
 use crate::secrets::Secrets;
 use crate::state::{write_script, HostRecord, RecordedHook};
@@ -142,11 +142,11 @@ async fn one<L: Link>(
     env.push(("DEPLOY_NEW_VERSION".into(), String::new()));
     for (i, (name, hook)) in hooks.iter().enumerate() {
         let then = (i + 1 == hooks.len()).then_some(write.as_str());
-        sink.emit(Event::now(EventKind::HookStarted {
+        sink.emit(Event::now(EventKind::HookStarted(HookStart {
             service: removal.service.clone(),
             host: job.host.clone(),
             hook: (*name).into(),
-        }));
+        })));
         let started = Instant::now();
         let ran = hook_run::run(
             link,
@@ -166,14 +166,14 @@ async fn one<L: Link>(
         .await;
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (outcome, code) = ended(name, ran, log, ms);
-        sink.emit(Event::now(EventKind::HookFinished {
+        sink.emit(Event::now(EventKind::HookFinished(HookEnd {
             service: removal.service.clone(),
             host: job.host.clone(),
             hook: (*name).into(),
             ok: outcome.is_ok(),
             code,
             ms,
-        }));
+        })));
         outcome?;
     }
     result.record = after;

@@ -148,7 +148,9 @@ async fn a_port_change_drops_each_wave_from_the_load_balancer_before_it_stops() 
         .rev()
         .find_map(|(_, _, e)| match e {
             EventKind::StepFinished {
-                service, record, ..
+                result: StepEnd { service, .. },
+                record,
+                ..
             } if service == "lb" => record.clone(),
             _ => None,
         })

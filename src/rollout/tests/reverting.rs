@@ -48,10 +48,13 @@ fn reverts(ran: &Ran, service: &str) -> Vec<(String, String, String)> {
         .iter()
         .filter_map(|(_, _, e)| match e {
             EventKind::RevertStarted {
-                service: s,
-                host,
-                from,
-                to,
+                intent:
+                    RevertIntent {
+                        service: s,
+                        host,
+                        from,
+                        to,
+                    },
                 ..
             } if s == service => Some((host.clone(), from.clone(), to.clone())),
             _ => None,
@@ -65,9 +68,13 @@ fn reverted(ran: &Ran, service: &str) -> Vec<(String, bool)> {
         .iter()
         .filter_map(|(_, _, e)| match e {
             EventKind::RevertFinished {
-                service: s,
-                host,
-                ok,
+                result:
+                    RevertEnd {
+                        service: s,
+                        host,
+                        ok,
+                        ..
+                    },
                 ..
             } if s == service => Some((host.clone(), *ok)),
             _ => None,
@@ -190,7 +197,7 @@ async fn reverts_go_batch_at_a_time_and_nothing_else_starts_meanwhile() {
         .map(|(seq, ..)| *seq)
         .expect("the revert began");
     let late = ran.events.iter().any(|(seq, _, e)| {
-        *seq > began && matches!(e, EventKind::StepStarted { service, .. } if service == "worker")
+        *seq > began && matches!(e, EventKind::StepStarted { intent: StepIntent { service, .. }, .. } if service == "worker")
     });
     assert!(!late, "a worker step started after the revert began");
     assert_eq!(ran.outcome("worker"), (ServiceOutcome::Halted, 1, 0, 1));
@@ -270,8 +277,9 @@ fn reverts_with(ran: &Ran, service: &str) -> Vec<(String, String)> {
         .iter()
         .filter_map(|(_, _, e)| match e {
             EventKind::RevertStarted {
-                service: s,
-                host,
+                intent: RevertIntent {
+                    service: s, host, ..
+                },
                 hooks,
                 ..
             } if s == service => Some((host.clone(), hooks.clone())),

@@ -36,11 +36,11 @@ fn interruptions(ran: &Ran) -> Vec<(bool, usize, String)> {
     ran.events
         .iter()
         .filter_map(|(_, _, e)| match e {
-            EventKind::Interrupted {
+            EventKind::Interrupted(Interruption {
                 abort,
                 running,
                 reason,
-            } => Some((*abort, *running, reason.clone())),
+            }) => Some((*abort, *running, reason.clone())),
             _ => None,
         })
         .collect()
@@ -118,9 +118,13 @@ async fn a_second_signal_kills_running_hooks_and_records_the_steps_interrupted()
             .iter()
             .find_map(|(_, _, e)| match e {
                 EventKind::StepFinished {
-                    host,
-                    failed_hook,
-                    reason,
+                    result:
+                        StepEnd {
+                            host,
+                            failed_hook,
+                            reason,
+                            ..
+                        },
                     ..
                 } if host == h => Some((failed_hook.clone(), reason.clone())),
                 _ => None,

@@ -152,7 +152,10 @@ async fn an_unread_step_is_decided_by_what_its_host_runs_once_read() {
         .events
         .iter()
         .filter_map(|(_, _, e)| match e {
-            EventKind::StepStarted { host, from, .. } => Some((host.clone(), from.clone())),
+            EventKind::StepStarted {
+                intent: StepIntent { host, from, .. },
+                ..
+            } => Some((host.clone(), from.clone())),
             _ => None,
         })
         .collect();
@@ -224,7 +227,10 @@ async fn a_host_with_two_unread_services_is_locked_and_read_once() {
     // worker decided from the record read for api's step: an upgrade from 0.9.
     assert_eq!(ran.hosts_with("stop", "worker"), ["app1"]);
     let from = ran.events.iter().find_map(|(_, _, e)| match e {
-        EventKind::StepStarted { service, from, .. } if service == "worker" => Some(from.clone()),
+        EventKind::StepStarted {
+            intent: StepIntent { service, from, .. },
+            ..
+        } if service == "worker" => Some(from.clone()),
         _ => None,
     });
     assert_eq!(from, Some(Some("0.9".to_string())));
@@ -281,8 +287,13 @@ async fn a_host_read_as_the_run_is_stopped_is_not_started() {
     assert!(
         !ran.events.iter().any(|(_, _, e)| matches!(
             e,
-            EventKind::StepStarted { host, .. } | EventKind::StepFinished { host, .. }
-                if host == "app4"
+            EventKind::StepStarted {
+                intent: StepIntent { host, .. },
+                ..
+            } | EventKind::StepFinished {
+                result: StepEnd { host, .. },
+                ..
+            } if host == "app4"
         )),
         "app4 neither started nor finished"
     );
