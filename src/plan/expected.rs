@@ -48,7 +48,9 @@ pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostI
 /// "connecting each host once", over `--max-connections`). A host may be when every service of
 /// its classes may be: its policy has no canary and no `wave-max-failed` (a wave padded with
 /// hosts found converged at their step would hold no real change in its canary, and would
-/// judge its failures against hosts that had nothing to do), and every dependency it is part
+/// judge its failures against hosts that had nothing to do) and is not `on-failure "revert"`
+/// (a revert switches a host back to what it recorded before the run, which a host read at
+/// its step does not hand the run), and every dependency it is part
 /// of, either way, is a runtime need of every host (`needs "X"`, `healthy` all, no
 /// `addressable`, no `drain`), whose other end may be left unread too when it is the one that
 /// needs. Then:
@@ -72,6 +74,7 @@ pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
         .map(|s| {
             s.policy.canary == 0
                 && s.policy.wave_max_failed.is_none()
+                && s.policy.on_failure != crate::site::OnFailure::Revert
                 && s.needs.iter().all(runtime_of_all)
         })
         .collect();
@@ -237,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn only_hosts_whose_services_need_nothing_and_are_not_needed_may_be_left_unread() {
+    fn hosts_are_left_unread_only_where_each_dependency_is_a_runtime_need_of_every_host() {
         let dir = tempfile::tempdir().expect("tempdir");
         let w =
             |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
@@ -253,10 +256,15 @@ mod tests {
              host \"a1\" address=\"10.0.0.7\" class=\"app\"\n\
              host \"k1\" address=\"10.0.0.8\" class=\"cache\"\n\
              host \"q1\" address=\"10.0.0.9\" class=\"queue\"\n\
-             host \"g1\" address=\"10.0.0.10\" class=\"gate\"\n} }",
+             host \"g1\" address=\"10.0.0.10\" class=\"gate\"\n\
+             host \"r1\" address=\"10.0.0.11\" class=\"rev\"\n} }",
         );
         w("canary.kdl", "policy \"canary\" { canary 1 }\n");
         w("wave.kdl", "policy \"wave\" { wave-max-failed 1 }\n");
+        w(
+            "revert.kdl",
+            "policy \"revert\" { on-failure \"revert\" }\n",
+        );
         w(
             "site.kdl",
             "site \"s\" { version \"1\"; platform \"platform.kdl\" }\n\
@@ -279,7 +287,9 @@ mod tests {
              service \"app\" { port 81; start \"run\"; needs \"cache\" healthy=\"50%\" }\n\
              service \"cache\" { start \"run\" }\n\
              service \"queue\" { start \"run\" }\n\
-             service \"gate\" { start \"run\"; needs \"queue\"; policy \"canary.kdl\" }\n",
+             service \"gate\" { start \"run\"; needs \"queue\"; policy \"canary.kdl\" }\n\
+             class \"rev\" { service \"rev\" }\n\
+             service \"rev\" { start \"run\"; policy \"revert.kdl\" }\n",
         );
         let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
         let hosts = crate::inventory::resolve(&site).expect("hosts");
@@ -303,6 +313,9 @@ mod tests {
         // service needed is read too, since the other's plan is made from its hosts.
         assert_eq!(want("g1"), Some(false));
         assert_eq!(want("q1"), Some(false));
+        // Alone, but reverted as a whole on failure: its hosts' records before the run are
+        // what a revert goes back to.
+        assert_eq!(want("r1"), Some(false));
         // Alone, but with a canary, or a wave's own failure budget: no.
         assert_eq!(want("c1"), Some(false));
         assert_eq!(want("m1"), Some(false));
