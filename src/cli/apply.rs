@@ -89,8 +89,8 @@ impl Operator for Terminal {
         if self.json {
             return;
         }
-        for (host, service, log) in &summary.failures {
-            errln!("failed: {service} on {host}, log: {log}");
+        for f in &summary.failures {
+            errln!("failed: {} on {}, log: {}", f.service, f.host, f.log);
         }
         for (host, why) in &summary.refused {
             errln!(

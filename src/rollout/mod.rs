@@ -97,8 +97,8 @@ pub struct Summary {
     pub unreadable: usize,
     /// Unread steps whose host was found to run what the site says already.
     pub skipped: usize,
-    /// `(host, service, log)` of every failed step.
-    pub failures: Vec<(String, String, String)>,
+    /// Every failed step, by host, service and log.
+    pub failures: Vec<Failure>,
     /// Hosts whose lock went with their last command ([`Rollout::release`]).
     pub released: Vec<String>,
     /// `(host, why)`: hosts whose lock was refused as they were read during the run.
@@ -115,6 +115,15 @@ pub struct Summary {
     /// started (the run interrupted first); a failed revert is in `failures` too.
     pub reverted: usize,
     pub not_reverted: usize,
+}
+
+/// A failed step (a service's step, a dependent's reconfigure, a removal or a revert): on which
+/// host, of which service, and where its log is. Ordered by host, then service, then log.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Failure {
+    pub host: String,
+    pub service: String,
+    pub log: String,
 }
 
 impl Summary {

@@ -102,8 +102,20 @@ struct HostState {
     unread_reason: Option<String>,
 }
 
-/// A step's task's answer: service, wave, step, and how it went.
-type Ended = (usize, usize, usize, StepResult);
+/// Which step of the plan a task runs: its service, its wave and its place in the wave
+/// (indices into [`super::Rollout::plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct StepAt {
+    service: usize,
+    wave: usize,
+    step: usize,
+}
+
+/// A step's task's answer: which step, and how it went.
+struct Ended {
+    at: StepAt,
+    result: StepResult,
+}
 
 pub struct Scheduler<T: Transport> {
     r: Rollout<T>,
@@ -114,7 +126,7 @@ pub struct Scheduler<T: Transport> {
     service_index: HashMap<String, usize>,
     tasks: JoinSet<Ended>,
     /// Which step each task runs: a task that panics ends without saying.
-    task_steps: HashMap<tokio::task::Id, (usize, usize, usize)>,
+    task_steps: HashMap<tokio::task::Id, StepAt>,
     started: Instant,
     /// Hosts with a failed step in this run (the run's budget: the site's `max-failed`).
     failed_hosts: usize,

@@ -830,7 +830,7 @@ impl Ran {
         self.summary
             .failures
             .iter()
-            .map(|(h, s, _)| (h.clone(), s.clone()))
+            .map(|f| (f.host.clone(), f.service.clone()))
             .collect()
     }
 

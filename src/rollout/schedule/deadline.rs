@@ -52,8 +52,8 @@ impl<T: Transport> Scheduler<T> {
         let mut waited: Vec<&str> = self
             .task_steps
             .values()
-            .filter(|(t, ..)| *t == s)
-            .filter_map(|&(_, w, i)| sp.waves.get(w)?.steps.get(i))
+            .filter(|at| at.service == s)
+            .filter_map(|at| sp.waves.get(at.wave)?.steps.get(at.step))
             .map(|st| &*st.host)
             .collect();
         waited.sort_unstable();

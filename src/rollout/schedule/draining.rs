@@ -52,7 +52,7 @@ pub(super) struct Repoints {
     /// Per `(service, wave)`: the dependents' hosts that dropped its hosts, and which.
     by_wave: HashMap<(usize, usize), Vec<Dropped>>,
     /// `(host, service, log)` of each failed reconfigure.
-    pub(super) failures: Vec<(String, String, String)>,
+    pub(super) failures: Vec<super::super::Failure>,
 }
 
 impl Repoints {

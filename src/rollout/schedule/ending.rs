@@ -2,7 +2,7 @@
 //! after; a service halted, blocked or finished; the run's summary.
 
 use super::super::event::{EventKind, ServiceOutcome, StepBlocked};
-use super::super::Summary;
+use super::super::{Failure, Summary};
 use super::Scheduler;
 use crate::plan::SkipReason;
 use crate::site::Pause;
@@ -186,17 +186,16 @@ impl<T: Transport> Scheduler<T> {
             .iter()
             .enumerate()
             .flat_map(|(h, st)| st.failed.iter().map(move |s| (h, *s)))
-            .map(|(h, s)| {
-                (
-                    plan.hosts[h].name.to_string(),
-                    plan.services[s].name.clone(),
-                    self.r
-                        .log_dir
-                        .join(&*plan.hosts[h].name)
-                        .join(format!("{}.log", plan.services[s].name))
-                        .display()
-                        .to_string(),
-                )
+            .map(|(h, s)| Failure {
+                host: plan.hosts[h].name.to_string(),
+                service: plan.services[s].name.clone(),
+                log: self
+                    .r
+                    .log_dir
+                    .join(&*plan.hosts[h].name)
+                    .join(format!("{}.log", plan.services[s].name))
+                    .display()
+                    .to_string(),
             })
             .collect();
         sum.failures.extend(self.repoints.failures.iter().cloned());

@@ -2,7 +2,7 @@
 //! updated, its host's link handed back when the host has no step left.
 
 use super::super::step::StepResult;
-use super::{Ended, Scheduler};
+use super::{Ended, Scheduler, StepAt};
 use crate::plan::{SkipReason, StepKind};
 use crate::rollout::event::{EventKind, StepEnd};
 use crate::transport::Transport;
@@ -14,17 +14,17 @@ impl<T: Transport> Scheduler<T> {
         done: Result<(tokio::task::Id, Ended), tokio::task::JoinError>,
     ) {
         match done {
-            Ok((id, (s, w, i, result))) => {
+            Ok((id, Ended { at, result })) => {
                 self.task_steps.remove(&id);
-                self.finish_step(s, w, i, result).await;
+                self.finish_step(at, result).await;
             }
             // A step whose task panicked failed: recorded as such, its host no further stepped,
             // never lost from the counts.
             Err(e) => {
-                if let Some((s, w, i)) = self.task_steps.remove(&e.id()) {
-                    let result = self.panicked(s, w, i, &e);
+                if let Some(at) = self.task_steps.remove(&e.id()) {
+                    let result = self.panicked(at, &e);
                     self.links.step_done();
-                    self.finish_step(s, w, i, result).await;
+                    self.finish_step(at, result).await;
                 }
             }
         }
@@ -32,8 +32,8 @@ impl<T: Transport> Scheduler<T> {
 
     /// What a step whose task panicked ended with: failed, its host's record as the step
     /// found it (the host's own may be newer: it is read again by the next apply).
-    fn panicked(&self, s: usize, w: usize, i: usize, e: &tokio::task::JoinError) -> StepResult {
-        let host = &self.r.plan.services[s].waves[w].steps[i].host;
+    fn panicked(&self, at: StepAt, e: &tokio::task::JoinError) -> StepResult {
+        let host = &self.r.plan.services[at.service].waves[at.wave].steps[at.step].host;
         let record = self
             .host_index
             .get(host)
@@ -54,7 +54,12 @@ impl<T: Transport> Scheduler<T> {
     /// A step's task answered: its event, then the counts. An unread step that ran nothing
     /// once its host was read is counted apart, neither succeeded nor failed; a host found
     /// at the desired state counts as healthy.
-    async fn finish_step(&mut self, s: usize, w: usize, i: usize, result: StepResult) {
+    async fn finish_step(&mut self, at: StepAt, result: StepResult) {
+        let StepAt {
+            service: s,
+            wave: w,
+            step: i,
+        } = at;
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
         let st = &sp.waves[w].steps[i];

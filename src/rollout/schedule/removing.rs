@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 #[derive(Debug, Default)]
 pub(super) struct Removals {
     pub removed: usize,
-    pub failures: Vec<(String, String, String)>,
+    pub failures: Vec<super::super::Failure>,
     pub not_started: usize,
     /// How many were left, and why.
     pub left: Option<(usize, String)>,
@@ -155,11 +155,11 @@ fn not_connected(job: RemovalJob, reason: &str, sink: &dyn super::super::Sink) -
         emptied: false,
     }));
     RemovalResult {
-        failure: Some((
-            job.host.clone(),
-            first.service.clone(),
-            log.display().to_string(),
-        )),
+        failure: Some(super::super::Failure {
+            host: job.host.clone(),
+            service: first.service.clone(),
+            log: log.display().to_string(),
+        }),
         not_started: job.removals.len() - 1,
         record: job.record,
         removed: 0,

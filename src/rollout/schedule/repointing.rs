@@ -291,9 +291,11 @@ impl<T: Transport> Scheduler<T> {
         if ok {
             return;
         }
-        self.repoints
-            .failures
-            .push((name.clone(), ds.name.clone(), log));
+        self.repoints.failures.push(super::super::Failure {
+            host: name.clone(),
+            service: ds.name.clone(),
+            log,
+        });
         if rp.phase == Phase::Drop && self.svcs[rp.x].finished.is_none() {
             let reason = format!(
                 "{} on {name} could not drop {}: {}",

@@ -45,7 +45,7 @@ pub(super) struct Reverts {
     pub reverted: usize,
     pub not_reverted: usize,
     /// `(host, service, log)` of every revert that failed.
-    pub failures: Vec<(String, String, String)>,
+    pub failures: Vec<super::super::Failure>,
     /// `(service, host)`: what a step placed there replaced is let go of once the host is free.
     let_go: Vec<(usize, usize)>,
 }
@@ -464,7 +464,11 @@ impl<T: Transport> Scheduler<T> {
             self.reverts.reverted += 1;
         } else {
             self.reverts.not_reverted += 1;
-            self.reverts.failures.push((host, name.clone(), log));
+            self.reverts.failures.push(super::super::Failure {
+                host,
+                service: name.clone(),
+                log,
+            });
         }
         if let Some(rv) = self.svcs[s].reverting.as_mut() {
             rv.running -= 1;

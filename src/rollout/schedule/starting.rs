@@ -5,7 +5,7 @@ use super::super::event::{Event, EventKind, StepBlocked, StepIntent};
 use super::super::hook::step_env;
 use super::super::step::{self, ServiceJob, StepJob, StepResult};
 use super::super::unread::{self, Unread};
-use super::{stopping, Scheduler};
+use super::{stopping, Ended, Scheduler, StepAt};
 use crate::plan::StepKind;
 use crate::transport::Transport;
 use std::sync::Arc;
@@ -92,6 +92,11 @@ impl<T: Transport> Scheduler<T> {
         let unread_step = unread.is_some();
         // Not in the plan shown before the run: said with its kind and reasons as it starts.
         let decided = unread_step || !self.svcs[s].shown;
+        let at = StepAt {
+            service: s,
+            wave: w,
+            step: i,
+        };
         let task = self.tasks.spawn(async move {
             let started = |job: &StepJob| {
                 sink.emit(Event::now(EventKind::StepStarted {
@@ -129,12 +134,15 @@ impl<T: Transport> Scheduler<T> {
             if !unread_step {
                 started(&job);
                 if let Some(result) = held_back(&job) {
-                    return (s, w, i, result);
+                    return Ended { at, result };
                 }
             }
             if let Some(why) = gone {
                 step::log_line(&job.log, &format!("== connect: {why}"));
-                return (s, w, i, unread::unreachable(job.record, why));
+                return Ended {
+                    at,
+                    result: unread::unreachable(job.record, why),
+                };
             }
             let result = match links.get(&target).await {
                 Ok(link) => {
@@ -175,9 +183,9 @@ impl<T: Transport> Scheduler<T> {
                 }
             };
             links.step_done();
-            (s, w, i, result)
+            Ended { at, result }
         });
-        self.task_steps.insert(task.id(), (s, w, i));
+        self.task_steps.insert(task.id(), at);
     }
 
     /// Why host `h`'s unread steps are left alone: it did not answer at an earlier unread

@@ -36,8 +36,8 @@ pub struct RemovalResult {
     /// The host's record as now written.
     pub record: HostRecord,
     pub removed: usize,
-    /// `(host, service, log)` of the removal that failed.
-    pub failure: Option<(String, String, String)>,
+    /// The removal that failed.
+    pub failure: Option<crate::rollout::Failure>,
     /// Its removals not tried, after one failed.
     pub not_started: usize,
     /// [`RemovalJob::release`] ran.
@@ -78,11 +78,11 @@ pub async fn remove<L: Link>(job: RemovalJob, link: &L, sink: &dyn Sink) -> Remo
         match ended {
             Ok(()) => result.removed += 1,
             Err(_) => {
-                result.failure = Some((
-                    job.host.clone(),
-                    removal.service.clone(),
-                    log.display().to_string(),
-                ))
+                result.failure = Some(crate::rollout::Failure {
+                    host: job.host.clone(),
+                    service: removal.service.clone(),
+                    log: log.display().to_string(),
+                })
             }
         }
     }

@@ -224,7 +224,7 @@ async fn a_load_balancer_that_cannot_drop_a_host_halts_the_wave_before_it_stops(
         ran.summary
             .failures
             .iter()
-            .any(|(h, s, _)| h == "lb1" && s == "lb"),
+            .any(|f| f.host == "lb1" && f.service == "lb"),
         "{:?}",
         ran.summary.failures
     );

@@ -170,7 +170,7 @@ async fn a_revert_that_fails_leaves_its_host_and_the_others_go_on() {
         .summary
         .failures
         .iter()
-        .any(|(h, s, _)| h == "app2" && s == "api"));
+        .any(|f| f.host == "app2" && f.service == "api"));
     // A failed revert runs no rollback: it is left as it failed.
     assert_eq!(ran.hosts_with("rollback", "api"), names(&["app4"]));
     assert!(!ran.summary.converged());
