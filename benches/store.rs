@@ -82,7 +82,7 @@ fn main() {
                 version: "2.0".into(),
                 configured: Some(mark(())),
                 validated: Some(mark(())),
-                inputs: Some(desired.inputs(0, h)),
+                inputs: Some(desired.inputs(drover::site::ServiceId::new(0), h)),
                 removal: None,
                 hooks: None,
             };

@@ -195,8 +195,8 @@ struct ByName<'a> {
 impl state::Expected for ByName<'_> {
     fn diverged(
         &self,
-        service: usize,
-        host: usize,
+        service: ServiceId,
+        host: HostId,
         recorded: Option<&state::Inputs>,
     ) -> Vec<String> {
         let Some(h) = self

@@ -14,7 +14,7 @@ pub use render::{Member, Pool};
 
 use crate::inventory::{HostId, Hosts};
 use crate::secrets::{hex, Secrets};
-use crate::site::{ServiceId, Site};
+use crate::site::{IdVec, ServiceId, Site};
 use crate::state::{Inputs, Takes};
 use miette::Diagnostic;
 use sha2::{Digest, Sha256};
@@ -29,7 +29,7 @@ const ADDRESS: &str = "address";
 /// Every service's desired inputs on each of its hosts.
 #[derive(Debug, Default)]
 pub struct Desired {
-    services: Vec<ServiceInputs>,
+    services: IdVec<ServiceId, ServiceInputs>,
     /// Each host's address, as the inventory gives it (`DEPLOY_ADDRESS`): the `address` input
     /// of every service on it.
     addresses: Vec<Arc<str>>,
@@ -158,8 +158,8 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
     }
     let key_id = secrets.key().map(|k| k.id());
     let mut pools = HashMap::new();
-    let mut services = Vec::with_capacity(site.services.len());
-    for (sid, service) in site.services.iter().enumerate() {
+    let mut services = IdVec::new();
+    for (sid, service) in site.services.enumerate() {
         let needs = Arc::new(render::members(site, hosts, sid, &mut pools));
         let mut common: BTreeMap<String, Arc<str>> = BTreeMap::new();
         common.insert("version".to_string(), Arc::from(service.version.as_str()));
@@ -275,7 +275,7 @@ pub fn resolve(site: &Site, hosts: &Hosts, secrets: &Secrets) -> Result<Desired,
 /// class, are the site checker's (`site::check_files::shared`).
 fn shared_paths(site: &Site, hosts: &Hosts) -> Vec<DesiredError> {
     let mut by_path: BTreeMap<&str, Vec<ServiceId>> = BTreeMap::new();
-    for (sid, service) in site.services.iter().enumerate() {
+    for (sid, service) in site.services.enumerate() {
         for f in &service.files {
             let sids = by_path.entry(f.to.as_str()).or_default();
             if !sids.contains(&sid) {

@@ -64,8 +64,11 @@ fn a_snapshot_put_back_loads_as_the_site_it_was_taken_from_without_secret_values
     let (back, _) = snap.put_back(&history.blobs(), &work).unwrap();
     let again = crate::site::load(&back).unwrap();
     assert_eq!(again.digest, site.digest);
-    assert_eq!(again.services[0].version, "1.0");
-    let html = again.services[0]
+    assert_eq!(
+        again.services[crate::site::ServiceId::new(0)].version,
+        "1.0"
+    );
+    let html = again.services[crate::site::ServiceId::new(0)]
         .files
         .iter()
         .find(|f| f.to == "/srv/index.html")

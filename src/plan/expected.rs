@@ -5,7 +5,7 @@
 
 use super::{waves, Selection};
 use crate::inventory::{HostId, Hosts};
-use crate::site::{ServiceId, Site};
+use crate::site::{IdVec, ServiceId, Site};
 
 /// The hosts selected, each once, in the order their first step is expected to start if
 /// every one has a step: services in the site's dependency order, a service's hosts in the
@@ -68,7 +68,7 @@ pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
     let runtime_of_all = |need: &crate::site::Need| {
         need.healthy == Some(crate::site::Quota::All) && need.addressable.is_none() && !need.drain
     };
-    let mut may: Vec<bool> = site
+    let mut may: IdVec<ServiceId, bool> = site
         .services
         .iter()
         .map(|s| {
@@ -90,7 +90,7 @@ pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
     // left as they are: a service's plan is not made from its dependents' hosts).
     loop {
         let mut changed = false;
-        for (sid, service) in site.services.iter().enumerate() {
+        for (sid, service) in site.services.enumerate() {
             for need in &service.needs {
                 if may[need.service] && !may[sid] {
                     may[need.service] = false;
@@ -121,11 +121,10 @@ pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
 /// planner puts the steps that wait in waves after those that do not, so that no wave waits
 /// for one that waits for it; a service started under its placeholders, whose waits are only
 /// known as its hosts are read, cannot: a service on such a cycle waits for its plan.
-pub fn waits_back(site: &Site) -> Vec<bool> {
+pub fn waits_back(site: &Site) -> IdVec<ServiceId, bool> {
     let closure = super::RuntimeClosure::new(site);
-    let next: Vec<Vec<ServiceId>> = site
+    let next: IdVec<ServiceId, Vec<ServiceId>> = site
         .services
-        .iter()
         .enumerate()
         .map(|(sid, s)| {
             s.needs
@@ -135,10 +134,11 @@ pub fn waits_back(site: &Site) -> Vec<bool> {
                 .collect()
         })
         .collect();
-    (0..site.services.len())
+    site.services
+        .ids()
         .map(|sid| {
             // Whether `sid` is reached again from what it may wait for.
-            let mut seen = vec![false; site.services.len()];
+            let mut seen: IdVec<ServiceId, bool> = vec![false; site.services.len()].into();
             let mut stack = next[sid].clone();
             while let Some(x) = stack.pop() {
                 if x == sid {
@@ -326,7 +326,7 @@ mod tests {
         // The shop: db is handed front's addresses, but front needs db at runtime (through
         // app), so db's steps never wait for front's: no cycle.
         let (_dir, site, _) = site();
-        assert_eq!(waits_back(&site), [false, false, false]);
+        assert_eq!(waits_back(&site).as_slice(), [false, false, false]);
         // Two services handed each other's addresses, and one that lists the first.
         let dir = tempfile::tempdir().expect("tempdir");
         let w =

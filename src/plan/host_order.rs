@@ -1,23 +1,24 @@
 //! On one host, a service's step follows the steps of the services it needs at runtime.
 
 use crate::inventory::HostId;
-use crate::site::{ClassId, ServiceId, Site};
+use crate::site::{ClassId, IdVec, ServiceId, Site};
 use std::sync::Arc;
 
 /// Per service, every service it needs at runtime, directly or through others.
 pub struct RuntimeClosure {
-    /// `needs[s]` is a bitset over services.
-    needs: Vec<Vec<u64>>,
+    /// `needs[s]` is a bitset over services (bit `t.index()` for service `t`).
+    needs: IdVec<ServiceId, Vec<u64>>,
     /// `rank[s]`: where `s` stands in the site's dependency order.
-    rank: Vec<usize>,
+    rank: IdVec<ServiceId, usize>,
     /// Service names, shared by every step that names them.
-    names: Vec<Arc<str>>,
+    names: IdVec<ServiceId, Arc<str>>,
 }
 
 impl RuntimeClosure {
     pub fn new(site: &Site) -> Self {
         let words = site.services.len().div_ceil(64);
-        let mut needs = vec![vec![0u64; words]; site.services.len()];
+        let mut needs: IdVec<ServiceId, Vec<u64>> =
+            vec![vec![0u64; words]; site.services.len()].into();
         for &s in &site.order {
             for n in site.services[s]
                 .needs
@@ -30,10 +31,10 @@ impl RuntimeClosure {
                 for (m, i) in mine.iter_mut().zip(inherited) {
                     *m |= i;
                 }
-                mine[t / 64] |= 1 << (t % 64);
+                mine[t.index() / 64] |= 1 << (t.index() % 64);
             }
         }
-        let mut rank = vec![usize::MAX; site.services.len()];
+        let mut rank: IdVec<ServiceId, usize> = vec![usize::MAX; site.services.len()].into();
         for (i, &s) in site.order.iter().enumerate() {
             rank[s] = i;
         }
@@ -47,7 +48,7 @@ impl RuntimeClosure {
 
     /// Whether `service` needs `other` at runtime, directly or through others.
     pub fn needs(&self, service: ServiceId, other: ServiceId) -> bool {
-        self.needs[service][other / 64] & (1 << (other % 64)) != 0
+        self.needs[service][other.index() / 64] & (1 << (other.index() % 64)) != 0
     }
 
     /// The name of `service`, shared.
@@ -67,7 +68,7 @@ impl RuntimeClosure {
             .services
             .iter()
             .copied()
-            .filter(|t| bits[t / 64] & (1 << (t % 64)) != 0)
+            .filter(|t| bits[t.index() / 64] & (1 << (t.index() % 64)) != 0)
             .collect();
         mine.sort_by_key(|t| self.rank[*t]);
         mine

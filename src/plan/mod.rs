@@ -29,7 +29,7 @@ use decide::{sort, Sorted, Todo};
 
 use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
-use crate::site::{ClassId, Flow, OnFailure, Pause, Quota, Round, ServiceId, Site};
+use crate::site::{ClassId, Flow, IdVec, OnFailure, Pause, Quota, Round, ServiceId, Site};
 use crate::state::Observed;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -387,7 +387,7 @@ pub fn plan(
             want: hosts.hosts.len(),
         });
     }
-    let versions: Vec<Arc<str>> = site
+    let versions: IdVec<ServiceId, Arc<str>> = site
         .services
         .iter()
         .map(|s| Arc::from(s.version.as_str()))
@@ -395,7 +395,7 @@ pub fn plan(
     // First what every service does on each host, then the waves: a step may wait for another
     // service's step on another host, whichever comes first in dependency order.
     let mut changing = host_order::Changing::new(hosts.hosts.len());
-    let mut sorted: Vec<Option<Sorted>> = (0..site.services.len()).map(|_| None).collect();
+    let mut sorted: IdVec<ServiceId, Option<Sorted>> = site.services.ids().map(|_| None).collect();
     for &sid in &site.order {
         let s = sort(
             site,

@@ -4,7 +4,7 @@
 use super::{plan, Plan, Selection, SkipReason};
 use crate::inventory::{Host, HostId, Hosts};
 use crate::site::{
-    Class, HostSpec, InventorySpec, Need, OnFailure, Pause, Platform, Policy, Quota, Round,
+    Class, HostSpec, IdVec, InventorySpec, Need, OnFailure, Pause, Platform, Policy, Quota, Round,
     Service, ServiceId, Site, Transport,
 };
 use crate::state::{Mark, Observed, Outcome, ServiceRecord};
@@ -199,7 +199,7 @@ struct Built {
 }
 
 fn version(sid: ServiceId) -> String {
-    format!("{}.0", sid + 1)
+    format!("{}.0", sid.index() + 1)
 }
 
 fn build(spec: &Spec) -> Built {
@@ -208,12 +208,12 @@ fn build(spec: &Spec) -> Built {
     // to a lower one, but declaration order is shuffled.
     let mut by_key: Vec<usize> = (0..n).collect();
     by_key.sort_by_key(|r| (spec.services[*r].declared, *r));
-    let mut perm = vec![0; n];
+    let mut perm = vec![ServiceId::new(0); n];
     for (pos, r) in by_key.iter().enumerate() {
-        perm[*r] = pos;
+        perm[*r] = ServiceId::new(pos);
     }
     let class_count = spec.classes.min(spec.hosts.len());
-    let mut services: Vec<Option<Service>> = vec![None; n];
+    let mut services: IdVec<ServiceId, Option<Service>> = vec![None; n].into();
     for (r, s) in spec.services.iter().enumerate() {
         let mut needs = Vec::new();
         if r > 0 {
@@ -259,9 +259,10 @@ fn build(spec: &Spec) -> Built {
             files: Vec::new(),
         });
     }
-    let mut services: Vec<Service> = services.into_iter().map(Option::unwrap).collect();
-    let rank_of: Vec<usize> = {
-        let mut v = vec![0; n];
+    let mut services: IdVec<ServiceId, Service> =
+        services.into_iter().map(Option::unwrap).collect();
+    let rank_of: IdVec<ServiceId, usize> = {
+        let mut v: IdVec<ServiceId, usize> = vec![0; n].into();
         for (r, p) in perm.iter().enumerate() {
             v[*p] = r;
         }
@@ -273,7 +274,7 @@ fn build(spec: &Spec) -> Built {
             services: Vec::new(),
         })
         .collect();
-    for (sid, svc) in services.iter().enumerate() {
+    for (sid, svc) in services.enumerate() {
         let s = &spec.services[rank_of[sid]];
         let _ = svc;
         let mut cs: Vec<usize> = s.classes.iter().map(|i| i.of(class_count)).collect();
@@ -336,7 +337,7 @@ fn build(spec: &Spec) -> Built {
                 services: list
                     .iter()
                     .map(|(s, v)| {
-                        let sid = s.of(n);
+                        let sid = ServiceId::new(s.of(n));
                         let version = match v {
                             0 | 3 => version(sid),
                             1 => "0.9".to_string(),
@@ -384,6 +385,7 @@ fn build(spec: &Spec) -> Built {
     let only = spec.only.as_ref().map(|flags| {
         (0..n)
             .filter(|s| flags[*s % flags.len()])
+            .map(ServiceId::new)
             .collect::<BTreeSet<_>>()
     });
     let site = Site {
@@ -446,7 +448,7 @@ fn plan_with(b: &Built, list: Vec<Host>) -> (Hosts, Vec<Observed>, Selection, Pl
 }
 
 /// Per service, every service it needs at runtime, directly or through others.
-fn runtime_closure(site: &Site) -> Vec<BTreeSet<ServiceId>> {
+fn runtime_closure(site: &Site) -> IdVec<ServiceId, BTreeSet<ServiceId>> {
     fn visit(site: &Site, s: ServiceId, out: &mut BTreeSet<ServiceId>) {
         for n in site.services[s]
             .needs
@@ -458,7 +460,8 @@ fn runtime_closure(site: &Site) -> Vec<BTreeSet<ServiceId>> {
             }
         }
     }
-    (0..site.services.len())
+    site.services
+        .ids()
         .map(|s| {
             let mut out = BTreeSet::new();
             visit(site, s, &mut out);
@@ -468,7 +471,7 @@ fn runtime_closure(site: &Site) -> Vec<BTreeSet<ServiceId>> {
 }
 
 /// Per service id, its part of the plan.
-fn by_service<'p>(site: &Site, p: &'p Plan) -> Vec<&'p super::ServicePlan> {
+fn by_service<'p>(site: &Site, p: &'p Plan) -> IdVec<ServiceId, &'p super::ServicePlan> {
     site.services
         .iter()
         .map(|s| {
@@ -516,7 +519,7 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
         .collect();
     // Which services have a step on which host.
     let mut steps_on: BTreeSet<(ServiceId, HostId)> = BTreeSet::new();
-    for (sid, sp) in services.iter().enumerate() {
+    for (sid, sp) in services.enumerate() {
         for st in sp.each_step() {
             steps_on.insert((sid, id_of[&*st.host]));
         }
@@ -530,7 +533,7 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
     prop_assert_eq!(p.services.len(), site.services.len());
     prop_assert_eq!(p.hosts.len(), hosts.hosts.len());
 
-    for (sid, sp) in services.iter().enumerate() {
+    for (sid, sp) in services.enumerate() {
         let service = &site.services[sid];
         let members = hosts_of(site, &hosts, sid);
         prop_assert_eq!(sp.hosts, members.len());
@@ -698,7 +701,7 @@ fn check_planned_from(
 ) -> Result<(), TestCaseError> {
     let n = b.site.services.len();
     for &(from, to, q) in extra {
-        let (s, t) = (from.of(n), to.of(n));
+        let (s, t) = (ServiceId::new(from.of(n)), ServiceId::new(to.of(n)));
         if s != t && !b.site.services[s].needs.iter().any(|x| x.service == t) {
             b.site.services[s].needs.push(Need {
                 service: t,
@@ -731,7 +734,7 @@ fn check_planned_from(
         prop_assert!(false, "{}", e);
     }
     let planned = by_service(&b.site, &whole);
-    for (sid, service) in planned.iter().enumerate() {
+    for (sid, service) in planned.enumerate() {
         let from = super::planned_from(&b.site, &hosts, sid);
         let mut want: BTreeSet<HostId> = hosts_of(&b.site, &hosts, sid).into_iter().collect();
         for need in &b.site.services[sid].needs {
@@ -815,7 +818,7 @@ fn check_unread(b: &Built) -> Result<(), TestCaseError> {
     }
     let p = plan(&b.site, &hosts, &unread, &desired, &selection).expect("as many as hosts");
     let (before, after) = (by_service(&b.site, &whole), by_service(&b.site, &p));
-    for (sid, service) in b.site.services.iter().enumerate() {
+    for (sid, service) in b.site.services.enumerate() {
         let members = hosts_of(&b.site, &hosts, sid);
         if !members.iter().any(|h| may[*h]) {
             prop_assert_eq!(

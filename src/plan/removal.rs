@@ -185,7 +185,7 @@ mod tests {
         };
         assert_eq!(removals(&site, &hosts, &observed, &on).len(), 1);
         let only = Selection {
-            services: Some([0].into()),
+            services: Some([crate::site::ServiceId::new(0)].into()),
             ..Default::default()
         };
         let kept: Vec<String> = removals(&site, &hosts, &observed, &only)

@@ -137,7 +137,7 @@ impl Shared {
         let at = now();
         let mut writes = Vec::new();
         let mut units = Vec::new();
-        for (sid, s) in site.services.iter().enumerate() {
+        for (sid, s) in site.services.enumerate() {
             let ids = hosts.of_classes(&s.classes);
             let fingerprint = store::service_fingerprint(
                 ids.iter()

@@ -54,7 +54,7 @@ pub(super) fn leave_unread(
         first.insert(first_host);
         // A host no service is planned from is read before the run, as always.
         let mut of_some = vec![false; hosts.hosts.len()];
-        for sid in 0..site.services.len() {
+        for sid in site.services.ids() {
             for h in crate::plan::planned_from(site, hosts, sid) {
                 of_some[h] = true;
             }

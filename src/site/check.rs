@@ -4,6 +4,7 @@ use super::check_files;
 use super::check_service::{first_index, secrets, Classes, Context};
 use super::cycle;
 use super::error::{SiteError, Src};
+use super::ids::IdVec;
 use super::include;
 use super::model::*;
 use super::raw::{self, RawPlatform, RawPolicy, RawSite};
@@ -96,13 +97,14 @@ impl Checker {
         if !self.errors.is_empty() {
             return None;
         }
-        let (platform, mut services, mut classes) = (platform?, services?, classes);
+        let (platform, mut classes) = (platform?, classes);
+        let mut services: IdVec<ServiceId, Service> = services?.into();
         for (cid, class) in classes.iter_mut().enumerate() {
             for &sid in &class.services {
                 services[sid].classes.push(cid);
             }
         }
-        let order = cycle::order(&services);
+        let order = cycle::order(services.as_slice());
         let site = Site {
             name: name.value,
             file: path.to_path_buf(),

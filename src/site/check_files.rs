@@ -284,7 +284,7 @@ pub fn outside_state_dir(state_dir: &str, places: &[Vec<Place>], errors: &mut Ve
 /// `desired::resolve` refuses that case.)
 pub fn shared(
     raw: &RawSite,
-    ids: &HashMap<&str, usize>,
+    ids: &HashMap<&str, super::ServiceId>,
     places: &[Vec<Place>],
     errors: &mut Vec<SiteError>,
 ) {
@@ -297,7 +297,7 @@ pub fn shared(
         }
         let mut sids: Vec<usize> = Vec::new();
         for m in &class.services {
-            if let Some(&sid) = ids.get(m.value.as_str()) {
+            if let Some(sid) = ids.get(m.value.as_str()).map(|id| id.index()) {
                 if !sids.contains(&sid) {
                     sids.push(sid);
                 }

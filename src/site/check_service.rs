@@ -175,7 +175,11 @@ impl Checker {
             };
             let env = check_files::merged_env(cx.site_env, &merged.env);
             let given = merged.ok && {
-                let needs: Vec<&str> = merged.needs.iter().map(|(n, _)| names[n.service]).collect();
+                let needs: Vec<&str> = merged
+                    .needs
+                    .iter()
+                    .map(|(n, _)| names[n.service.index()])
+                    .collect();
                 let env: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
                 super::template_names::check(
                     &s.name.value,
@@ -310,10 +314,10 @@ impl Checker {
 }
 
 /// Each name → the index of its first occurrence (later duplicates are reported elsewhere).
-pub fn first_index<'a>(names: &[&'a str]) -> HashMap<&'a str, usize> {
+pub fn first_index<'a>(names: &[&'a str]) -> HashMap<&'a str, ServiceId> {
     let mut ids = HashMap::with_capacity(names.len());
     for (i, n) in names.iter().enumerate() {
-        ids.entry(*n).or_insert(i);
+        ids.entry(*n).or_insert(ServiceId::new(i));
     }
     ids
 }

@@ -5,35 +5,35 @@ use super::model::{Service, ServiceId};
 use miette::{LabeledSpan, SourceSpan};
 use std::collections::BTreeSet;
 
-/// The services each service needs at runtime (deduplicated, self-needs kept).
-fn runtime_needs(services: &[Service]) -> Vec<Vec<ServiceId>> {
+/// The services each service needs at runtime (deduplicated, self-needs kept), by index.
+fn runtime_needs(services: &[Service]) -> Vec<Vec<usize>> {
     services
         .iter()
         .map(|s| {
-            let set: BTreeSet<ServiceId> = s
+            let set: BTreeSet<usize> = s
                 .needs
                 .iter()
                 .filter(|n| n.healthy.is_some())
-                .map(|n| n.service)
+                .map(|n| n.service.index())
                 .collect();
             set.into_iter().collect()
         })
         .collect()
 }
 
-/// Kahn's algorithm, lowest declaration index first; returns the order and what is left over.
-fn kahn(needs: &[Vec<ServiceId>], alive: &[bool]) -> (Vec<ServiceId>, Vec<bool>) {
+/// Kahn's algorithm, lowest declaration index first; returns the order and what is left over
+/// (services by index, as in the services' list).
+fn kahn(needs: &[Vec<usize>], alive: &[bool]) -> (Vec<usize>, Vec<bool>) {
     let n = needs.len();
     let mut indegree = vec![0usize; n];
-    let mut dependents: Vec<Vec<ServiceId>> = vec![Vec::new(); n];
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (s, ns) in needs.iter().enumerate().filter(|(s, _)| alive[*s]) {
         for &t in ns.iter().filter(|t| alive[**t]) {
             indegree[s] += 1;
             dependents[t].push(s);
         }
     }
-    let mut ready: BTreeSet<ServiceId> =
-        (0..n).filter(|s| alive[*s] && indegree[*s] == 0).collect();
+    let mut ready: BTreeSet<usize> = (0..n).filter(|s| alive[*s] && indegree[*s] == 0).collect();
     let mut order = Vec::with_capacity(n);
     let mut left = alive.to_vec();
     while let Some(s) = ready.pop_first() {
@@ -51,7 +51,11 @@ fn kahn(needs: &[Vec<ServiceId>], alive: &[bool]) -> (Vec<ServiceId>, Vec<bool>)
 
 /// Services in runtime dependency order (the site must be free of cycles).
 pub fn order(services: &[Service]) -> Vec<ServiceId> {
-    kahn(&runtime_needs(services), &vec![true; services.len()]).0
+    kahn(&runtime_needs(services), &vec![true; services.len()])
+        .0
+        .into_iter()
+        .map(ServiceId::new)
+        .collect()
 }
 
 /// A runtime `needs` of one service on another, where it is written.
@@ -67,11 +71,12 @@ pub struct Edge {
 
 /// Reports every independent runtime cycle among `edges` (per service, its runtime needs that
 /// resolved, whatever else is wrong with the site), each edge labelled at its `needs` line.
+/// `names` and `edges` are by service index.
 pub fn report(names: &[&str], edges: &[Vec<Edge>], errors: &mut Vec<SiteError>) {
-    let needs: Vec<Vec<ServiceId>> = edges
+    let needs: Vec<Vec<usize>> = edges
         .iter()
         .map(|es| {
-            let set: BTreeSet<ServiceId> = es.iter().map(|e| e.to).collect();
+            let set: BTreeSet<usize> = es.iter().map(|e| e.to.index()).collect();
             set.into_iter().collect()
         })
         .collect();
@@ -85,7 +90,7 @@ pub fn report(names: &[&str], edges: &[Vec<Edge>], errors: &mut Vec<SiteError>) 
         let mut labelled: Vec<(Src, LabeledSpan)> = Vec::new();
         for (i, &s) in cycle.iter().enumerate() {
             let t = cycle[(i + 1) % cycle.len()];
-            if let Some(e) = edges[s].iter().find(|e| e.to == t) {
+            if let Some(e) = edges[s].iter().find(|e| e.to.index() == t) {
                 let via = e
                     .via
                     .as_ref()
@@ -129,7 +134,7 @@ pub fn report(names: &[&str], edges: &[Vec<Edge>], errors: &mut Vec<SiteError>) 
 }
 
 /// Follows runtime needs among the leftover services from `start` until one repeats.
-fn find_cycle(needs: &[Vec<ServiceId>], left: &[bool], start: ServiceId) -> Vec<ServiceId> {
+fn find_cycle(needs: &[Vec<usize>], left: &[bool], start: usize) -> Vec<usize> {
     let mut path = vec![start];
     let mut at = start;
     loop {

@@ -7,6 +7,7 @@ mod check_service;
 mod check_store;
 mod cycle;
 pub mod error;
+mod ids;
 mod include;
 pub mod model;
 mod raw;
@@ -24,6 +25,7 @@ pub mod value;
 
 pub use check_files::{template_error, TEMPLATE_VARIABLES};
 pub use error::{SiteError, SiteErrors};
+pub use ids::{Id, IdVec};
 pub use model::*;
 pub use source::normalize as normalize_path;
 pub use spread::{classes_words, help as spread_help};

@@ -1,5 +1,7 @@
 //! The checked site model: every name resolved, every value parsed, no optional soup.
 
+use super::ids::IdVec;
+pub use super::ids::ServiceId;
 use super::value::Quota;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,8 +10,6 @@ use std::time::Duration;
 
 /// Index of a class in [`Site::classes`].
 pub type ClassId = usize;
-/// Index of a service in [`Site::services`].
-pub type ServiceId = usize;
 
 /// A whole site: classes, services, their dependencies, the platform and policies.
 #[derive(Debug, Clone)]
@@ -25,7 +25,7 @@ pub struct Site {
     pub sources: Vec<PathBuf>,
     pub platform: Platform,
     pub classes: Vec<Class>,
-    pub services: Vec<Service>,
+    pub services: IdVec<ServiceId, Service>,
     /// Services in dependency order: a service comes after every service it needs at runtime;
     /// ties keep declaration order.
     pub order: Vec<ServiceId>,
@@ -494,7 +494,7 @@ impl Platform {
 impl Site {
     /// The service of this name.
     pub fn service(&self, name: &str) -> Option<ServiceId> {
-        self.services.iter().position(|s| s.name == name)
+        self.services.position(|s| s.name == name)
     }
 
     /// The class of this name.

@@ -199,7 +199,7 @@ pub fn status(
                 reason,
             });
         }
-        let mut ids: Vec<usize> = h
+        let mut ids: Vec<ServiceId> = h
             .classes
             .iter()
             .flat_map(|c| site.classes[*c].services.iter().copied())

@@ -296,7 +296,7 @@ fn status_from_the_store_says_not_reporting_and_which_inputs_differ() {
     assert!(
         matches!(&observed[0], Observed::Running { services } if services["api"].inputs.is_none())
     );
-    assert_eq!(differ, [(0, 0)]);
+    assert_eq!(differ, [(ServiceId::new(0), 0)]);
     assert!(
         matches!(&observed[1], Observed::Unreachable { reason } if reason.starts_with("not reporting since t (run r1): connection refused"))
     );
