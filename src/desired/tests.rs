@@ -212,12 +212,7 @@ service "proxy" { start "run proxy"; file "a.conf" to="/etc/shared.conf" }
 "#,
     );
     let site = site::load(&dir.path().join("site.kdl")).expect("site loads");
-    let class = |name: &str| {
-        site.classes
-            .iter()
-            .position(|c| c.name == name)
-            .expect("class")
-    };
+    let class = |name: &str| site.class(name).expect("class");
     let host = |name: &str, classes: &[&str]| Host {
         name: name.into(),
         address: "10.0.0.1".into(),

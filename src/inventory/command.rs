@@ -313,7 +313,11 @@ pub fn parse(stdout: &[u8], program: &str, classes: &[&str]) -> Result<Vec<Host>
         };
         let mut ids = Vec::with_capacity(names.len());
         for (class, span) in names {
-            let Some(id) = classes.iter().position(|c| *c == class) else {
+            let Some(id) = classes
+                .iter()
+                .position(|c| *c == class)
+                .map(crate::site::ClassId::new)
+            else {
                 let help = match suggest::closest(&class, classes.iter().copied()) {
                     Some(c) => format!("did you mean `{c}`?"),
                     None => format!(
@@ -606,8 +610,8 @@ mod tests {
              "tags": {"zone": "a", "rack": 12, "spot": true}}
         ]}"#);
         assert_eq!(hosts.len(), 2);
-        assert_eq!(hosts[0].classes, [0]);
-        assert_eq!(hosts[1].classes, [1, 2]);
+        assert_eq!(hosts[0].classes, crate::site::ids_of(&[0]));
+        assert_eq!(hosts[1].classes, crate::site::ids_of(&[1, 2]));
         assert_eq!(
             hosts[1].tags,
             BTreeMap::from([

@@ -13,7 +13,7 @@
 //! host into a class it does not belong to.
 
 use super::{Host, Inventory, InventoryError};
-use crate::site::{AddressField, Class, ClassId, Ec2Spec, InventorySpec, Site};
+use crate::site::{AddressField, Class, ClassId, Ec2Spec, IdVec, InventorySpec, Site};
 use aws_credential_types::provider::ProvideCredentials;
 use aws_credential_types::Credentials;
 use bytes::Bytes;
@@ -553,7 +553,7 @@ fn carries(tags: &BTreeMap<String, String>, wanted: &[(String, String)]) -> bool
 pub fn hosts_of(
     found: Vec<Found>,
     field: AddressField,
-    classes: &[Class],
+    classes: &IdVec<ClassId, Class>,
 ) -> Result<Vec<Host>, InventoryError> {
     let ids: HashSet<&str> = found.iter().map(|f| f.instance.id.as_str()).collect();
     let mut names: HashMap<&str, usize> = HashMap::new();
@@ -1007,7 +1007,7 @@ mod tests {
         assert!(j.windows(2).any(|w| w[0] != w[1]), "jitter varies");
     }
 
-    fn found(id: &str, name: Option<&str>, ip: Option<&str>, classes: &[ClassId]) -> Found {
+    fn found(id: &str, name: Option<&str>, ip: Option<&str>, classes: &[usize]) -> Found {
         let mut tags = BTreeMap::from([("role".to_string(), "app".to_string())]);
         if let Some(n) = name {
             tags.insert("Name".into(), n.into());
@@ -1021,17 +1021,18 @@ mod tests {
                 tags,
                 ..Instance::default()
             },
-            classes: classes.to_vec(),
+            classes: crate::site::ids_of(classes),
         }
     }
 
-    fn classes() -> Vec<Class> {
+    fn classes() -> IdVec<ClassId, Class> {
         ["app", "db"]
             .map(|n| Class {
                 name: n.into(),
                 services: Vec::new(),
             })
-            .to_vec()
+            .into_iter()
+            .collect()
     }
 
     #[test]
@@ -1052,7 +1053,7 @@ mod tests {
         let names: Vec<&str> = hosts.iter().map(|h| &*h.name).collect();
         assert_eq!(names, ["web-1", "i-2", "i-3", "i-4", "i-5", "i-6"]);
         assert_eq!(&*hosts[2].address, "10.0.0.3");
-        assert_eq!(hosts[2].classes, [0, 1]);
+        assert_eq!(hosts[2].classes, crate::site::ids_of(&[0, 1]));
         let tags: Vec<(&str, &str)> = hosts[0]
             .tags
             .iter()
@@ -1196,8 +1197,8 @@ mod tests {
             profile: None,
             address: AddressField::PrivateIp,
             classes: vec![
-                (0, vec![("role".into(), "app".into())]),
-                (1, vec![("edge".into(), "yes".into())]),
+                (ClassId::new(0), vec![("role".into(), "app".into())]),
+                (ClassId::new(1), vec![("edge".into(), "yes".into())]),
             ],
         };
         let ec2 = Ec2 {
@@ -1213,7 +1214,15 @@ mod tests {
             .map(|f| (f.instance.id.as_str(), f.classes.as_slice()))
             .collect();
         // i-4 came back for class 1 without its tag: not trusted, left out.
-        assert_eq!(got, [("i-1", &[0][..]), ("i-2", &[0, 1]), ("i-3", &[0])]);
+        let ids = crate::site::ids_of::<ClassId>;
+        assert_eq!(
+            got,
+            [
+                ("i-1", &ids(&[0])[..]),
+                ("i-2", &ids(&[0, 1])[..]),
+                ("i-3", &ids(&[0])[..])
+            ]
+        );
         let bodies = bodies.lock().unwrap();
         assert_eq!(bodies.len(), 4);
         assert!(bodies[0].contains("&MaxResults=2&") && !bodies[0].contains("NextToken"));

@@ -12,7 +12,7 @@ pub use order::natural_cmp;
 pub use select::{SelectError, Selector};
 pub use static_hosts::Static;
 
-use crate::site::{ClassId, InventorySpec, OnEmpty, Site};
+use crate::site::{ClassId, IdVec, InventorySpec, OnEmpty, Site};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use thiserror::Error;
@@ -37,7 +37,7 @@ pub struct Hosts {
     /// In natural name order.
     pub hosts: Vec<Host>,
     /// Per class, its hosts in natural name order.
-    pub by_class: Vec<Vec<HostId>>,
+    pub by_class: IdVec<ClassId, Vec<HostId>>,
     /// Things the operator should know that do not stop the run.
     pub warnings: Vec<String>,
 }
@@ -46,7 +46,7 @@ impl Hosts {
     /// Indexes `hosts` by class; sorts them by name.
     pub fn new(mut hosts: Vec<Host>, classes: usize) -> Hosts {
         hosts.sort_by(|a, b| natural_cmp(&a.name, &b.name));
-        let mut by_class = vec![Vec::new(); classes];
+        let mut by_class: IdVec<ClassId, Vec<HostId>> = vec![Vec::new(); classes].into();
         for (id, h) in hosts.iter().enumerate() {
             for &c in &h.classes {
                 if let Some(list) = by_class.get_mut(c) {
@@ -211,7 +211,6 @@ pub fn resolve(site: &Site) -> Result<Hosts, InventoryError> {
     }
     let empty: Vec<&str> = site
         .classes
-        .iter()
         .enumerate()
         .filter(|(c, _)| hosts.by_class[*c].is_empty())
         .map(|(_, c)| c.name.as_str())

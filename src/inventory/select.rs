@@ -8,7 +8,7 @@
 //! narrower rollout.
 
 use super::{Host, HostId, Hosts};
-use crate::site::{suggest, Site};
+use crate::site::{suggest, ClassId, Site};
 use miette::{NamedSource, SourceSpan};
 use std::collections::BTreeSet;
 use std::fmt;
@@ -241,8 +241,9 @@ impl Selector {
         };
         let found: BTreeSet<HostId> = match &term.matcher {
             Matcher::Class(glob) => {
-                let ids: Vec<usize> = (0..classes.len())
+                let ids: Vec<ClassId> = (0..classes.len())
                     .filter(|&c| glob.matches(classes[c]))
+                    .map(ClassId::new)
                     .collect();
                 if ids.is_empty() {
                     let help = match suggest::closest(&glob.0, classes.iter().copied()) {
@@ -260,7 +261,7 @@ impl Selector {
                 if found.is_empty() {
                     return Err(no_match(format!(
                         "the inventory has no host of {}",
-                        list(ids.iter().map(|&c| classes[c]), "class", "classes")
+                        list(ids.iter().map(|&c| classes[c.index()]), "class", "classes")
                     )));
                 }
                 found
@@ -468,7 +469,7 @@ mod tests {
         Host {
             name: name.into(),
             address: format!("10.0.0.{}", name.len()).into(),
-            classes: classes.to_vec(),
+            classes: crate::site::ids_of(classes),
             tags: BTreeMap::from([("zone".to_string(), zone.to_string())]),
         }
     }

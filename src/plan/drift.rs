@@ -35,7 +35,7 @@ pub fn drift(
         let classes: Vec<String> = host
             .classes
             .iter()
-            .filter_map(|c| class_names.get(*c).cloned())
+            .filter_map(|c| class_names.get(c.index()).cloned())
             .collect();
         if classes != h.classes {
             out.push(format!(
@@ -119,7 +119,7 @@ mod tests {
         Host {
             name: name.into(),
             address: addr.into(),
-            classes: vec![0],
+            classes: vec![crate::site::ClassId::new(0)],
             tags: BTreeMap::new(),
         }
     }

@@ -5,7 +5,7 @@
 
 use super::{waves, Selection};
 use crate::inventory::{HostId, Hosts};
-use crate::site::{IdVec, ServiceId, Site};
+use crate::site::{ClassId, IdVec, ServiceId, Site};
 
 /// The hosts selected, each once, in the order their first step is expected to start if
 /// every one has a step: services in the site's dependency order, a service's hosts in the
@@ -102,7 +102,7 @@ pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
             break;
         }
     }
-    let class_may: Vec<bool> = site
+    let class_may: IdVec<ClassId, bool> = site
         .classes
         .iter()
         .map(|c| c.services.iter().all(|&s| may[s]))

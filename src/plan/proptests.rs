@@ -4,8 +4,8 @@
 use super::{plan, Plan, Selection, SkipReason};
 use crate::inventory::{Host, HostId, Hosts};
 use crate::site::{
-    Class, HostSpec, IdVec, InventorySpec, Need, OnFailure, Pause, Platform, Policy, Quota, Round,
-    Service, ServiceId, Site, Transport,
+    Class, ClassId, HostSpec, IdVec, InventorySpec, Need, OnFailure, Pause, Platform, Policy,
+    Quota, Round, Service, ServiceId, Site, Transport,
 };
 use crate::state::{Mark, Observed, Outcome, ServiceRecord};
 use proptest::prelude::*;
@@ -268,7 +268,7 @@ fn build(spec: &Spec) -> Built {
         }
         v
     };
-    let mut classes: Vec<Class> = (0..class_count)
+    let mut classes: IdVec<ClassId, Class> = (0..class_count)
         .map(|c| Class {
             name: format!("class{c}"),
             services: Vec::new(),
@@ -281,14 +281,14 @@ fn build(spec: &Spec) -> Built {
         cs.sort_unstable();
         cs.dedup();
         for c in cs {
-            classes[c].services.push(sid);
+            classes[ClassId::new(c)].services.push(sid);
         }
     }
     for c in &mut classes {
         c.services
             .sort_by_key(|sid| (spec.services[rank_of[*sid]].in_class, *sid));
     }
-    for (cid, class) in classes.iter().enumerate() {
+    for (cid, class) in classes.enumerate() {
         for &sid in &class.services {
             services[sid].classes.push(cid);
         }
@@ -302,11 +302,11 @@ fn build(spec: &Spec) -> Built {
     let mut on = BTreeSet::new();
     for (i, h) in spec.hosts.iter().enumerate() {
         // The first hosts cover every class, so that no class is empty.
-        let class = if i < class_count {
+        let class = ClassId::new(if i < class_count {
             i
         } else {
             h.class.of(class_count)
-        };
+        });
         let mut tags = BTreeMap::new();
         if let Some(z) = h.zone {
             tags.insert(ZONE.to_string(), format!("z{}", z.of(spec.zones) * 5));
@@ -315,7 +315,7 @@ fn build(spec: &Spec) -> Built {
         let name: Arc<str> = format!("{}-{}", classes[class].name, i * 7 % 61).into();
         let mut classes_of_host = vec![class];
         if let Some(also) = h.also {
-            let also = also.of(class_count);
+            let also = ClassId::new(also.of(class_count));
             if also != class {
                 classes_of_host.push(also);
             }

@@ -128,7 +128,7 @@ mod tests {
         }
     }
 
-    fn host(name: &str, class: usize) -> Host {
+    fn host(name: &str, class: crate::site::ClassId) -> Host {
         Host {
             name: Arc::from(name),
             address: Arc::from("10.0.0.1"),
@@ -140,8 +140,8 @@ mod tests {
     #[test]
     fn a_service_gone_from_the_site_or_from_the_hosts_class_is_a_removal() {
         let site = site();
-        let app = site.classes.iter().position(|c| c.name == "app");
-        let spare = site.classes.iter().position(|c| c.name == "spare");
+        let app = site.class("app");
+        let spare = site.class("spare");
         let (Some(app), Some(spare)) = (app, spare) else {
             panic!("classes");
         };

@@ -2,7 +2,7 @@
 //! class carries groups nothing and is most likely a typo, so no plan is made with it.
 
 use crate::inventory::Hosts;
-use crate::site::{Policy, Site};
+use crate::site::{ClassId, Policy, Site};
 use crate::words::count;
 use miette::Diagnostic;
 use std::collections::BTreeSet;
@@ -48,7 +48,7 @@ pub fn check(site: &Site, hosts: &Hosts) -> Result<(), SpreadTagErrors> {
             continue;
         }
         seen.push(policy);
-        let classes: BTreeSet<usize> = site
+        let classes: BTreeSet<ClassId> = site
             .services
             .iter()
             .filter(|s| Arc::ptr_eq(&s.policy, policy))

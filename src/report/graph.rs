@@ -58,7 +58,7 @@ pub fn graph_dot(site: &Site) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "digraph {} {{", dot_id(&site.name));
     let _ = writeln!(out, "  rankdir=LR;\n  node [shape=box];");
-    for (i, c) in site.classes.iter().enumerate() {
+    for (i, c) in site.classes.enumerate() {
         let _ = writeln!(
             out,
             "  subgraph cluster_{i} {{\n    label={};",

@@ -97,9 +97,9 @@ impl Checker {
         if !self.errors.is_empty() {
             return None;
         }
-        let (platform, mut classes) = (platform?, classes);
+        let platform = platform?;
         let mut services: IdVec<ServiceId, Service> = services?.into();
-        for (cid, class) in classes.iter_mut().enumerate() {
+        for (cid, class) in classes.enumerate() {
             for &sid in &class.services {
                 services[sid].classes.push(cid);
             }
@@ -122,9 +122,9 @@ impl Checker {
         Some(site)
     }
 
-    fn classes(&mut self, raw: &RawSite) -> (Vec<Class>, Classes) {
+    fn classes(&mut self, raw: &RawSite) -> (IdVec<ClassId, Class>, Classes) {
         let mut ids = Classes::new();
-        let mut classes = Vec::new();
+        let mut classes = IdVec::new();
         let service_names: Vec<&str> = raw.services.iter().map(|s| s.name.value.as_str()).collect();
         let service_ids = first_index(&service_names);
         for c in &raw.classes {
@@ -152,7 +152,7 @@ impl Checker {
             }
             ids.insert(
                 c.name.value.clone(),
-                (classes.len(), c.name.span, src.clone()),
+                (ClassId::new(classes.len()), c.name.span, src.clone()),
             );
             classes.push(Class {
                 name: c.name.value.clone(),

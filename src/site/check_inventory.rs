@@ -2,6 +2,7 @@
 
 use super::check::Checker;
 use super::error::{SiteError, Src};
+use super::ids::IdVec;
 use super::model::*;
 use super::raw_inventory::{self, RawHost, RawInventory};
 use super::read::Reader;
@@ -198,7 +199,7 @@ fn static_hosts(
     let errors = &mut ck.errors;
     let class_names: Vec<&str> = classes.keys().map(String::as_str).collect();
     let mut seen: HashMap<&str, (SourceSpan, &Src)> = HashMap::with_capacity(all.len());
-    let mut counts = vec![0usize; classes.len()];
+    let mut counts: IdVec<ClassId, usize> = vec![0usize; classes.len()].into();
     // Per host, its class when it is complete: the hosts are moved, not copied, afterwards.
     let mut valid: Vec<Option<ClassId>> = Vec::with_capacity(all.len());
     let before = errors.len();

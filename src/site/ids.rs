@@ -63,6 +63,10 @@ macro_rules! id_type {
 pub(crate) use id_type;
 
 id_type!(
+    /// Index of a class in [`super::Site::classes`].
+    ClassId
+);
+id_type!(
     /// Index of a service in [`super::Site::services`].
     ServiceId
 );
@@ -211,4 +215,10 @@ impl<I, T: fmt::Debug> fmt::Debug for IdVec<I, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.items.fmt(f)
     }
+}
+
+/// For tests: these positions as ids.
+#[cfg(test)]
+pub fn ids_of<I: Id>(positions: &[usize]) -> Vec<I> {
+    positions.iter().copied().map(I::new).collect()
 }

@@ -25,6 +25,8 @@ pub mod value;
 
 pub use check_files::{template_error, TEMPLATE_VARIABLES};
 pub use error::{SiteError, SiteErrors};
+#[cfg(test)]
+pub(crate) use ids::ids_of;
 pub use ids::{Id, IdVec};
 pub use model::*;
 pub use source::normalize as normalize_path;

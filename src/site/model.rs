@@ -1,15 +1,12 @@
 //! The checked site model: every name resolved, every value parsed, no optional soup.
 
 use super::ids::IdVec;
-pub use super::ids::ServiceId;
+pub use super::ids::{ClassId, ServiceId};
 use super::value::Quota;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Index of a class in [`Site::classes`].
-pub type ClassId = usize;
 
 /// A whole site: classes, services, their dependencies, the platform and policies.
 #[derive(Debug, Clone)]
@@ -24,7 +21,7 @@ pub struct Site {
     /// (`crate::history`).
     pub sources: Vec<PathBuf>,
     pub platform: Platform,
-    pub classes: Vec<Class>,
+    pub classes: IdVec<ClassId, Class>,
     pub services: IdVec<ServiceId, Service>,
     /// Services in dependency order: a service comes after every service it needs at runtime;
     /// ties keep declaration order.
@@ -499,7 +496,7 @@ impl Site {
 
     /// The class of this name.
     pub fn class(&self, name: &str) -> Option<ClassId> {
-        self.classes.iter().position(|c| c.name == name)
+        self.classes.position(|c| c.name == name)
     }
 }
 

@@ -2,7 +2,7 @@
 //! class carries groups nothing, and is most likely a typo.
 
 use super::error::{SiteError, Src};
-use super::model::{InventorySpec, Site};
+use super::model::{ClassId, InventorySpec, Site};
 use super::suggest;
 use miette::SourceSpan;
 use std::collections::BTreeSet;
@@ -52,7 +52,7 @@ pub fn warnings(site: &Site, written: &Written) -> Vec<SiteError> {
         let Some(tag) = &policy.spread else {
             continue;
         };
-        let classes: BTreeSet<usize> = site
+        let classes: BTreeSet<ClassId> = site
             .services
             .iter()
             .filter(|s| Arc::ptr_eq(&s.policy, policy))
