@@ -77,7 +77,7 @@ fn main() {
             hook: None,
         };
         let mut writes = Vec::new();
-        for (h, host) in hosts.hosts.iter().enumerate() {
+        for (h, host) in hosts.hosts.enumerate() {
             let record = ServiceRecord {
                 version: "2.0".into(),
                 configured: Some(mark(())),

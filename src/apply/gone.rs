@@ -51,7 +51,7 @@ pub fn with_gone_hosts(site: &Site, hosts: Hosts, say: &dyn Fn(&str)) -> Result<
         ..
     } = hosts;
     all.extend(gone);
-    let mut out = Hosts::new(all, site.classes.len());
+    let mut out = Hosts::new(all.into_vec(), site.classes.len());
     out.warnings = warnings;
     Ok(out)
 }

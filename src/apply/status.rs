@@ -82,7 +82,7 @@ pub fn status(request: &StatusRequest, say: &Say) -> Result<Status, ApplyError> 
                 let read = observe(&site, &subset, false, request.max_connections)?;
                 disagreements = store::disagreements(view, &subset, &read);
                 for ((&i, why), o) in unvouched.iter().zip(read) {
-                    observed[i] = o;
+                    observed[i.index()] = o;
                     if let Some(h) = all.find(&hosts.hosts[i].name) {
                         differ.retain(|&(_, d)| d != h);
                     }
@@ -167,11 +167,11 @@ fn from_store(
     let said = store::observed(view, site, all, desired);
     let mut picked = Vec::with_capacity(hosts.hosts.len());
     let mut unvouched = BTreeMap::new();
-    for (i, h) in hosts.hosts.iter().enumerate() {
+    for (i, h) in hosts.hosts.enumerate() {
         let Some(a) = all.find(&h.name) else {
             continue;
         };
-        picked.push(said.observed[a].clone());
+        picked.push(said.observed[a.index()].clone());
         if let Some((_, why)) = said.unvouched.iter().find(|(u, _)| *u == a) {
             unvouched.insert(i, why.clone());
         }

@@ -32,7 +32,7 @@ pub struct Desired {
     services: IdVec<ServiceId, ServiceInputs>,
     /// Each host's address, as the inventory gives it (`DEPLOY_ADDRESS`): the `address` input
     /// of every service on it.
-    addresses: Vec<Arc<str>>,
+    addresses: IdVec<HostId, Arc<str>>,
     /// The sha256 of every plain file's source, read once when the run resolved what each
     /// host must run, and the source's stamp then: the steps send the content recorded under
     /// that digest, and check that the source they sent still has that stamp.
@@ -409,7 +409,7 @@ impl Desired {
             if let crate::state::Observed::Running { services } = o {
                 for (name, record) in services.iter_mut() {
                     if let Some(sid) = site.service(name) {
-                        record.inputs = Some(self.inputs(sid, h));
+                        record.inputs = Some(self.inputs(sid, HostId::new(h)));
                     }
                 }
             }

@@ -17,8 +17,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use thiserror::Error;
 
-/// Index of a host in [`Hosts::hosts`].
-pub type HostId = usize;
+crate::site::id_type!(
+    /// Index of a host in [`Hosts::hosts`].
+    HostId
+);
 
 /// A real machine, and the classes it plays.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +37,7 @@ pub struct Host {
 #[derive(Debug, Clone, Default)]
 pub struct Hosts {
     /// In natural name order.
-    pub hosts: Vec<Host>,
+    pub hosts: IdVec<HostId, Host>,
     /// Per class, its hosts in natural name order.
     pub by_class: IdVec<ClassId, Vec<HostId>>,
     /// Things the operator should know that do not stop the run.
@@ -47,7 +49,8 @@ impl Hosts {
     pub fn new(mut hosts: Vec<Host>, classes: usize) -> Hosts {
         hosts.sort_by(|a, b| natural_cmp(&a.name, &b.name));
         let mut by_class: IdVec<ClassId, Vec<HostId>> = vec![Vec::new(); classes].into();
-        for (id, h) in hosts.iter().enumerate() {
+        let hosts: IdVec<HostId, Host> = hosts.into();
+        for (id, h) in hosts.enumerate() {
             for &c in &h.classes {
                 if let Some(list) = by_class.get_mut(c) {
                     list.push(id);
@@ -79,8 +82,10 @@ impl Hosts {
     /// The host of this name.
     pub fn find(&self, name: &str) -> Option<HostId> {
         self.hosts
+            .as_slice()
             .binary_search_by(|h| natural_cmp(&h.name, name))
             .ok()
+            .map(HostId::new)
     }
 }
 
@@ -203,7 +208,12 @@ impl Inventory for NotBuilt {
 pub fn resolve(site: &Site) -> Result<Hosts, InventoryError> {
     let list = backend(site).hosts(site)?;
     let mut hosts = Hosts::new(list, site.classes.len());
-    if let Some(w) = hosts.hosts.windows(2).find(|w| w[0].name == w[1].name) {
+    if let Some(w) = hosts
+        .hosts
+        .as_slice()
+        .windows(2)
+        .find(|w| w[0].name == w[1].name)
+    {
         return Err(InventoryError::DuplicateHost {
             name: w[0].name.to_string(),
             detail: format!("addresses {} and {}", w[0].address, w[1].address),

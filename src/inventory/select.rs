@@ -215,7 +215,7 @@ impl Selector {
                 included.get_or_insert_with(BTreeSet::new).extend(matched);
             }
         }
-        let mut chosen = included.unwrap_or_else(|| (0..hosts.len()).collect());
+        let mut chosen = included.unwrap_or_else(|| (0..hosts.len()).map(HostId::new).collect());
         chosen.retain(|h| !excluded.contains(h));
         if chosen.is_empty() {
             return Err(SelectError::Empty {
@@ -296,29 +296,30 @@ impl Selector {
     /// The hosts selected among the site's; a class term that names a service says so.
     pub fn select_in(&self, site: &Site, hosts: &Hosts) -> Result<BTreeSet<HostId>, SelectError> {
         let classes: Vec<&str> = site.classes.iter().map(|c| c.name.as_str()).collect();
-        self.select(&classes, &hosts.hosts).map_err(|e| match e {
-            SelectError::UnknownClass {
-                term,
-                help,
-                selector,
-                span,
-            } => {
-                let name = term.trim_start_matches('!').trim_start_matches("class:");
-                let help = match site.service(name) {
-                    Some(_) => format!(
-                        "`{name}` is a service, not a class: select services with `--only {name}`"
-                    ),
-                    None => help,
-                };
+        self.select(&classes, hosts.hosts.as_slice())
+            .map_err(|e| match e {
                 SelectError::UnknownClass {
                     term,
                     help,
                     selector,
                     span,
+                } => {
+                    let name = term.trim_start_matches('!').trim_start_matches("class:");
+                    let help = match site.service(name) {
+                        Some(_) => format!(
+                        "`{name}` is a service, not a class: select services with `--only {name}`"
+                    ),
+                        None => help,
+                    };
+                    SelectError::UnknownClass {
+                        term,
+                        help,
+                        selector,
+                        span,
+                    }
                 }
-            }
-            e => e,
-        })
+                e => e,
+            })
     }
 }
 
@@ -340,7 +341,7 @@ fn select_where(hosts: &[Host], pick: impl Fn(&Host) -> bool) -> BTreeSet<HostId
         .iter()
         .enumerate()
         .filter(|(_, h)| pick(h))
-        .map(|(i, _)| i)
+        .map(|(i, _)| HostId::new(i))
         .collect()
 }
 
@@ -460,6 +461,7 @@ fn parse_term(term: &str) -> Result<(bool, Matcher), (String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::site::IdVec;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
@@ -475,7 +477,7 @@ mod tests {
     }
 
     /// db1 db2 app1 app2 app3 lb1, and edge1 (app and lb).
-    fn fleet() -> Vec<Host> {
+    fn fleet() -> IdVec<HostId, Host> {
         Hosts::new(
             vec![
                 host("db1", &[0], "eu-1a"),
@@ -494,7 +496,7 @@ mod tests {
     /// The names of the hosts `selector` picks.
     fn names(selector: &str) -> Result<Vec<String>, SelectError> {
         let hosts = fleet();
-        let ids = Selector::parse(selector)?.select(&CLASSES, &hosts)?;
+        let ids = Selector::parse(selector)?.select(&CLASSES, hosts.as_slice())?;
         Ok(ids.into_iter().map(|i| hosts[i].name.to_string()).collect())
     }
 
@@ -662,7 +664,7 @@ mod tests {
         /// The order of terms never matters, and exclusions alone select the complement.
         #[test]
         fn order_free_and_exclusions_complement(picks in prop::collection::vec(0usize..7, 1..4)) {
-            let hosts = fleet();
+            let hosts = fleet().into_vec();
             let terms: Vec<String> = picks.iter().map(|&i| format!("host:{}", hosts[i].name)).collect();
             let mut reversed = terms.clone();
             reversed.reverse();

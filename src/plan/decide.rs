@@ -54,7 +54,7 @@ pub(super) fn sort(
     let mut todo = Vec::new();
     let mut skipped = Vec::new();
     for &h in &members {
-        let record = observed[h].service(&service.name);
+        let record = observed[h.index()].service(&service.name);
         let running: Option<Arc<str>> = record.map(|r| {
             if *r.version == **version {
                 version.clone()
@@ -71,7 +71,7 @@ pub(super) fn sort(
             skipped.push(skip(SkipReason::NotSelected));
             continue;
         }
-        if observed[h] == Observed::Unread {
+        if observed[h.index()] == Observed::Unread {
             todo.push(Todo {
                 host: h,
                 from: None,
@@ -83,7 +83,7 @@ pub(super) fn sort(
             });
             continue;
         }
-        if !observed[h].known() {
+        if !observed[h.index()].known() {
             skipped.push(skip(SkipReason::Unreachable));
             continue;
         }

@@ -13,9 +13,8 @@ pub fn drift(
     observed: &[Observed],
     class_names: &[String],
 ) -> Vec<String> {
-    let now: HashMap<&str, usize> = hosts
+    let now: HashMap<&str, crate::inventory::HostId> = hosts
         .hosts
-        .iter()
         .enumerate()
         .map(|(i, h)| (&*h.name, i))
         .collect();
@@ -45,7 +44,7 @@ pub fn drift(
                 classes.join(", ")
             ));
         }
-        out.extend(state_drift(&h.name, &h.observed, &observed[i]));
+        out.extend(state_drift(&h.name, &h.observed, &observed[i.index()]));
     }
     let planned: BTreeSet<&str> = then.iter().map(|h| &*h.name).collect();
     for h in hosts.hosts.iter().filter(|h| !planned.contains(&*h.name)) {

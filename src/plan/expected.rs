@@ -12,7 +12,7 @@ use crate::site::{ClassId, IdVec, ServiceId, Site};
 /// order of its waves (canary, `spread` groups). An estimate: which hosts have steps is only
 /// known once they are read, and services that need nothing start together.
 pub fn first_hosts(site: &Site, hosts: &Hosts, selection: &Selection) -> Vec<HostId> {
-    let mut seen = vec![false; hosts.hosts.len()];
+    let mut seen: IdVec<HostId, bool> = vec![false; hosts.hosts.len()].into();
     let mut out = Vec::new();
     for &sid in &site.order {
         let service = &site.services[sid];

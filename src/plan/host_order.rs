@@ -79,13 +79,13 @@ impl RuntimeClosure {
 pub struct Changing {
     /// Per host, its changing services sorted by id: a host running many services answers
     /// `has` by binary search, not by scanning them all for each of its steps.
-    per_host: Vec<Vec<ServiceId>>,
+    per_host: IdVec<HostId, Vec<ServiceId>>,
 }
 
 impl Changing {
     pub fn new(hosts: usize) -> Self {
         Changing {
-            per_host: vec![Vec::new(); hosts],
+            per_host: vec![Vec::new(); hosts].into(),
         }
     }
 

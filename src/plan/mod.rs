@@ -547,7 +547,7 @@ fn service_plan(
         todo.into_iter().zip(waits).map(Some).collect();
     let hosts_of_todo: Vec<HostId> = todo
         .iter()
-        .map(|t| t.as_ref().map_or(usize::MAX, |(t, _)| t.host))
+        .map(|t| t.as_ref().map_or(HostId::new(usize::MAX), |(t, _)| t.host))
         .collect();
     let waves = groups
         .into_iter()

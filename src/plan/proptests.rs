@@ -433,7 +433,9 @@ fn plan_with(b: &Built, list: Vec<Host>) -> (Hosts, Vec<Observed>, Selection, Pl
     let selection = Selection {
         services: b.only.clone(),
         hosts: b.on.as_ref().map(|names| {
-            (0..hosts.hosts.len())
+            hosts
+                .hosts
+                .ids()
                 .filter(|h| names.contains(&hosts.hosts[*h].name))
                 .collect()
         }),
@@ -483,7 +485,9 @@ fn by_service<'p>(site: &Site, p: &'p Plan) -> IdVec<ServiceId, &'p super::Servi
 }
 
 fn hosts_of(site: &Site, hosts: &Hosts, sid: ServiceId) -> Vec<HostId> {
-    (0..hosts.hosts.len())
+    hosts
+        .hosts
+        .ids()
         .filter(|h| {
             hosts.hosts[*h]
                 .classes
@@ -513,7 +517,6 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
     let closure = runtime_closure(site);
     let id_of: BTreeMap<&str, HostId> = hosts
         .hosts
-        .iter()
         .enumerate()
         .map(|(i, h)| (&*h.name, i))
         .collect();
@@ -564,7 +567,7 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
             in_skipped.insert(h, k.reason);
             prop_assert_eq!(
                 k.version.as_deref(),
-                observed[h].version(&service.name),
+                observed[h.index()].version(&service.name),
                 "skipped host {} records what it runs",
                 k.host
             );
@@ -573,12 +576,12 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
         prop_assert_eq!(&seen, &expected, "hosts of {} once each", sp.name);
         for &h in &members {
             // At the version only when it runs it and nothing recorded failed since.
-            let at_version = observed[h]
+            let at_version = observed[h.index()]
                 .service(&service.name)
                 .is_some_and(|r| r.version == service.version && r.healthy());
             let reason = if !selection.has(sid, h) {
                 Some(SkipReason::NotSelected)
-            } else if !observed[h].known() {
+            } else if !observed[h.index()].known() {
                 Some(SkipReason::Unreachable)
             } else if at_version {
                 Some(SkipReason::AtVersion)
@@ -617,7 +620,10 @@ fn check_plan(b: &Built) -> Result<(), TestCaseError> {
             }
             for st in &w.steps {
                 let h = id_of[&*st.host];
-                prop_assert_eq!(st.from.as_deref(), observed[h].version(&service.name));
+                prop_assert_eq!(
+                    st.from.as_deref(),
+                    observed[h.index()].version(&service.name)
+                );
                 prop_assert_eq!(&*st.to, service.version.as_str());
             }
         }
@@ -747,7 +753,7 @@ fn check_planned_from(
         );
         let mut changed = observed.clone();
         for (h, o) in changed.iter_mut().enumerate() {
-            if from.binary_search(&h).is_ok() {
+            if from.binary_search(&HostId::new(h)).is_ok() {
                 continue;
             }
             let (kind, pick) = other[h % other.len()];
@@ -820,7 +826,7 @@ fn check_unread(b: &Built) -> Result<(), TestCaseError> {
     let (before, after) = (by_service(&b.site, &whole), by_service(&b.site, &p));
     for (sid, service) in b.site.services.enumerate() {
         let members = hosts_of(&b.site, &hosts, sid);
-        if !members.iter().any(|h| may[*h]) {
+        if !members.iter().any(|h| may[h.index()]) {
             prop_assert_eq!(
                 after[sid],
                 before[sid],
@@ -844,9 +850,9 @@ fn check_unread(b: &Built) -> Result<(), TestCaseError> {
                 prop_assert_eq!(Some(now), was, "{}: a host read first", name);
                 continue;
             }
-            prop_assert!(may[h]);
+            prop_assert!(may[h.index()]);
             prop_assert!(now.after.is_empty() && now.waits.is_empty());
-            let decided = super::decide(&b.site, &desired, sid, h, &observed[h]);
+            let decided = super::decide(&b.site, &desired, sid, h, &observed[h.index()]);
             match (decided, was) {
                 (Ok(Some(d)), Some(was)) => {
                     prop_assert_eq!(d.kind, was.kind, "{}", name);

@@ -58,7 +58,7 @@ pub fn removals(
     selection: &Selection,
 ) -> Vec<Removal> {
     let mut out = Vec::new();
-    for (h, (host, seen)) in hosts.hosts.iter().zip(observed).enumerate() {
+    for ((h, host), seen) in hosts.hosts.enumerate().zip(observed) {
         let Observed::Running { services } = seen else {
             continue;
         };
@@ -180,7 +180,7 @@ mod tests {
         );
         // `--on a2` keeps a2's; `--only api` keeps the service still in the site.
         let on = Selection {
-            hosts: Some([1].into()),
+            hosts: Some([crate::inventory::HostId::new(1)].into()),
             ..Default::default()
         };
         assert_eq!(removals(&site, &hosts, &observed, &on).len(), 1);

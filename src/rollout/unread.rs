@@ -6,6 +6,7 @@
 use super::hook::step_env;
 use super::step::{StepJob, StepResult};
 use crate::desired::Desired;
+use crate::inventory::HostId;
 use crate::plan::{Plan, SkipReason};
 use crate::site::{ServiceId, Site};
 use crate::state::{HostRecord, Observed};
@@ -80,7 +81,13 @@ impl<L: Link> Unread<L> {
                 services: services.clone(),
             };
         }
-        let decided = crate::plan::decide(&self.site, &self.desired, service, self.host, &observed);
+        let decided = crate::plan::decide(
+            &self.site,
+            &self.desired,
+            service,
+            HostId::new(self.host),
+            &observed,
+        );
         match decided {
             Ok(Some(d)) => {
                 let host = &self.plan.hosts[self.host];

@@ -163,7 +163,7 @@ pub async fn check_status<T: Transport>(
         .map(|h| {
             hosts
                 .find(&h.name)
-                .and_then(|i| observed.get(i).cloned())
+                .and_then(|i| observed.get(i.index()).cloned())
                 .unwrap_or(Observed::Unread)
         })
         .collect();

@@ -109,7 +109,7 @@ impl Session {
         let unchecked = locked.carry_on(site, unfinished, &transport, &targets, &state_dir);
         for (name, reason) in unlocked.chain(not_ended).chain(unchecked) {
             if let Some(h) = hosts.find(&name) {
-                known[h] = Some(Observed::Unreachable { reason });
+                known[h.index()] = Some(Observed::Unreachable { reason });
             }
         }
         locked.known = known;
@@ -219,7 +219,7 @@ fn open_store(
     if let Ok(Some(rec)) = unfinished {
         for step in &rec.in_flight {
             if let Some(h) = hosts.find(&step.host) {
-                known[h] = None;
+                known[h.index()] = None;
             }
         }
     }

@@ -10,7 +10,7 @@ use crate::desired::Desired;
 use crate::inventory::{HostId, Hosts};
 use crate::plan::{Plan, Selection};
 use crate::rollout::{Cancel, LockAtStep, Planned, Planning};
-use crate::site::Site;
+use crate::site::{IdVec, Site};
 use crate::state::Observed;
 use crate::transport::{Link, Target, Transport};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ impl Locked {
             .iter()
             .map(|f| {
                 f.iter()
-                    .any(|&h| plan.hosts[h].observed == Observed::Unread)
+                    .any(|&h| plan.hosts[h.index()].observed == Observed::Unread)
             })
             .collect();
         if pending.contains(&true) {
@@ -92,9 +92,9 @@ impl Locked {
             return Some(Planning { pending, updates });
         };
         let mut order = Vec::new();
-        let mut seen = vec![false; observed.len()];
+        let mut seen: IdVec<HostId, bool> = vec![false; observed.len()].into();
         for &h in from.iter().flatten() {
-            if observed[h] == Observed::Unread && !std::mem::replace(&mut seen[h], true) {
+            if observed[h.index()] == Observed::Unread && !std::mem::replace(&mut seen[h], true) {
                 order.push(h);
             }
         }
@@ -190,7 +190,7 @@ impl Reader {
                         host: this.hosts.hosts[h].name.clone(),
                         observed: o.clone(),
                     });
-                    observed[h] = o;
+                    observed[h.index()] = o;
                 }
                 Err(reason) => {
                     refused = true;
@@ -203,7 +203,12 @@ impl Reader {
                 continue;
             }
             let ready: Vec<usize> = (0..pending.len())
-                .filter(|&s| pending[s] && from[s].iter().all(|&h| observed[h] != Observed::Unread))
+                .filter(|&s| {
+                    pending[s]
+                        && from[s]
+                            .iter()
+                            .all(|&h| observed[h.index()] != Observed::Unread)
+                })
                 .collect();
             if ready.is_empty() {
                 continue;

@@ -153,11 +153,10 @@ impl Shared {
             };
             writes.extend(store::desired(&self.keys, &s.name, &value));
         }
-        for (h, o) in observed.iter().enumerate() {
-            if !read.get(h).copied().unwrap_or(false) {
+        for ((h, host), o) in hosts.hosts.enumerate().zip(observed) {
+            if !read.get(h.index()).copied().unwrap_or(false) {
                 continue;
             }
-            let host = &hosts.hosts[h];
             let classes = host
                 .classes
                 .iter()

@@ -5,7 +5,7 @@
 //! step.
 
 use crate::inventory::{HostId, Hosts};
-use crate::site::Site;
+use crate::site::{IdVec, Site};
 use crate::state::Observed;
 use std::collections::HashSet;
 
@@ -35,8 +35,10 @@ pub(super) fn leave_unread(
     // The first host by name: every run of the site, whatever its selection, asks for it
     // before any other, and this run holds it to the end (`Journaled::held_to_end`), so
     // that no second run starts while this one locks its other hosts later.
-    let first_host =
-        (0..hosts.hosts.len()).min_by(|a, b| hosts.hosts[*a].name.cmp(&hosts.hosts[*b].name))?;
+    let first_host = hosts
+        .hosts
+        .ids()
+        .min_by(|a, b| hosts.hosts[*a].name.cmp(&hosts.hosts[*b].name))?;
     let anchor = Some(hosts.hosts[first_host].name.to_string());
     if hosts.hosts.len() <= max_connections {
         // Under the cap: the hosts the first service is planned from are read before the
@@ -53,16 +55,16 @@ pub(super) fn leave_unread(
             .collect();
         first.insert(first_host);
         // A host no service is planned from is read before the run, as always.
-        let mut of_some = vec![false; hosts.hosts.len()];
+        let mut of_some: IdVec<HostId, bool> = vec![false; hosts.hosts.len()].into();
         for sid in site.services.ids() {
             for h in crate::plan::planned_from(site, hosts, sid) {
                 of_some[h] = true;
             }
         }
-        first.extend((0..hosts.hosts.len()).filter(|&h| !of_some[h]));
+        first.extend(hosts.hosts.ids().filter(|&h| !of_some[h]));
         let mut unread = 0;
         for (h, k) in known.iter_mut().enumerate() {
-            if !first.contains(&h) && k.is_none() {
+            if !first.contains(&HostId::new(h)) && k.is_none() {
                 *k = Some(Observed::Unread);
                 unread += 1;
             }
@@ -86,9 +88,10 @@ pub(super) fn leave_unread(
         if !may {
             continue;
         }
+        let h = HostId::new(h);
         alone.insert(hosts.hosts[h].name.to_string());
-        if !first.contains(&h) && selected.contains(&h) && known[h].is_none() {
-            known[h] = Some(Observed::Unread);
+        if !first.contains(&h) && selected.contains(&h) && known[h.index()].is_none() {
+            known[h.index()] = Some(Observed::Unread);
             unread += 1;
         }
     }

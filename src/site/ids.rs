@@ -59,7 +59,6 @@ macro_rules! id_type {
         }
     };
 }
-#[allow(unused_imports)]
 pub(crate) use id_type;
 
 id_type!(
@@ -128,6 +127,10 @@ impl<I: Id, T> IdVec<I, T> {
     /// The index of the first item `pick` takes.
     pub fn position(&self, pick: impl FnMut(&T) -> bool) -> Option<I> {
         self.items.iter().position(pick).map(I::new)
+    }
+
+    pub fn extend(&mut self, items: impl IntoIterator<Item = T>) {
+        self.items.extend(items);
     }
 
     pub fn as_slice(&self) -> &[T] {

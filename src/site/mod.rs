@@ -25,6 +25,7 @@ pub mod value;
 
 pub use check_files::{template_error, TEMPLATE_VARIABLES};
 pub use error::{SiteError, SiteErrors};
+pub(crate) use ids::id_type;
 #[cfg(test)]
 pub(crate) use ids::ids_of;
 pub use ids::{Id, IdVec};

@@ -44,10 +44,10 @@ impl<T: Transport> Observe for Remote<T> {
         let gate = Arc::new(Semaphore::new(room));
         let mut tasks = tokio::task::JoinSet::new();
         let mut out = vec![Observed::Fresh; hosts.hosts.len()];
-        for (i, h) in hosts.hosts.iter().enumerate() {
+        for (i, h) in hosts.hosts.enumerate() {
             if let Some(read) = self.read.get(&*h.name) {
                 let observed = observed(Ok(read.clone()));
-                out[i] = super::unreadable::explain(observed, &self.state_dir);
+                out[i.index()] = super::unreadable::explain(observed, &self.state_dir);
                 continue;
             }
             let target = Target {
@@ -68,7 +68,7 @@ impl<T: Transport> Observe for Remote<T> {
         }
         while let Some(done) = tasks.join_next().await {
             if let Ok((i, observed)) = done {
-                out[i] = observed;
+                out[i.index()] = observed;
             }
         }
         out

@@ -185,7 +185,7 @@ pub fn status(
         checked: None,
         undone: None,
     };
-    for (hid, (h, o)) in hosts.hosts.iter().zip(observed).enumerate() {
+    for ((hid, h), o) in hosts.hosts.enumerate().zip(observed) {
         let reason = match o {
             Observed::Fresh => Some("no state recorded".to_string()),
             Observed::Unreachable { reason } => Some(format!("does not answer: {reason}")),

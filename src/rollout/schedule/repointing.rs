@@ -166,7 +166,7 @@ impl<T: Transport> Scheduler<T> {
         let (mut inputs, files) = self.r.desired.given_pools(
             &self.r.site,
             dsid,
-            (rp.host, &host),
+            (crate::inventory::HostId::new(rp.host), &host),
             &self.r.secrets,
             Arc::new(needs),
         )?;

@@ -22,7 +22,9 @@ impl<T: Transport> Scheduler<T> {
             open.running += 1;
         }
         let sid = self.r.site.service(&sp.name);
-        let inputs = sid.map_or_else(Default::default, |sid| self.r.desired.inputs(sid, h));
+        let inputs = sid.map_or_else(Default::default, |sid| {
+            self.r.desired.inputs(sid, crate::inventory::HostId::new(h))
+        });
         let files = match sid {
             Some(sid) if !self.r.site.services[sid].files.is_empty() => self.r.desired.deliveries(
                 &self.r.site,

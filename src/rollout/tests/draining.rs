@@ -23,7 +23,6 @@ fn changed(old_api: &str, new_api: &str, lb: &str) -> Fixture {
     let inventory = crate::inventory::resolve(&old.site).expect("inventory");
     let observed: Vec<Observed> = inventory
         .hosts
-        .iter()
         .enumerate()
         .map(|(h, host)| Observed::Running {
             services: host
@@ -158,7 +157,7 @@ async fn a_port_change_drops_each_wave_from_the_load_balancer_before_it_stops() 
     let sid = fx.site.service("lb").expect("lb");
     assert_eq!(
         last.inputs,
-        Some(fx.desired.inputs(sid, 2)),
+        Some(fx.desired.inputs(sid, crate::inventory::HostId::new(2))),
         "lb1 converged"
     );
 }

@@ -344,7 +344,12 @@ async fn hosts_left_out_and_read_during_the_run_count_as_healthy() {
         .collect();
     let selection = Selection {
         services: None,
-        hosts: Some([0, 3, 4].into_iter().collect()),
+        hosts: Some(
+            [0, 3, 4]
+                .into_iter()
+                .map(crate::inventory::HostId::new)
+                .collect(),
+        ),
         ..Default::default()
     };
     let plan = fx.plan_unread(&states, &unread, &selection);

@@ -10,7 +10,9 @@ fn grown(body: &str, hosts: &[(&str, &str)], policies: &[(&str, &str)], added: &
     let fx = fixture(body, hosts, policies, &[]);
     let site = fx.site.clone();
     let full = crate::inventory::resolve(&site).expect("inventory");
-    let kept: std::collections::BTreeSet<usize> = (0..full.hosts.len())
+    let kept: std::collections::BTreeSet<crate::inventory::HostId> = full
+        .hosts
+        .ids()
         .filter(|h| !added.contains(&&*full.hosts[*h].name))
         .collect();
     let before = full.subset(&kept, site.classes.len());
@@ -323,7 +325,7 @@ async fn a_wait_for_a_placeholder_its_plan_drops_is_over() {
         removal: None,
         hooks: None,
     };
-    truth[app3] = Observed::Running {
+    truth[app3.index()] = Observed::Running {
         services: [("api".to_string(), record)].into_iter().collect(),
     };
     let full = Arc::new(fx.plan_unread(&truth, &[], &Selection::default()));
@@ -337,7 +339,7 @@ async fn a_wait_for_a_placeholder_its_plan_drops_is_over() {
     *fx.planning.lock().unwrap() = Some(crate::rollout::Planning { pending, updates });
     let read = |name: &str| crate::rollout::Planned::Read {
         host: name.into(),
-        observed: truth[resolved.find(name).expect("host")].clone(),
+        observed: truth[resolved.find(name).expect("host").index()].clone(),
     };
     let (lb1, lb2, app3) = (read("lb1"), read("lb2"), read("app3"));
     tokio::spawn(async move {

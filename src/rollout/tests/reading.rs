@@ -26,6 +26,9 @@ async fn read_during_the_run(
         .map(|s| {
             let sid = fx.site.service(&s.name).expect("a service of the site");
             plan::planned_from(&fx.site, &resolved, sid)
+                .into_iter()
+                .map(crate::inventory::HostId::index)
+                .collect()
         })
         .collect();
     for (h, gap) in order
@@ -106,7 +109,7 @@ fn read_during_the_run_case(
             let sid = fx.site.service(&s.name).expect("a service of the site");
             plan::planned_from(&fx.site, &resolved, sid)
                 .iter()
-                .any(|h| left.contains(h))
+                .any(|h| left.contains(&h.index()))
         })
         .collect();
     let observed: Vec<Observed> = before.hosts.iter().map(|h| h.observed.clone()).collect();

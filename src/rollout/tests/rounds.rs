@@ -35,7 +35,9 @@ pub(super) fn recorded(
                 .find(|(n, _)| *n == &*h.name)
                 .map_or(&[], |(_, g)| g);
             let me = full.find(&h.name).expect("a host of the inventory");
-            let kept = (0..full.hosts.len())
+            let kept = full
+                .hosts
+                .ids()
                 .filter(|i| *i == me || !gone.contains(&&*full.hosts[*i].name))
                 .collect();
             let before = full.subset(&kept, site.classes.len());

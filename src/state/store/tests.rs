@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::inventory::{HostId, Hosts};
-use crate::site::{ServiceId, Site};
+use crate::site::{ids_of, ServiceId, Site};
 use crate::state::{Inputs, Mark, Observed, Outcome, ServiceRecord};
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -253,9 +253,19 @@ fn a_plan_reads_only_hosts_the_store_does_not_show_converged() {
     let known = converged(&view, &site, &hosts, &Given { odd: None });
     assert!(matches!(known[0], Some(Observed::Running { .. })));
     assert!(known[1].is_none() && known[2].is_none());
-    assert_eq!(to_read(&known).into_iter().collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(
+        to_read(&known).into_iter().collect::<Vec<_>>(),
+        ids_of(&[1, 2])
+    );
     // The same store, but app1 is now given other inputs: read it.
-    let known = converged(&view, &site, &hosts, &Given { odd: Some(0) });
+    let known = converged(
+        &view,
+        &site,
+        &hosts,
+        &Given {
+            odd: Some(HostId::new(0)),
+        },
+    );
     assert!(known[0].is_none());
     // A store with nothing: every host is read.
     let known = converged(&View::default(), &site, &hosts, &Given { odd: None });
@@ -291,12 +301,19 @@ fn status_from_the_store_says_not_reporting_and_which_inputs_differ() {
         observed,
         differ,
         unvouched,
-    } = observed(&view, &site, &hosts, &Given { odd: Some(0) });
+    } = observed(
+        &view,
+        &site,
+        &hosts,
+        &Given {
+            odd: Some(HostId::new(0)),
+        },
+    );
     assert!(unvouched.is_empty());
     assert!(
         matches!(&observed[0], Observed::Running { services } if services["api"].inputs.is_none())
     );
-    assert_eq!(differ, [(ServiceId::new(0), 0)]);
+    assert_eq!(differ, [(ServiceId::new(0), HostId::new(0))]);
     assert!(
         matches!(&observed[1], Observed::Unreachable { reason } if reason.starts_with("not reporting since t (run r1): connection refused"))
     );
@@ -333,10 +350,13 @@ fn a_host_the_store_has_at_another_address_is_read() {
     ));
     let moved = view_of(&writes);
     let known = converged(&moved, &site, &hosts, &given);
-    assert_eq!(to_read(&known).into_iter().collect::<Vec<_>>(), [1]);
+    assert_eq!(
+        to_read(&known).into_iter().collect::<Vec<_>>(),
+        ids_of(&[1])
+    );
     let said = observed(&moved, &site, &hosts, &given);
     assert_eq!(said.unvouched.len(), 1, "{:?}", said.unvouched);
-    assert_eq!(said.unvouched[0].0, 1);
+    assert_eq!(said.unvouched[0].0, HostId::new(1));
     assert!(
         said.unvouched[0]
             .1
@@ -353,7 +373,10 @@ fn a_host_the_store_has_at_another_address_is_read() {
     };
     writes.extend(recorded(&keys(), &hs, "r2", "t"));
     let known = converged(&view_of(&writes), &site, &hosts, &given);
-    assert_eq!(to_read(&known).into_iter().collect::<Vec<_>>(), [2]);
+    assert_eq!(
+        to_read(&known).into_iter().collect::<Vec<_>>(),
+        ids_of(&[2])
+    );
 }
 
 #[test]
@@ -518,19 +541,19 @@ fn a_status_of_another_version_or_missing_is_unknown_and_the_host_is_read() {
     );
     assert!(known[2].is_none(), "a missing status is not healthy");
     let said = observed(&view, &site, &hosts, &given);
-    let read: Vec<(usize, &str)> = said
+    let read: Vec<(HostId, &str)> = said
         .unvouched
         .iter()
         .map(|(h, why)| (*h, why.as_str()))
         .collect();
     assert_eq!(read.len(), 2, "{read:?}");
-    assert_eq!(read[0].0, 1);
+    assert_eq!(read[0].0, HostId::new(1));
     assert!(
         read[0].1.contains("is for 1.0, its running version 2.0"),
         "{}",
         read[0].1
     );
-    assert_eq!(read[1].0, 2);
+    assert_eq!(read[1].0, HostId::new(2));
     assert!(read[1].1.contains("no configured status"), "{}", read[1].1);
 }
 
@@ -552,7 +575,7 @@ fn a_host_with_an_unfinished_intent_is_read_not_taken_from_the_store() {
     assert!(known[1].is_none(), "a host with an intent is read");
     let said = observed(&view, &site, &hosts, &given);
     assert_eq!(said.unvouched.len(), 1, "{:?}", said.unvouched);
-    assert_eq!(said.unvouched[0].0, 1);
+    assert_eq!(said.unvouched[0].0, HostId::new(1));
     assert!(
         said.unvouched[0]
             .1

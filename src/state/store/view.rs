@@ -298,7 +298,9 @@ pub fn converged(
     hosts: &Hosts,
     desired: &dyn Fingerprints,
 ) -> Vec<Option<Observed>> {
-    (0..hosts.hosts.len())
+    hosts
+        .hosts
+        .ids()
         .map(|h| {
             let entry = view.hosts.get(&*hosts.hosts[h].name)?;
             if entry.busy.is_some() {
@@ -354,7 +356,6 @@ pub fn observed(view: &View, site: &Site, hosts: &Hosts, desired: &dyn Fingerpri
     let mut unvouched = Vec::new();
     let observed = hosts
         .hosts
-        .iter()
         .enumerate()
         .map(|(h, host)| {
             let Some(entry) = view.hosts.get(&*host.name) else {
@@ -515,8 +516,11 @@ pub fn disagreements(view: &View, hosts: &Hosts, observed: &[Observed]) -> Vec<D
 }
 
 /// The hosts `known` leaves to be read (`None`), in order.
-pub fn to_read(known: &[Option<Observed>]) -> std::collections::BTreeSet<usize> {
-    (0..known.len()).filter(|&h| known[h].is_none()).collect()
+pub fn to_read(known: &[Option<Observed>]) -> std::collections::BTreeSet<HostId> {
+    (0..known.len())
+        .filter(|&h| known[h].is_none())
+        .map(HostId::new)
+        .collect()
 }
 
 /// What every host runs: `known` where the store says so, and `read` (the hosts of
