@@ -6,7 +6,7 @@
 //! a transaction fenced by the lock.
 
 use super::{Say, SessionError};
-use crate::inventory::Hosts;
+use crate::inventory::{HostId, Hosts};
 use crate::plan::Plan;
 use crate::rollout::{
     Cancel, Event, EventKind, Level, RevertEnd, RevertIntent, Sink, StepEnd, StepIntent,
@@ -153,10 +153,11 @@ impl Shared {
             };
             writes.extend(store::desired(&self.keys, &s.name, &value));
         }
-        for ((h, host), o) in hosts.hosts.enumerate().zip(observed) {
-            if !read.get(h.index()).copied().unwrap_or(false) {
+        for (h, o) in observed.iter().enumerate() {
+            if !read.get(h).copied().unwrap_or(false) {
                 continue;
             }
+            let host = &hosts.hosts[HostId::new(h)];
             let classes = host
                 .classes
                 .iter()
