@@ -77,7 +77,8 @@ fn change(c: &Change) -> String {
         }
         said.push(line);
     }
-    if c.removed > 0 {
+    // What it removed, or tried to (a removal that failed counts in `failed`).
+    if c.removed > 0 || (said.is_empty() && !c.removed_versions.is_empty()) {
         let versions = match c.removed_versions.as_slice() {
             [] => String::new(),
             v => format!("{} ", v.join(", ")),

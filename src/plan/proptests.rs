@@ -851,7 +851,22 @@ fn check_unread(b: &Built) -> Result<(), TestCaseError> {
                 continue;
             }
             prop_assert!(may[h.index()]);
-            prop_assert!(now.after.is_empty() && now.waits.is_empty());
+            // No wait for another host's step; an `after` (a service this one needs, on the
+            // same host) only for a service it needs at runtime on every host, which has
+            // ended before this one starts.
+            prop_assert!(now.waits.is_empty());
+            let needed: Vec<&str> = service
+                .needs
+                .iter()
+                .map(|n| b.site.services[n.service].name.as_str())
+                .collect();
+            prop_assert!(
+                now.after.iter().all(|a| needed.contains(&&**a)),
+                "{}: after {:?}, needs {:?}",
+                name,
+                now.after,
+                needed
+            );
             let decided = super::decide(&b.site, &desired, sid, h, &observed[h.index()]);
             match (decided, was) {
                 (Ok(Some(d)), Some(was)) => {

@@ -90,7 +90,15 @@ pub(super) fn leave_unread(
         }
         let h = HostId::new(h);
         alone.insert(hosts.hosts[h].name.to_string());
-        if !first.contains(&h) && selected.contains(&h) && known[h.index()].is_none() {
+        // A host with a service left out of the run (`--only`) is read before it: that
+        // service has no step there to count it healthy, and a service that needs it counts
+        // it healthy from what it was read to run (`Plan::healthy_before`).
+        let whole = hosts.hosts[h]
+            .classes
+            .iter()
+            .flat_map(|&c| site.classes[c].services.iter())
+            .all(|&s| selection.has(s, h));
+        if whole && !first.contains(&h) && selected.contains(&h) && known[h.index()].is_none() {
             known[h.index()] = Some(Observed::Unread);
             unread += 1;
         }

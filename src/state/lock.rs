@@ -33,7 +33,9 @@ mod fleet;
 mod host_scripts;
 mod in_flight;
 pub use fleet::FleetLock;
-pub use host_scripts::{guard_script, hooks_dir, GUARDED, GUARD_MARK, UNLOCKED_MARK};
+pub use host_scripts::{
+    guard_script, hooks_dir, GUARDED, GUARD_MARK, UNLOCKED_MARK, UNMARKED, UNMARKED_MARK,
+};
 pub use in_flight::{group_runs, NOT_ENDED};
 
 /// Who holds a lock.

@@ -206,3 +206,72 @@ fn past_the_cap_every_host_is_connected_once_per_apply_and_tiers_keep_their_orde
         "{stdout}"
     );
 }
+
+/// Two services on every host, `api` needing `sidecar` at runtime, 6 hosts under
+/// `--max-connections 4`: both are read at their steps, api's after sidecar's on each host
+/// (hook times), each host connected once; then `--only api`: hosts whose sidecar is left out
+/// of the run are read before it (sidecar counts healthy from what was read), and api
+/// upgrades everywhere instead of waiting for a sidecar that has no step.
+#[test]
+fn a_service_needed_on_the_same_hosts_comes_first_and_only_leaves_it_out() {
+    let hosts: Vec<FleetHost> = (1..=6)
+        .map(|i| FleetHost::new(&format!("h{i}"), "app"))
+        .collect();
+    let fleet = Fleet::start(&hosts);
+    fleet.write_platform("/var/lib/drover");
+    let write = |api: &str| {
+        let hook = |name: &str, hook: &str| {
+            format!(
+                "    {hook} #\"echo \"{name} {hook} ${{DEPLOY_OLD_VERSION:--}} $DEPLOY_NEW_VERSION $(date +%s.%N)\" >> /var/lib/hooks\"#\n"
+            )
+        };
+        let text = format!(
+            "site \"pair\" {{\n    version \"1.0\"\n    platform \"platform.kdl\"\n    policy \"policy.kdl\"\n}}\n\
+             class \"app\" {{ service \"sidecar\"; service \"api\" }}\n\
+             service \"sidecar\" {{\n{}}}\n\
+             service \"api\" {{\n    version \"{api}\"\n    needs \"sidecar\"\n{}}}\n",
+            hook("sidecar", "start"),
+            hook("api", "start"),
+        );
+        fleet.write_site(
+            &text,
+            "policy \"default\" { batch \"50%\"; max-failed 0 }\n",
+        )
+    };
+    let site = write("1.0");
+    let (logins, out) = apply_and_count(&fleet, &site);
+    assert!(logins.iter().all(|&n| n == 1), "{logins:?}\n{out}");
+    for host in fleet.names() {
+        let lines = fleet.lines(host, "var-lib/hooks");
+        let time = |s: &str| {
+            lines
+                .iter()
+                .find(|l| l.starts_with(s))
+                .and_then(|l| l.rsplit_once(' '))
+                .and_then(|(_, t)| t.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{host}: no {s} in {lines:?}\n{out}"))
+        };
+        assert!(
+            time("sidecar start") < time("api start"),
+            "{host}: {lines:?}"
+        );
+    }
+
+    // api alone, to 2.0.
+    let site = write("2.0");
+    let (code, stdout, stderr) = deploy(
+        &fleet,
+        &[
+            "apply",
+            site.to_str().expect("utf-8"),
+            "--yes",
+            "--only",
+            "api",
+        ],
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    for (host, version) in versions(&fleet) {
+        let want = if host.ends_with("/api") { "2.0" } else { "1.0" };
+        assert_eq!(version, want, "{host}\n{stdout}\n{stderr}");
+    }
+}

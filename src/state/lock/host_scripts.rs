@@ -108,6 +108,11 @@ pub const GUARDED: i32 = 14;
 /// The start of what a command refused by [`guard_script`] prints on standard error.
 pub const GUARD_MARK: &str = "drover: fenced:";
 
+/// The exit code and the start of what a command prints when [`guard_script`] cannot mark it
+/// in flight on the host: it changed nothing, and fails as a hook does.
+pub const UNMARKED: i32 = 1;
+pub const UNMARKED_MARK: &str = "drover: not marked:";
+
 /// The start of what a command refused by [`guard_script`] prints on standard error when the
 /// host has no lock of this run's at all: given back (this run's own last command there gave
 /// it back, and an answer was lost), or broken and not taken again.
@@ -129,11 +134,14 @@ pub const UNLOCKED_MARK: &str = "drover: unlocked:";
 pub fn guard_script(state_dir: &str, me: &str, tag: &str, token: Option<i64>) -> String {
     let state_dir = state_dir.trim_end_matches('/');
     let lock = quote(&format!("{state_dir}/lock/holder.json"));
+    // A mark that cannot be written (the state directory full, or read-only) is this host's
+    // failure, not another run's hold on it: the command changes nothing and fails as a hook
+    // does, and the failure budgets decide what follows (a fenced command stops the run).
     let unmarked = format!(
-        "{{ echo {} >&2; exit {GUARDED}; }}",
+        "{{ echo {} >&2; exit {UNMARKED}; }}",
         quote(&format!(
-            "{GUARD_MARK} this command cannot be marked in flight on the host (its hooks \
-             directory cannot be written)"
+            "{UNMARKED_MARK} this command cannot mark itself in flight in the host's hooks \
+             directory (its file system full, or read-only): it changed nothing"
         ))
     );
     let mut out = in_flight::mark(&hooks_dir(state_dir), tag, &unmarked);

@@ -320,3 +320,29 @@ fn hooks_of_a_broken_holder_that_could_not_be_ended_are_said() {
     );
     assert!(lb.take_reads().contains_key("h1"), "the read still ran");
 }
+
+/// A command that cannot write its mark (here the hooks directory is a file; on a host, a full
+/// or read-only file system) changes nothing and fails as a hook does: it is not taken for a
+/// command fenced by another run, which would stop the whole run.
+#[test]
+fn a_command_that_cannot_mark_itself_in_flight_changes_nothing_and_is_not_fenced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    std::fs::write(state.join("hooks"), "").expect("a file where the hooks directory goes");
+    let written = dir.path().join("written");
+    let guard = guard_script(state.to_str().expect("utf-8"), "me", "1111-1", None);
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "{guard}echo x >{}",
+            quote(written.to_str().expect("utf-8"))
+        ))
+        .output()
+        .expect("sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(UNMARKED), "{stderr}");
+    assert!(stderr.contains(UNMARKED_MARK), "{stderr}");
+    assert!(!stderr.contains(GUARD_MARK), "{stderr}");
+    assert!(!written.exists(), "the command went on");
+}
