@@ -69,12 +69,7 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 impl RecordedHooks {
     /// What a service with `hooks`, whose hooks got `env`, was configured with.
     pub fn of(hooks: &Hooks, env: &[(String, String)]) -> RecordedHooks {
-        let recorded = |h: &Option<Hook>| {
-            h.as_ref().map(|h| RecordedHook {
-                command: h.command.clone(),
-                timeout: h.timeout,
-            })
-        };
+        let recorded = |h: &Option<Hook>| h.as_ref().map(RecordedHook::of);
         RecordedHooks {
             stop: recorded(&hooks.stop),
             install: recorded(&hooks.install),
@@ -94,6 +89,16 @@ impl RecordedHooks {
                 .filter(|(k, _)| !VERSIONS.contains(&k.as_str()))
                 .cloned()
                 .collect(),
+        }
+    }
+
+    /// What a removal of the service runs here: its `stop` and `remove`, with the same
+    /// variables (kept in the record beside these, for a `deploy` that reads no more).
+    pub fn removal(&self) -> super::Removal {
+        super::Removal {
+            stop: self.stop.clone(),
+            remove: self.remove.clone(),
+            env: self.env.clone(),
         }
     }
 

@@ -2,7 +2,6 @@
 //! hooks and the variables they got, recorded at each switch-over and reconfigure, since the
 //! site may no longer have them when the service is removed (book: "Taking changes back").
 
-use crate::site::Hooks;
 use serde::{Deserialize, Serialize};
 
 /// The hooks a removal runs on a host, as it recorded them.
@@ -31,27 +30,17 @@ pub struct RecordedHook {
     pub timeout: Option<std::time::Duration>,
 }
 
-impl Removal {
-    /// What a removal of a service with `hooks`, whose hooks got `env`, runs. The variables a
-    /// removal sets itself (`DEPLOY_NEW_VERSION`, empty) are left out.
-    pub fn of(hooks: &Hooks, env: &[(String, String)]) -> Removal {
-        let recorded = |h: &Option<crate::site::Hook>| {
-            h.as_ref().map(|h| RecordedHook {
-                command: h.command.clone(),
-                timeout: h.timeout,
-            })
-        };
-        Removal {
-            stop: recorded(&hooks.stop),
-            remove: recorded(&hooks.remove),
-            env: env
-                .iter()
-                .filter(|(k, _)| k != "DEPLOY_NEW_VERSION" && k != "DEPLOY_OLD_VERSION")
-                .cloned()
-                .collect(),
+impl RecordedHook {
+    /// `hook` as a host records it.
+    pub fn of(hook: &crate::site::Hook) -> RecordedHook {
+        RecordedHook {
+            command: hook.command.clone(),
+            timeout: hook.timeout,
         }
     }
+}
 
+impl Removal {
     /// The hooks it runs, in order: `stop`, then `remove`.
     pub fn hooks(&self) -> impl Iterator<Item = (&'static str, &RecordedHook)> {
         [("stop", &self.stop), ("remove", &self.remove)]

@@ -103,11 +103,25 @@ fn versions(fleet: &Fleet) -> Vec<(String, String)> {
     out
 }
 
-fn apply_and_count(fleet: &Fleet, site: &Path) -> (Vec<usize>, String) {
+/// `deploy apply SITE --yes`, which must exit 0 having logged in to every host exactly once
+/// (from the hosts' sshd logs); returns what it said.
+fn apply_once(fleet: &Fleet, site: &Path) -> String {
     let before = fleet.logins();
     let (code, stdout, stderr) = deploy(fleet, &["apply", site.to_str().expect("utf-8"), "--yes"]);
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    (fleet.logins_since(&before), format!("{stdout}\n{stderr}"))
+    let out = format!("{stdout}\n{stderr}");
+    assert_eq!(code, Some(0), "{out}");
+    let logins = fleet.logins_since(&before);
+    let not_once: Vec<(&str, &usize)> = fleet
+        .names()
+        .into_iter()
+        .zip(&logins)
+        .filter(|(_, &n)| n != 1)
+        .collect();
+    assert!(
+        not_once.is_empty(),
+        "connections per host not 1: {not_once:?}\n{out}"
+    );
+    out
 }
 
 #[test]
@@ -122,13 +136,7 @@ fn past_the_cap_every_host_is_connected_once_per_apply_and_tiers_keep_their_orde
 
     // A fresh fleet.
     let site_1 = site(&fleet, "1.0");
-    let (logins, out) = apply_and_count(&fleet, &site_1);
-    let twice: Vec<(&String, &usize)> =
-        names.iter().zip(&logins).filter(|(_, &n)| n != 1).collect();
-    assert!(
-        twice.is_empty(),
-        "connections per host not 1: {twice:?}\n{out}"
-    );
+    let out = apply_once(&fleet, &site_1);
     for host in &names {
         let s = service_of(host);
         assert_eq!(
@@ -141,13 +149,7 @@ fn past_the_cap_every_host_is_connected_once_per_apply_and_tiers_keep_their_orde
 
     // An upgrade: the same, each tier's first hook after the last of the tier it needs.
     let site_2 = site(&fleet, "2.0");
-    let (logins, out) = apply_and_count(&fleet, &site_2);
-    let twice: Vec<(&String, &usize)> =
-        names.iter().zip(&logins).filter(|(_, &n)| n != 1).collect();
-    assert!(
-        twice.is_empty(),
-        "connections per host not 1: {twice:?}\n{out}"
-    );
+    let out = apply_once(&fleet, &site_2);
     for host in &names {
         let s = service_of(host);
         assert_eq!(
@@ -189,8 +191,7 @@ fn past_the_cap_every_host_is_connected_once_per_apply_and_tiers_keep_their_orde
     }
 
     // Nothing to change: still one connection each.
-    let (logins, out) = apply_and_count(&fleet, &site_2);
-    assert!(logins.iter().all(|&n| n == 1), "{logins:?}\n{out}");
+    apply_once(&fleet, &site_2);
 
     // `deploy plan` past the cap reads every host, once: each host's step is planned from
     // what it runs (the site file is rewritten in place, at 3.0).
@@ -239,8 +240,7 @@ fn a_service_needed_on_the_same_hosts_comes_first_and_only_leaves_it_out() {
         )
     };
     let site = write("1.0");
-    let (logins, out) = apply_and_count(&fleet, &site);
-    assert!(logins.iter().all(|&n| n == 1), "{logins:?}\n{out}");
+    let out = apply_once(&fleet, &site);
     for host in fleet.names() {
         let lines = fleet.lines(host, "var-lib/hooks");
         let time = |s: &str| {

@@ -59,6 +59,23 @@ fn file(fleet: &Fleet, host: &str, path: &str) -> String {
     std::fs::read_to_string(fleet.host_root(host).join(path)).unwrap_or_default()
 }
 
+/// The hooks' events on the fleet after the first `before`: (time, host, what, service).
+fn events_since(fleet: &Fleet, before: usize) -> Vec<(u128, String, String, String)> {
+    support::hooks::events(fleet)
+        .into_iter()
+        .skip(before)
+        .collect()
+}
+
+/// When `host` said `what`, in `events`' order.
+fn times(events: &[(u128, String, String, String)], host: &str, what: &str) -> Vec<u128> {
+    events
+        .iter()
+        .filter(|(_, h, w, _)| h == host && w == what)
+        .map(|(ns, ..)| *ns)
+        .collect()
+}
+
 #[test]
 fn the_hosts_switched_before_the_budget_was_spent_are_switched_back_last_first() {
     let hosts: Vec<FleetHost> = HOSTS.iter().map(|h| FleetHost::new(h, "app")).collect();
@@ -75,17 +92,8 @@ fn the_hosts_switched_before_the_budget_was_spent_are_switched_back_last_first()
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stderr}\n{stdout}");
-    let events: Vec<(u128, String, String, String)> = support::hooks::events(&fleet)
-        .into_iter()
-        .skip(before)
-        .collect();
-    let at = |host: &str, what: &str| -> Vec<u128> {
-        events
-            .iter()
-            .filter(|(_, h, w, _)| h == host && w == what)
-            .map(|(ns, ..)| *ns)
-            .collect()
-    };
+    let events = events_since(&fleet, before);
+    let at = |host: &str, what: &str| times(&events, host, what);
     let down = *at("app4", "down").last().expect("app4's check failed");
     // Each switched host ran 2.0 and then, after app4 failed, 1.0 again: stopped 2.0,
     // installed and started 1.0, checked it.
@@ -325,17 +333,8 @@ fn a_revert_runs_the_hook_texts_and_env_each_host_recorded_before_the_run() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stderr}\n{stdout}");
-    let events: Vec<(u128, String, String, String)> = support::hooks::events(&fleet)
-        .into_iter()
-        .skip(before)
-        .collect();
-    let at = |host: &str, what: &str| -> Vec<u128> {
-        events
-            .iter()
-            .filter(|(_, h, w, _)| h == host && w == what)
-            .map(|(ns, ..)| *ns)
-            .collect()
-    };
+    let events = events_since(&fleet, before);
+    let at = |host: &str, what: &str| times(&events, host, what);
     let after = |host: &str, since: u128| -> Vec<String> {
         events
             .iter()

@@ -577,11 +577,12 @@ impl<L: Link> Running<'_, L> {
             entry.validated = None;
             if c == Outcome::Success {
                 entry.inputs = Some(self.job.inputs.clone());
-                // What a removal will run here, should the service leave the host.
-                let hooks = &self.job.service.hooks;
-                entry.removal = Some(crate::state::Removal::of(hooks, &self.job.env));
-                // What a revert will switch the host back with, after a later step.
-                entry.hooks = Some(crate::state::RecordedHooks::of(hooks, &self.job.env));
+                // What a revert will switch the host back with, after a later step; and what
+                // a removal will run here, should the service leave the host.
+                let recorded =
+                    crate::state::RecordedHooks::of(&self.job.service.hooks, &self.job.env);
+                entry.removal = Some(recorded.removal());
+                entry.hooks = Some(recorded);
             }
         }
         if let Some(v) = validated {
