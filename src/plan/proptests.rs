@@ -852,13 +852,16 @@ fn check_unread(b: &Built) -> Result<(), TestCaseError> {
             }
             prop_assert!(may[h.index()]);
             // No wait for another host's step; an `after` (a service this one needs, on the
-            // same host) only for a service it needs at runtime on every host, which has
-            // ended before this one starts.
+            // same host) only for a service it needs at runtime, directly or through others,
+            // on every host, which has ended before this one starts.
             prop_assert!(now.waits.is_empty());
-            let needed: Vec<&str> = service
-                .needs
-                .iter()
-                .map(|n| b.site.services[n.service].name.as_str())
+            let closure = super::host_order::RuntimeClosure::new(&b.site);
+            let needed: Vec<&str> = b
+                .site
+                .services
+                .enumerate()
+                .filter(|(t, _)| closure.needs(sid, *t))
+                .map(|(_, t)| t.name.as_str())
                 .collect();
             prop_assert!(
                 now.after.iter().all(|a| needed.contains(&&**a)),
