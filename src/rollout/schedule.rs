@@ -20,6 +20,7 @@ mod flowing;
 mod planned;
 mod removing;
 mod repointing;
+mod revert_batches;
 mod reverting;
 mod rounds;
 mod starting;
@@ -254,7 +255,7 @@ impl<T: Transport> Scheduler<T> {
         let early = crate::plan::may_start_early(&r.site, &plan);
         let closure = crate::plan::RuntimeClosure::new(&r.site);
         let dependents = draining::dependents(&r.site, &plan);
-        let reverts = reverting::Reverts::new(&plan, &host_index);
+        let reverts = reverting::Reverts::new(&plan, &host_index, &dependents);
         let mut scheduler = Scheduler {
             r,
             links,

@@ -17,7 +17,8 @@ use support::traffic::with_traffic;
 
 const API: &[&str] = &["app1", "app2"];
 
-fn site(api_version: &str, api_port: u16, drain: bool) -> String {
+/// The site, with `refuse` at the start of the api's `stop` (shell text that may exit 1).
+fn site(api_version: &str, api_port: u16, drain: bool, refuse: &str) -> String {
     let api_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; o = u.build_opener(u.ProxyHandler({})); b = "http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]); o.open(b + "health", timeout=1); v = o.open(b, timeout=1).read().decode().split()[1]; raise SystemExit(v != a["DEPLOY_NEW_VERSION"])'"#;
     let lb_check = r#"python3 -c 'import os, urllib.request as u; a = os.environ; u.build_opener(u.ProxyHandler({})).open("http://%s:%s/" % (a["DEPLOY_ADDRESS"], a["DEPLOY_PORT"]), timeout=1).read()'"#;
     // What haproxy's configuration lists, as one event word:
@@ -40,6 +41,7 @@ service "api" {
     install #"@EV@ev install; printf %s "$DEPLOY_NEW_VERSION" >/srv/api/version"#
     // No drain of its own: the server just goes.
     stop #"""
+        @REFUSE@
         @EV@ev stop
         [ -f /srv/api/pid ] || exit 0
         pid="$(cat /srv/api/pid)"; kill "$pid"; rm -f /srv/api/pid
@@ -63,6 +65,7 @@ service "lb" {
 "####
         .replace("@API_VERSION@", api_version)
         .replace("@API_PORT@", &api_port.to_string())
+        .replace("@REFUSE@", refuse)
         .replace("@DRAIN@", drain)
         .replace("@API_CHECK@", api_check)
         .replace("@LB_CHECK@", lb_check)
@@ -89,11 +92,24 @@ impl Proxied {
     }
 
     fn write(&self, api_version: &str, api_port: u16, drain: bool) -> PathBuf {
+        self.write_with(api_version, api_port, drain, "", "")
+    }
+
+    /// The site with `refuse` at the start of the api's `stop`, and `on_failure` in the
+    /// policy (`on-failure "revert"`, or nothing).
+    fn write_with(
+        &self,
+        api_version: &str,
+        api_port: u16,
+        drain: bool,
+        refuse: &str,
+        on_failure: &str,
+    ) -> PathBuf {
         self.fleet.write_platform("/var/lib/drover");
         let dir = &self.fleet.dir;
         std::fs::write(
             dir.join("policy.kdl"),
-            "policy \"half\" { batch \"50%\"; max-failed 0; }\n",
+            format!("policy \"half\" {{ batch \"50%\"; max-failed 0; {on_failure} }}\n"),
         )
         .expect("policy");
         let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/haproxy");
@@ -104,7 +120,7 @@ impl Proxied {
         )
         .expect("fixture");
         let path = dir.join("site.kdl");
-        std::fs::write(&path, site(api_version, api_port, drain)).expect("site");
+        std::fs::write(&path, site(api_version, api_port, drain, refuse)).expect("site");
         path
     }
 
@@ -212,6 +228,20 @@ fn assert_drained(
     );
 }
 
+/// No request failed during `what`, and the client kept sending.
+fn assert_served(seen: &support::traffic::Seen, what: &str) {
+    assert!(
+        seen.failed.is_empty(),
+        "failed requests during {what}: {:?}",
+        seen.failed
+    );
+    assert!(
+        seen.ok > 50,
+        "the client kept sending ({} answers)",
+        seen.ok
+    );
+}
+
 #[test]
 fn a_rolling_port_change_of_the_backends_fails_no_request() {
     let p = Proxied::start();
@@ -235,16 +265,7 @@ fn a_rolling_port_change_of_the_backends_fails_no_request() {
     let seen = with_traffic(p.lb(), || {
         p.apply("1.0", 18081, false);
     });
-    assert!(
-        seen.failed.is_empty(),
-        "failed requests during the port change: {:?}",
-        seen.failed
-    );
-    assert!(
-        seen.ok > 50,
-        "the client kept sending ({} answers)",
-        seen.ok
-    );
+    assert_served(&seen, "the port change");
     let events = p.events();
     assert_drained(
         &events[before..],
@@ -359,4 +380,109 @@ fn a_backend_moved_to_another_address_fails_no_request() {
         .expect("run deploy");
     let plan = String::from_utf8_lossy(&out.stdout);
     assert!(plan.contains("\n0 steps in 0 waves"), "{plan}");
+}
+
+/// An api upgrade that also changes the port, under `on-failure "revert"`, whose `stop` refuses
+/// on app2: app1 switched to 2.0 at the new port, then is switched back to 1.0 at the old one
+/// while a client sends requests through haproxy. None fails: haproxy drops app1 before its
+/// revert stops it and lists it again at the old port once its check passed; app2, which kept
+/// serving 1.0 at the old port when its `stop` refused, is never listed at the new one. With
+/// `drain=#true`, the same, and the revert of a same-port upgrade drops the host too.
+fn a_revert_repoints_the_dependents(new_port: u16, drain: bool) {
+    let p = Proxied::start();
+    p.apply("1.0", 18080, drain);
+    let refuse =
+        r#"if [ "$DEPLOY_HOST" = app2 ] && [ "$DEPLOY_NEW_VERSION" = 2.0 ]; then exit 1; fi"#;
+    let revert = "on-failure \"revert\";";
+    let site = p.write_with("2.0", new_port, drain, refuse, revert);
+    let before = p.events().len();
+    let mut out = None;
+    let seen = with_traffic(p.lb(), || {
+        out = Some(
+            support::cli::deploy_in(&p.fleet.dir)
+                .args(["apply", site.to_str().unwrap(), "--yes"])
+                .output()
+                .expect("run deploy"),
+        );
+    });
+    let out = out.expect("applied");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("api: REVERTED"), "{said}");
+    assert_served(&seen, "the revert");
+    let events = p.events();
+    let events = &events[before..];
+    let configs = configs(events);
+    let at = |host: &str, what: &str| -> Vec<u128> {
+        events
+            .iter()
+            .filter(|(_, h, w, s)| h == host && w == what && s == "api")
+            .map(|(ns, ..)| *ns)
+            .collect()
+    };
+    let old = |h: &str| format!("{}:18080", p.fleet.address(h));
+    // app1 stopped twice: for 2.0, then for its revert; its last check is 1.0's.
+    let stops = at("app1", "stop");
+    assert_eq!(stops.len(), 2, "{events:?}");
+    let back = *at("app1", "checked").last().expect("app1 checked");
+    assert!(back > stops[1], "{events:?}");
+    let listed_at = |ns: u128| {
+        configs
+            .iter()
+            .rfind(|(at, _)| *at < ns)
+            .map(|(_, servers)| servers.clone())
+            .unwrap_or_else(|| panic!("haproxy never reloaded before {ns}: {configs:?}"))
+    };
+    assert!(
+        !listed_at(stops[1]).iter().any(|(h, _)| h == "app1"),
+        "app1's revert stopped it while haproxy listed it: {configs:?}"
+    );
+    for (ns, servers) in configs.iter().filter(|(ns, _)| *ns > stops[1]) {
+        if let Some((_, at)) = servers.iter().find(|(h, _)| h == "app1") {
+            assert!(
+                *ns > back && *at == old("app1"),
+                "app1 listed at {at} at {ns}, its revert checked at {back}: {configs:?}"
+            );
+        }
+    }
+    // app2 never served at the new port: never listed there.
+    if new_port != 18080 {
+        let new = format!("{}:{new_port}", p.fleet.address("app2"));
+        assert!(
+            !configs
+                .iter()
+                .any(|(_, s)| s.contains(&("app2".to_string(), new.clone()))),
+            "app2 listed at {new}, where it never served: {configs:?}"
+        );
+    }
+    let last = &configs.last().expect("configs").1;
+    for host in API {
+        assert!(
+            last.contains(&(host.to_string(), old(host))),
+            "haproxy ends listing {host} at {}: {configs:?}",
+            old(host)
+        );
+    }
+    let cfg = std::fs::read_to_string(p.fleet.host_root("lb1").join("srv/lb/haproxy.cfg"))
+        .expect("haproxy.cfg");
+    for host in API {
+        assert!(
+            cfg.contains(&format!("server {host} {} check", old(host))),
+            "{cfg}"
+        );
+    }
+}
+
+#[test]
+fn a_revert_of_a_port_change_repoints_the_load_balancer_and_fails_no_request() {
+    a_revert_repoints_the_dependents(18081, false);
+}
+
+#[test]
+fn a_revert_under_drain_drops_the_host_first_and_fails_no_request() {
+    a_revert_repoints_the_dependents(18080, true);
 }

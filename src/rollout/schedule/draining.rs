@@ -9,10 +9,10 @@
 use super::super::event::Phase;
 use super::super::step::StepResult;
 use super::Scheduler;
-use crate::desired::Pool;
+use crate::desired::{Member, Pool};
 use crate::plan::{Path, Plan, Step, StepKind};
 use crate::site::{ServiceId, Site};
-use crate::state::{member_of, HostRecord};
+use crate::state::{member_of, HostRecord, Inputs};
 use crate::transport::Transport;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -136,6 +136,18 @@ fn stops(st: &Step) -> bool {
     }
 }
 
+/// Where `host` serves by the inputs it records (`address`, or `fallback` in a record that
+/// has none, and `port`).
+pub(super) fn recorded_member(host: &Arc<str>, fallback: &Arc<str>, inputs: &Inputs) -> Member {
+    Member {
+        host: host.clone(),
+        address: inputs
+            .get("address")
+            .map_or_else(|| fallback.clone(), Arc::from),
+        port: inputs.get("port").and_then(|p| p.parse().ok()),
+    }
+}
+
 /// The `needs:` entry for `needed` in `service`'s record on a host, if it runs it.
 pub(super) fn listed<'a>(record: &'a HostRecord, service: &str, needed: &str) -> Option<&'a str> {
     record
@@ -245,41 +257,65 @@ impl<T: Transport> Scheduler<T> {
             let Some(desired) = pools.get(&xs.name) else {
                 continue;
             };
-            for (h, ph) in plan.hosts.iter().enumerate() {
-                if !ds.runs_on(ph)
-                    || !self.hosts[h].read
-                    || self.released.iter().any(|r| **r == *ph.name)
-                {
-                    continue;
-                }
-                let Some(entry) = listed(&self.hosts[h].record, &ds.name, &xs.name) else {
-                    continue;
-                };
-                let hosts = to_drop(steps, entry, desired, drain);
-                if hosts.is_empty() {
-                    continue;
-                }
-                for name in &hosts {
-                    if let Some(&m) = self.host_index.get(name) {
-                        self.repoints.dropped.insert((x, m));
-                    }
-                }
-                self.repoints
-                    .by_wave
-                    .entry((x, w))
-                    .or_default()
-                    .push((d, h, hosts.clone()));
-                self.repoints.hold(x);
-                self.repoints.queued.push(Repoint {
-                    x,
-                    wave: w,
-                    d,
-                    host: h,
-                    phase: Phase::Drop,
-                    hosts,
-                });
+            for (h, entry) in self.listing(x, d) {
+                let hosts = to_drop(steps, &entry, desired, drain);
+                self.queue_drop(x, w, d, h, hosts);
             }
         }
+    }
+
+    /// The hosts of dependent `d` that may be reconfigured (read by the run, still held) and
+    /// list `x`, each with its `needs:` entry for it.
+    pub(super) fn listing(&self, x: usize, d: usize) -> Vec<(usize, String)> {
+        let plan = &self.r.plan;
+        let (xs, ds) = (&plan.services[x], &plan.services[d]);
+        plan.hosts
+            .iter()
+            .enumerate()
+            .filter(|(h, ph)| {
+                ds.runs_on(ph)
+                    && self.hosts[*h].read
+                    && !self.released.iter().any(|r| **r == *ph.name)
+            })
+            .filter_map(|(h, _)| {
+                let entry = listed(&self.hosts[h].record, &ds.name, &xs.name)?;
+                Some((h, entry.to_string()))
+            })
+            .collect()
+    }
+
+    /// Dependent `d`'s host `h` drops `hosts` of `x` before wave `w` (or a revert's batch,
+    /// keyed past the plan's waves) stops them; their wave waits for it.
+    pub(super) fn queue_drop(
+        &mut self,
+        x: usize,
+        w: usize,
+        d: usize,
+        h: usize,
+        hosts: Vec<Arc<str>>,
+    ) {
+        if hosts.is_empty() {
+            return;
+        }
+        for name in &hosts {
+            if let Some(&m) = self.host_index.get(name) {
+                self.repoints.dropped.insert((x, m));
+            }
+        }
+        self.repoints
+            .by_wave
+            .entry((x, w))
+            .or_default()
+            .push((d, h, hosts.clone()));
+        self.repoints.hold(x);
+        self.repoints.queued.push(Repoint {
+            x,
+            wave: w,
+            d,
+            host: h,
+            phase: Phase::Drop,
+            hosts,
+        });
     }
 
     /// Wave `w` of `x` is over: the dependents' hosts that dropped its hosts list them again,
@@ -295,8 +331,10 @@ impl<T: Transport> Scheduler<T> {
                 }
             }
         }
+        // A revert's batch (keyed past the plan's waves): no step of the run comes next.
+        let reverted = w >= self.r.plan.services[x].waves.len();
         for (d, h, hosts) in dropped {
-            if self.own_step_next(d, h) {
+            if !reverted && self.own_step_next(d, h) {
                 continue;
             }
             self.repoints.hold(x);

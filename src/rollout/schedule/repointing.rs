@@ -5,7 +5,7 @@
 use super::super::event::{EventKind, Phase};
 use super::super::hook::{needs_var, step_env};
 use super::super::step::{self, StepJob, StepResult};
-use super::draining::{listed, Repoint};
+use super::draining::{listed, recorded_member, Repoint};
 use super::{stopping, target, Scheduler};
 use crate::desired::{Member, Pool};
 use crate::plan::StepKind;
@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 impl<T: Transport> Scheduler<T> {
     /// The pool of `x` host `h` is given now as dependent `d`: every host of it the site
-    /// lists, but those dropped; a host whose step has not ended where `h` lists it now (or
-    /// not at all, if it does not).
+    /// lists, but those dropped; a host whose step has ended where its record says it serves;
+    /// a host whose step has not ended where `h` lists it now (or not at all, if it does not).
     fn pool_now(&self, x: usize, d: usize, h: usize) -> Option<Pool> {
         let plan = &self.r.plan;
         let (xs, ds) = (&plan.services[x], &plan.services[d]);
@@ -34,9 +34,22 @@ impl<T: Transport> Scheduler<T> {
             if self.repoints.dropped.contains(&(x, n)) {
                 continue;
             }
-            let stepped = !self.stepping.contains(&(x, n)) || self.step_ended(x, n);
-            if stepped {
+            if !self.stepping.contains(&(x, n)) {
                 members.push(m.clone());
+                continue;
+            }
+            if self.step_ended(x, n) {
+                // Where it serves now, by its record: its step's (the site's), or where a
+                // failed step that put its files back, or a revert, left it.
+                let recorded = self.hosts[n]
+                    .record
+                    .services
+                    .get(&xs.name)
+                    .and_then(|r| r.inputs.as_ref());
+                members.push(match recorded {
+                    Some(inputs) => recorded_member(&m.host, &plan.hosts[n].address, inputs),
+                    None => m.clone(),
+                });
                 continue;
             }
             // Not stepped yet: where it serves, as this host lists it now.
@@ -296,6 +309,11 @@ impl<T: Transport> Scheduler<T> {
             service: ds.name.clone(),
             log,
         });
+        // Before a revert's batch: the hosts it could not drop are not switched back.
+        if rp.phase == Phase::Drop && rp.wave >= xs.waves.len() {
+            self.keep_unreverted(rp.x, &rp.hosts);
+            return;
+        }
         if rp.phase == Phase::Drop && self.svcs[rp.x].finished.is_none() {
             let reason = format!(
                 "{} on {name} could not drop {}: {}",

@@ -3,7 +3,8 @@
 //! before: last switched first (reverse wave order, and within a wave reverse host order),
 //! `batch` hosts at a time, once none of the service's steps runs any more. Nothing else of the
 //! run starts from then on (other services end halted once their running steps ended), and the
-//! run stops when the revert is over.
+//! run stops when the revert is over. A service handed to dependents is switched back by
+//! batches, each dropped by them first and listed again after ([`super::revert_batches`]).
 //!
 //! A revert is a step (`step::run`) from the inputs the host was given by this run back to those
 //! it recorded before: `stop` (the new version), the files its step replaced put back (kept on
@@ -51,15 +52,33 @@ pub(super) struct Reverts {
 }
 
 impl Reverts {
-    /// The hosts of the plan's services under `on-failure "revert"`.
-    pub fn new(plan: &crate::plan::Plan, host_index: &HashMap<Arc<str>, usize>) -> Reverts {
-        let hosts = plan
+    /// The hosts of the plan's services under `on-failure "revert"`, and those of their
+    /// dependents (`dependents`, per service: a revert may reconfigure them).
+    pub fn new(
+        plan: &crate::plan::Plan,
+        host_index: &HashMap<Arc<str>, usize>,
+        dependents: &[Vec<(usize, bool)>],
+    ) -> Reverts {
+        let reverted = |x: &usize| plan.services[*x].policy.on_failure == OnFailure::Revert;
+        let mut hosts: HashSet<usize> = plan
             .services
             .iter()
             .filter(|s| s.policy.on_failure == OnFailure::Revert)
             .flat_map(|s| s.each_step())
             .filter_map(|st| host_index.get(&st.host).copied())
             .collect();
+        for (_, deps) in dependents.iter().enumerate().filter(|(x, _)| reverted(x)) {
+            for &(d, _) in deps {
+                let ds = &plan.services[d];
+                hosts.extend(
+                    plan.hosts
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, ph)| ds.runs_on(ph))
+                        .map(|(h, _)| h),
+                );
+            }
+        }
         Reverts {
             hosts,
             ..Default::default()
@@ -87,13 +106,19 @@ pub(super) struct Reverting {
     /// Waits for the service's running steps to end before it starts.
     begun: bool,
     /// Still to revert, the next one last.
-    queue: Vec<Switched>,
-    running: usize,
+    pub(super) queue: Vec<Switched>,
+    pub(super) running: usize,
     reverted: usize,
     failed: usize,
     /// The revert's steps' job: the service's, but for a cancel of its own (the service's may
     /// have been raised at its deadline) and no `rollback` if one fails.
     job: Arc<ServiceJob>,
+    /// With dependents handed its addresses: the batch under way ([`super::revert_batches`]),
+    /// how many there were, and the hosts left as they are because a dependent could not
+    /// drop them.
+    pub(super) batch: Option<super::revert_batches::Batch>,
+    pub(super) batches: usize,
+    pub(super) kept: usize,
 }
 
 impl<T: Transport> Scheduler<T> {
@@ -173,6 +198,9 @@ impl<T: Transport> Scheduler<T> {
             reverted: 0,
             failed: 0,
             job,
+            batch: None,
+            batches: 0,
+            kept: 0,
         });
     }
 
@@ -220,6 +248,23 @@ impl<T: Transport> Scheduler<T> {
         if !rv.begun {
             self.begin_revert(s);
         }
+        if self.dependents[s].is_empty() {
+            self.flow_reverts(s);
+        } else {
+            self.batch_reverts(s);
+        }
+        let rv = self.svcs[s].reverting.as_ref();
+        if rv.is_some_and(|rv| {
+            rv.running == 0
+                && rv.batch.is_none()
+                && (rv.queue.is_empty() || self.r.cancel.stopping())
+        }) {
+            self.end_revert(s);
+        }
+    }
+
+    /// Starts the reverts of `s` that may start: `batch` at a time, each once its host is free.
+    fn flow_reverts(&mut self, s: usize) {
         let batch = self.r.plan.services[s].policy.batch_hosts.max(1);
         loop {
             let Some(rv) = self.svcs[s].reverting.as_mut() else {
@@ -235,11 +280,6 @@ impl<T: Transport> Scheduler<T> {
             let Some(next) = rv.queue.pop() else { break };
             rv.running += 1;
             self.spawn_revert(s, next);
-        }
-        let rv = self.svcs[s].reverting.as_ref();
-        if rv.is_some_and(|rv| rv.running == 0 && (rv.queue.is_empty() || self.r.cancel.stopping()))
-        {
-            self.end_revert(s);
         }
     }
 
@@ -269,7 +309,7 @@ impl<T: Transport> Scheduler<T> {
 
     /// The revert of `s` on `sw.host`, as a step from what the host runs now back to what it
     /// ran before.
-    fn spawn_revert(&mut self, s: usize, sw: Switched) {
+    pub(super) fn spawn_revert(&mut self, s: usize, sw: Switched) {
         let plan = self.r.plan.clone();
         let sp = &plan.services[s];
         let h = sw.host;
@@ -495,7 +535,7 @@ impl<T: Transport> Scheduler<T> {
                 .filter(|sw| sw.before.is_some())
                 .count(),
         };
-        self.reverts.not_reverted += left;
+        self.reverts.not_reverted += left + rv.kept;
         let mut said = format!(
             "{}; {} switched back",
             rv.reason,
@@ -503,6 +543,13 @@ impl<T: Transport> Scheduler<T> {
         );
         if rv.failed > 0 {
             said.push_str(&format!(", {} failed to", rv.failed));
+        }
+        if rv.kept > 0 {
+            said.push_str(&format!(
+                ", {} not reverted as a dependent could not drop {}",
+                rv.kept,
+                if rv.kept == 1 { "it" } else { "them" }
+            ));
         }
         if left > 0 {
             said.push_str(&format!(", {left} not reverted as the run was interrupted"));
