@@ -255,7 +255,7 @@ impl<T: Transport> Scheduler<T> {
         let early = crate::plan::may_start_early(&r.site, &plan);
         let closure = crate::plan::RuntimeClosure::new(&r.site);
         let dependents = draining::dependents(&r.site, &plan);
-        let reverts = reverting::Reverts::new(&plan, &host_index, &dependents);
+        let reverts = reverting::Reverts::new(&plan, &host_index);
         let mut scheduler = Scheduler {
             r,
             links,
@@ -290,6 +290,7 @@ impl<T: Transport> Scheduler<T> {
             }
         }
         scheduler.hold_for_removals();
+        scheduler.hold_for_reverts();
         scheduler
     }
 

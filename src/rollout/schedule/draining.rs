@@ -66,7 +66,17 @@ impl Repoints {
         self.holding.get(&x).is_some_and(|n| *n > 0) || self.undecided.iter().any(|(s, _)| *s == x)
     }
 
-    fn hold(&mut self, x: usize) {
+    /// The reconfigures of `(x, w)` are over or replaced: forgotten.
+    pub(super) fn forget_wave(&mut self, x: usize, w: usize) {
+        self.by_wave.remove(&(x, w));
+    }
+
+    /// `x` is being reverted: its waves' drops not decided yet never will be.
+    pub(super) fn forget_undecided(&mut self, x: usize) {
+        self.undecided.retain(|(s, _)| *s != x);
+    }
+
+    pub(super) fn hold(&mut self, x: usize) {
         *self.holding.entry(x).or_default() += 1;
     }
 
@@ -223,23 +233,28 @@ impl<T: Transport> Scheduler<T> {
         if self.dependents[x].iter().any(|(_, drain)| *drain) {
             return true;
         }
+        xs.waves[w].steps.iter().any(|st| self.may_move(x, st))
+    }
+
+    /// Whether step `st` of `x` may move its host to another port or address (or its host is
+    /// not read yet).
+    pub(super) fn may_move(&self, x: usize, st: &Step) -> bool {
+        let xs = &self.r.plan.services[x];
+        let Some(&h) = self.host_index.get(&st.host) else {
+            return false;
+        };
         let port = xs.port.map(|p| p.to_string()).unwrap_or_default();
-        xs.waves[w].steps.iter().any(|st| {
-            let Some(&h) = self.host_index.get(&st.host) else {
-                return false;
-            };
-            let recorded = self.hosts[h]
-                .record
-                .services
-                .get(&xs.name)
-                .and_then(|r| r.inputs.as_ref());
-            let moved = recorded.is_some_and(|i| {
-                i.get("port").is_some_and(|p| p != port)
-                    || i.get("address")
-                        .is_some_and(|a| a != &*self.r.plan.hosts[h].address)
-            });
-            !self.hosts[h].read || moved
-        })
+        let recorded = self.hosts[h]
+            .record
+            .services
+            .get(&xs.name)
+            .and_then(|r| r.inputs.as_ref());
+        let moved = recorded.is_some_and(|i| {
+            i.get("port").is_some_and(|p| p != port)
+                || i.get("address")
+                    .is_some_and(|a| a != &*self.r.plan.hosts[h].address)
+        });
+        !self.hosts[h].read || moved
     }
 
     /// Each dependent's host that lists hosts of wave `w` of `x` that must not be listed while
@@ -337,16 +352,29 @@ impl<T: Transport> Scheduler<T> {
             if !reverted && self.own_step_next(d, h) {
                 continue;
             }
-            self.repoints.hold(x);
-            self.repoints.queued.push(Repoint {
-                x,
-                wave: w,
-                d,
-                host: h,
-                phase: Phase::List,
-                hosts,
-            });
+            self.queue_list(x, w, d, h, hosts);
         }
+    }
+
+    /// Dependent `d`'s host `h` lists `hosts` of `x` again after wave `w` (or a revert's
+    /// batch); the next wave waits for it.
+    pub(super) fn queue_list(
+        &mut self,
+        x: usize,
+        w: usize,
+        d: usize,
+        h: usize,
+        hosts: Vec<Arc<str>>,
+    ) {
+        self.repoints.hold(x);
+        self.repoints.queued.push(Repoint {
+            x,
+            wave: w,
+            d,
+            host: h,
+            phase: Phase::List,
+            hosts,
+        });
     }
 
     /// `x` ended: what its open waves' dependents dropped is listed again.
@@ -398,7 +426,10 @@ impl<T: Transport> Scheduler<T> {
         self.decide_drops();
         let stopping = self.r.cancel.stopping();
         for rp in std::mem::take(&mut self.repoints.queued) {
-            let over = self.svcs[rp.x].finished.is_some();
+            // A wave that will not run (its service over, or being reverted) drops nothing.
+            let over = self.svcs[rp.x].finished.is_some()
+                || (self.svcs[rp.x].reverting.is_some()
+                    && rp.wave < self.r.plan.services[rp.x].waves.len());
             if (stopping || over) && rp.phase == Phase::Drop {
                 self.repoints.let_go(rp.x);
                 continue;

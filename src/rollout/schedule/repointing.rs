@@ -311,10 +311,13 @@ impl<T: Transport> Scheduler<T> {
         });
         // Before a revert's batch: the hosts it could not drop are not switched back.
         if rp.phase == Phase::Drop && rp.wave >= xs.waves.len() {
-            self.keep_unreverted(rp.x, &rp.hosts);
+            self.keep_unreverted(rp.x, rp.wave, &rp.hosts);
             return;
         }
-        if rp.phase == Phase::Drop && self.svcs[rp.x].finished.is_none() {
+        if rp.phase == Phase::Drop
+            && self.svcs[rp.x].finished.is_none()
+            && self.svcs[rp.x].reverting.is_none()
+        {
             let reason = format!(
                 "{} on {name} could not drop {}: {}",
                 ds.name,

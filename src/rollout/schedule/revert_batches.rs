@@ -13,6 +13,7 @@
 use super::draining::recorded_member;
 use super::reverting::Switched;
 use super::Scheduler;
+use crate::site::OnFailure;
 use crate::state::member_of;
 use crate::transport::Transport;
 use std::sync::Arc;
@@ -21,8 +22,21 @@ use std::sync::Arc;
 pub(super) struct Batch {
     /// Its key among the dependents' reconfigures: past the plan's waves of the service.
     key: usize,
-    /// Its hosts whose revert has not started, the next one first.
+    /// Its hosts, and those whose revert has not started, the next one first.
+    hosts: Vec<usize>,
     waiting: Vec<Switched>,
+}
+
+impl Batch {
+    /// Its hosts.
+    pub(super) fn hosts(&self) -> &[usize] {
+        &self.hosts
+    }
+
+    /// How many of its hosts have not started their revert.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
 }
 
 /// The hosts of a revert's batch that a dependent's host whose `needs:` entry is `entry` must
@@ -39,14 +53,46 @@ fn to_drop_back(back: &[(Arc<str>, Option<String>)], entry: &str, drain: bool) -
 }
 
 impl<T: Transport> Scheduler<T> {
-    /// Moves the revert of `s` on by batches: opens the next one (its dependents' drops
-    /// queued), starts its reverts once the drops ended, and lists its hosts again once they
-    /// are over.
+    /// Whether a revert of `x` may have to reconfigure its dependents: one drains it, or a
+    /// step of it may move its host to another port or address.
+    pub(super) fn revert_repoints(&self, x: usize) -> bool {
+        self.dependents[x].iter().any(|(_, drain)| *drain)
+            || (!self.dependents[x].is_empty()
+                && self.r.plan.services[x]
+                    .each_step()
+                    .any(|st| self.may_move(x, st)))
+    }
+
+    /// The hosts of the dependents of a service under `on-failure "revert"` whose revert may
+    /// reconfigure them keep their lock to the run's end, as the service's own hosts do.
+    pub(super) fn hold_for_reverts(&mut self) {
+        let plan = self.r.plan.clone();
+        for (x, xs) in plan.services.iter().enumerate() {
+            if xs.policy.on_failure != OnFailure::Revert || !self.revert_repoints(x) {
+                continue;
+            }
+            for &(d, _) in &self.dependents[x] {
+                let ds = &plan.services[d];
+                let hosts = plan
+                    .hosts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, ph)| ds.runs_on(ph));
+                self.reverts.hosts.extend(hosts.map(|(h, _)| h));
+            }
+        }
+    }
+
+    /// Moves the revert of `s` on by batches, each once the dependents' reconfigures before it
+    /// ended: opens the next one (its hosts dropped), starts its reverts once the drops ended,
+    /// and has every dependent's host list the service's hosts where they serve once its
+    /// reverts are over. With none to switch back, the dependents are given where the hosts
+    /// serve all the same (a wave may have left them dropped).
     pub(super) fn batch_reverts(&mut self, s: usize) {
         let size = self.r.plan.services[s].policy.batch_hosts.max(1);
         loop {
             let stopping = self.r.cancel.stopping();
-            let dropping = self.repoints.holds(s);
+            let holding = self.repoints.holds(s);
             let busy: Vec<bool> = self.hosts.iter().map(|h| h.busy).collect();
             let Some(rv) = self.svcs[s].reverting.as_mut() else {
                 return;
@@ -57,7 +103,7 @@ impl<T: Transport> Scheduler<T> {
                     rv.queue.append(&mut b.waiting);
                 }
                 let mut start = Vec::new();
-                if !dropping {
+                if !holding {
                     let (free, taken): (Vec<Switched>, Vec<Switched>) =
                         std::mem::take(&mut b.waiting)
                             .into_iter()
@@ -66,22 +112,18 @@ impl<T: Transport> Scheduler<T> {
                     start = free;
                 }
                 rv.running += start.len();
-                let over = b.waiting.is_empty() && rv.running == 0;
-                let key = b.key;
-                if over {
-                    rv.batch = None;
-                }
-                for sw in start {
-                    self.spawn_revert(s, sw);
-                }
-                if !over {
+                if !b.waiting.is_empty() || rv.running > 0 {
+                    for sw in start {
+                        self.spawn_revert(s, sw);
+                    }
                     return;
                 }
-                // Its hosts are back: the dependents that dropped them list them again.
-                self.list_after(s, key);
+                let (key, hosts) = (b.key, std::mem::take(&mut b.hosts));
+                rv.batch = None;
+                self.list_after_batch(s, key, &hosts);
                 continue;
             }
-            if stopping || rv.queue.is_empty() {
+            if stopping || holding || (rv.queue.is_empty() && rv.batches > 0) {
                 return;
             }
             let n = size.min(rv.queue.len());
@@ -89,15 +131,21 @@ impl<T: Transport> Scheduler<T> {
             waiting.reverse();
             let key = self.r.plan.services[s].waves.len() + rv.batches;
             rv.batches += 1;
+            let hosts: Vec<usize> = waiting.iter().map(|sw| sw.host).collect();
             self.drop_for_revert(s, key, &waiting);
             if let Some(rv) = self.svcs[s].reverting.as_mut() {
-                rv.batch = Some(Batch { key, waiting });
+                rv.batch = Some(Batch {
+                    key,
+                    hosts,
+                    waiting,
+                });
             }
         }
     }
 
-    /// Each dependent's host (read by the run, still held) that lists hosts of `batch` where
-    /// they will not serve once switched back drops them first.
+    /// The batch's hosts are left out of every pool of `x` a dependent is given until its
+    /// reverts are over; each dependent's host (read by the run, still held) that lists one
+    /// where it will not serve once switched back, or drains them, drops it first.
     fn drop_for_revert(&mut self, x: usize, key: usize, batch: &[Switched]) {
         let plan = self.r.plan.clone();
         let back: Vec<(Arc<str>, Option<String>)> = batch
@@ -112,6 +160,9 @@ impl<T: Transport> Scheduler<T> {
                 (ph.name.clone(), then)
             })
             .collect();
+        self.repoints
+            .dropped
+            .extend(batch.iter().map(|sw| (x, sw.host)));
         for &(d, drain) in &self.dependents[x].clone() {
             for (h, entry) in self.listing(x, d) {
                 let hosts = to_drop_back(&back, &entry, drain);
@@ -120,14 +171,32 @@ impl<T: Transport> Scheduler<T> {
         }
     }
 
+    /// A batch's reverts are over: every dependent's host lists the hosts of `x` where their
+    /// records say they serve (a reconfigure only where that changes what it lists).
+    fn list_after_batch(&mut self, x: usize, key: usize, hosts: &[usize]) {
+        self.repoints.forget_wave(x, key);
+        for &h in hosts {
+            self.repoints.dropped.remove(&(x, h));
+        }
+        let names: Vec<Arc<str>> = hosts
+            .iter()
+            .map(|&h| self.r.plan.hosts[h].name.clone())
+            .collect();
+        for &(d, _) in &self.dependents[x].clone() {
+            for (h, _) in self.listing(x, d) {
+                self.queue_list(x, key, d, h, names.clone());
+            }
+        }
+    }
+
     /// A dependent's host could not drop `hosts` of `s` before their revert: they are left as
     /// they are.
-    pub(super) fn keep_unreverted(&mut self, s: usize, hosts: &[Arc<str>]) {
+    pub(super) fn keep_unreverted(&mut self, s: usize, key: usize, hosts: &[Arc<str>]) {
         let plan = self.r.plan.clone();
         let Some(rv) = self.svcs[s].reverting.as_mut() else {
             return;
         };
-        let Some(b) = rv.batch.as_mut() else {
+        let Some(b) = rv.batch.as_mut().filter(|b| b.key == key) else {
             return;
         };
         let before = b.waiting.len();

@@ -52,33 +52,16 @@ pub(super) struct Reverts {
 }
 
 impl Reverts {
-    /// The hosts of the plan's services under `on-failure "revert"`, and those of their
-    /// dependents (`dependents`, per service: a revert may reconfigure them).
-    pub fn new(
-        plan: &crate::plan::Plan,
-        host_index: &HashMap<Arc<str>, usize>,
-        dependents: &[Vec<(usize, bool)>],
-    ) -> Reverts {
-        let reverted = |x: &usize| plan.services[*x].policy.on_failure == OnFailure::Revert;
-        let mut hosts: HashSet<usize> = plan
+    /// The hosts of the plan's services under `on-failure "revert"` (and, added by
+    /// [`Scheduler::hold_for_reverts`], their dependents' hosts that a revert may reconfigure).
+    pub fn new(plan: &crate::plan::Plan, host_index: &HashMap<Arc<str>, usize>) -> Reverts {
+        let hosts = plan
             .services
             .iter()
             .filter(|s| s.policy.on_failure == OnFailure::Revert)
             .flat_map(|s| s.each_step())
             .filter_map(|st| host_index.get(&st.host).copied())
             .collect();
-        for (_, deps) in dependents.iter().enumerate().filter(|(x, _)| reverted(x)) {
-            for &(d, _) in deps {
-                let ds = &plan.services[d];
-                hosts.extend(
-                    plan.hosts
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, ph)| ds.runs_on(ph))
-                        .map(|(h, _)| h),
-                );
-            }
-        }
         Reverts {
             hosts,
             ..Default::default()
@@ -181,6 +164,8 @@ impl<T: Transport> Scheduler<T> {
         );
         self.svcs[s].next_wave = sp.waves.len();
         self.give_up(s, &left);
+        // Waves that will not run drop nothing.
+        self.repoints.forget_undecided(s);
         let base = &self.svcs[s].job;
         let job = Arc::new(stepping_back::revert_job(
             base,
@@ -248,10 +233,10 @@ impl<T: Transport> Scheduler<T> {
         if !rv.begun {
             self.begin_revert(s);
         }
-        if self.dependents[s].is_empty() {
-            self.flow_reverts(s);
-        } else {
+        if self.revert_repoints(s) {
             self.batch_reverts(s);
+        } else {
+            self.flow_reverts(s);
         }
         let rv = self.svcs[s].reverting.as_ref();
         if rv.is_some_and(|rv| {
@@ -526,9 +511,15 @@ impl<T: Transport> Scheduler<T> {
         let Some(rv) = self.svcs[s].reverting.take() else {
             return;
         };
+        // A batch cut short: its hosts are listed again with the service's end (`list_left`).
+        if let Some(b) = &rv.batch {
+            for &h in b.hosts() {
+                self.repoints.dropped.remove(&(s, h));
+            }
+        }
         // Not begun (the run stopped while its steps still ran): none of its hosts was.
         let left = match rv.begun {
-            true => rv.queue.len(),
+            true => rv.queue.len() + rv.batch.as_ref().map_or(0, |b| b.waiting()),
             false => self.svcs[s]
                 .switched
                 .iter()

@@ -10,6 +10,11 @@ use crate::rollout::Phase;
 /// api on app1, app2 (one host per wave) and lb on lb1, each service with its `extra` lines:
 /// the hosts run what the site with `old_api` gave them, and the plan is made for `new_api`.
 fn changed(old_api: &str, new_api: &str, lb: &str) -> Fixture {
+    changed_on(2, "batch 1", old_api, new_api, lb)
+}
+
+/// api on `apps` hosts under `policy`, and lb on lb1, as [`changed`].
+fn changed_on(apps: usize, policy: &str, old_api: &str, new_api: &str, lb: &str) -> Fixture {
     let body = |api: &str| {
         format!(
             "class \"app\" {{ service \"api\" }}\nclass \"lb\" {{ service \"lb\" }}\n{}{}",
@@ -17,8 +22,10 @@ fn changed(old_api: &str, new_api: &str, lb: &str) -> Fixture {
             svc("lb", lb)
         )
     };
-    let hs = [("app1", "app"), ("app2", "app"), ("lb1", "lb")];
-    let policies = [("one.kdl", "batch 1")];
+    let mut owned = hosts("app", "app", apps);
+    owned.push(("lb1".to_string(), "lb"));
+    let hs = host_refs(&owned);
+    let policies = [("one.kdl", policy)];
     let old = fixture(&body(old_api), &hs, &policies, &[]);
     let inventory = crate::inventory::resolve(&old.site).expect("inventory");
     let observed: Vec<Observed> = inventory
@@ -227,4 +234,114 @@ async fn a_load_balancer_that_cannot_drop_a_host_halts_the_wave_before_it_stops(
         "{:?}",
         ran.summary.failures
     );
+}
+
+/// Checks, in the order things happened, that no api host's `stop` ran while lb1 listed it
+/// (every `stop` here moves its host to another port) or while one of lb1's reconfigures
+/// ran; returns what lb1 lists at the end, by its last record.
+fn never_stopped_while_listed(ran: &Ran) -> String {
+    let mut line: Vec<(u64, Option<String>)> = ran
+        .cmds()
+        .iter()
+        .filter(|c| c.hook() == Some(("stop", "api")))
+        .map(|c| (c.start, Some(c.host.clone())))
+        .collect();
+    let mut listed = String::new();
+    let mut running = false;
+    let mut changes = Vec::new();
+    for (at, _, e) in &ran.events {
+        match e {
+            EventKind::RepointStarted { host, .. } if host == "lb1" => {
+                changes.push((*at, None, true));
+            }
+            EventKind::RepointFinished { host, record, .. } if host == "lb1" => {
+                let entry = record
+                    .as_ref()
+                    .and_then(|r| r.inputs.as_ref())
+                    .and_then(|i| i.get("needs:api"))
+                    .unwrap_or("")
+                    .to_string();
+                changes.push((*at, Some(entry), false));
+            }
+            _ => {}
+        }
+    }
+    line.extend(changes.iter().map(|(at, ..)| (*at, None)));
+    line.sort_by_key(|(at, _)| *at);
+    let mut next = changes.iter();
+    for (at, stop) in line {
+        match stop {
+            Some(host) => {
+                assert!(
+                    !running,
+                    "{host} stopped at {at} while lb1 was reconfigured"
+                );
+                assert!(
+                    crate::state::member_of(&listed, &host).is_none(),
+                    "{host} stopped at {at} while lb1 listed it: {listed}"
+                );
+            }
+            None => {
+                let (_, entry, starts) = next.next().expect("a change");
+                running = *starts;
+                if let Some(entry) = entry {
+                    listed = entry.clone();
+                }
+            }
+        }
+    }
+    listed
+}
+
+#[tokio::test]
+async fn a_reverted_port_change_is_dropped_before_each_revert_and_listed_where_it_serves() {
+    // Waves [app1, app2], [app3, app4]; app4's `stop` refuses (it keeps serving 8080): the
+    // budget is spent, app3, app2 and app1 are switched back to 8080, two at a time. lb1's own
+    // step never comes (the run stops), so each batch's hosts are dropped and listed by the
+    // revert itself, app3 included though the wave's end left it unlisted.
+    let lb = "needs \"api\" addressable=\"all\"; reload \"hook reload lb\"";
+    let policy = "batch 2; max-failed 0; on-failure \"revert\"";
+    let fx = changed_on(4, policy, "port 8080", "port 8081", lb);
+    let ran = fx
+        .run(
+            Rules::default().fail(Some("app4"), "hook stop api"),
+            8,
+            true,
+        )
+        .await;
+    let (outcome, ..) = ran.outcome("api");
+    assert_eq!(outcome, ServiceOutcome::Reverted);
+    let stops = |host: &str| {
+        ran.cmds()
+            .iter()
+            .filter(|c| c.host == host && c.hook() == Some(("stop", "api")))
+            .count()
+    };
+    for host in ["app1", "app2", "app3"] {
+        assert_eq!(stops(host), 2, "{host} switched and switched back");
+    }
+    let last = never_stopped_while_listed(&ran);
+    assert_eq!(
+        last, "app1=10.0.0.1:8080 app2=10.0.0.2:8080 app3=10.0.0.3:8080 app4=10.0.0.4:8080",
+        "every api host listed where it serves"
+    );
+}
+
+#[tokio::test]
+async fn a_revert_lists_again_the_hosts_a_wave_left_dropped() {
+    // One wave [app1, app2]; app2's `stop` refuses. Both were dropped for the wave, and lb1's
+    // own step, which would have listed them, never comes: the revert of app1 lists both.
+    let lb = "needs \"api\" addressable=\"all\"; reload \"hook reload lb\"";
+    let policy = "batch \"100%\"; max-failed 0; on-failure \"revert\"";
+    let fx = changed_on(2, policy, "port 8080", "port 8081", lb);
+    let ran = fx
+        .run(
+            Rules::default().fail(Some("app2"), "hook stop api"),
+            8,
+            true,
+        )
+        .await;
+    assert_eq!(ran.outcome("api").0, ServiceOutcome::Reverted);
+    let last = never_stopped_while_listed(&ran);
+    assert_eq!(last, "app1=10.0.0.1:8080 app2=10.0.0.2:8080");
 }
