@@ -47,6 +47,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use tool::{ACCEPTED, SESSION};
 
 /// The rolling batch of this run, % of the hosts (`--batch`), for the labels.
 static BATCH: AtomicUsize = AtomicUsize::new(30);
@@ -485,7 +486,7 @@ impl Tools {
                 Mode::Pyinfra => self.pyinfra.is_some(),
                 Mode::DroverRollingTmpfs | Mode::DroverAllTmpfs => shm().is_some(),
                 // Different from the default cap (256) only on a larger fleet.
-                Mode::DroverUncapped => args.hosts.iter().any(|&n| n > 256),
+                Mode::DroverUncapped => tool::over_cap(args),
                 // A `deploy` built with the store, and Debian's etcd-server to run.
                 Mode::DroverStore | Mode::DroverPlanStore => {
                     cfg!(feature = "etcd") && which("etcd")
@@ -874,8 +875,8 @@ impl<'a> Bench<'a> {
         let logs = self.args.out.join("logs");
         let stem = format!("n{}-{}-{what}", self.n, mode.slug());
         let load = load1();
-        let connections = self.sshd_lines(ACCEPTED);
-        let sessions = self.sshd_lines(SESSION);
+        let connections = tool::sshd_lines(&self.fleet, ACCEPTED);
+        let sessions = tool::sshd_lines(&self.fleet, SESSION);
         let cpu = machine_cpu();
         let (seconds, phases) = match mode {
             Mode::DroverRolling
@@ -907,11 +908,11 @@ impl<'a> Bench<'a> {
                     .output()
                     .expect("run deploy");
                 self.require(out.status.success(), "deploy apply (store)", &stem);
-                let connections = self.sshd_lines(ACCEPTED);
+                let connections = tool::sshd_lines(&self.fleet, ACCEPTED);
                 let mut cmd = Command::new(&self.tools.deploy);
                 cmd.arg("plan").arg(site).current_dir(&self.work);
                 let seconds = self.timed(cmd, &logs, &stem, "deploy plan (store)");
-                let opened = self.sshd_lines(ACCEPTED) - connections;
+                let opened = tool::sshd_lines(&self.fleet, ACCEPTED) - connections;
                 self.require(
                     opened == 0,
                     "deploy plan (store) opened no SSH connection",
@@ -936,8 +937,8 @@ impl<'a> Bench<'a> {
             }
         };
         let cpu = machine_cpu() - cpu;
-        let c = self.sshd_lines(ACCEPTED);
-        let s = self.sshd_lines(SESSION);
+        let c = tool::sshd_lines(&self.fleet, ACCEPTED);
+        let s = tool::sshd_lines(&self.fleet, SESSION);
         if mode.deploys() {
             self.verify(mode, &stem);
         }
@@ -949,21 +950,6 @@ impl<'a> Bench<'a> {
             cpu,
             phases,
         }
-    }
-
-    /// Lines of every host's sshd log so far that start with `what` ([`ACCEPTED`] or
-    /// [`SESSION`]; the fleet's sshd logs at `LogLevel VERBOSE`).
-    fn sshd_lines(&self, what: &str) -> usize {
-        self.addresses
-            .iter()
-            .map(|(name, _)| {
-                fs::read_to_string(self.fleet.host_root(name).join("sshd.log"))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter(|l| l.starts_with(what))
-                    .count()
-            })
-            .sum()
     }
 
     /// `deploy apply SITE --yes --json`; returns the seconds, the events file and when the
@@ -999,9 +985,8 @@ impl<'a> Bench<'a> {
         let mut cmd = Command::new(&self.tools.deploy);
         cmd.arg("apply").arg(&site).args(["--yes", "--json"]);
         if mode == Mode::DroverUncapped {
-            // Every host's connection kept for the whole run (the default cap is 256).
-            cmd.arg("--max-connections")
-                .arg(self.n.max(256).to_string());
+            // Every host's connection kept for the whole run.
+            tool::uncapped(&mut cmd, self.n);
         }
         cmd.current_dir(&cwd)
             .stdin(Stdio::null())
@@ -1156,12 +1141,6 @@ fn http_version(address: &str) -> Result<String, String> {
     }
     Ok(body.trim().to_string())
 }
-
-/// The 1-minute load average.
-/// An sshd log line per connection accepted …
-const ACCEPTED: &str = "Accepted publickey";
-/// … and per session (command) started.
-const SESSION: &str = "Starting session: command";
 
 /// CPU time the machine has spent so far, every process: user + nice + system + irq +
 /// softirq from `/proc/stat`, in seconds (Linux counts in USER_HZ, 100 a second).

@@ -2,9 +2,11 @@
 //! `web` (`needs "api" healthy="50%"` and the api hosts' addresses) on one loopback fleet, each
 //! host's `install` and its server's readiness after `start` waiting durations drawn once per
 //! host from a seeded distribution with stragglers, every SSH connection behind a round trip
-//! (`--rtt`, 30 ms unless given). Drover at 30 % and all at once, Ansible and pyinfra at their
-//! best, and the ideal schedule of each policy (zero overhead), as a table of medians and the
-//! issue's targets as ratios of medians of one run.
+//! (`--rtt`, 30 ms unless given). Drover at 30 % (also with every host kept connected,
+//! `--max-connections` N, on a fleet over the default cap) and all at once, Ansible and pyinfra
+//! at their best, and the ideal schedule of each policy (zero overhead), as a table of medians
+//! with each run's SSH connections and sessions per host (the hosts' sshd logs), and the
+//! issues' targets as ratios of medians of one run.
 //!
 //! Every tool runs the same shell steps, which read the host's waits from `/srv/tier/wait`
 //! (written once, untimed, with the scripts they call): the tools differ only in how they order
@@ -12,6 +14,7 @@
 
 use super::fleet::{self, Fleet, FleetHost};
 use super::stats::load1;
+use super::tool::{sshd_lines, ACCEPTED, SESSION};
 use super::{http_version, machine_cpu, Args, Machine, Relay, Tools};
 use drover::plan::Plan;
 use std::fmt::Write as _;
@@ -49,14 +52,16 @@ const STRAGGLER_FACTOR: u64 = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     DroverRolling,
+    DroverUncapped,
     DroverPersist,
     DroverAll,
     AnsibleFree,
     Pyinfra,
 }
 
-const MODES: [Mode; 5] = [
+const MODES: [Mode; 6] = [
     Mode::DroverRolling,
+    Mode::DroverUncapped,
     Mode::DroverPersist,
     Mode::DroverAll,
     Mode::AnsibleFree,
@@ -64,8 +69,9 @@ const MODES: [Mode; 5] = [
 ];
 
 /// Every mode's slug, for `--modes`.
-pub(crate) const SLUGS: [&str; 5] = [
+pub(crate) const SLUGS: [&str; 6] = [
     "tiers-drover-rolling",
+    "tiers-drover-uncapped",
     "tiers-drover-persist",
     "tiers-drover-all",
     "tiers-ansible-free",
@@ -76,6 +82,9 @@ impl Mode {
     fn label(self) -> &'static str {
         match self {
             Mode::DroverRolling => "Drover, `batch \"30%\"`",
+            Mode::DroverUncapped => {
+                "Drover, `batch \"30%\"`, `--max-connections` N (every host kept connected)"
+            }
             Mode::DroverPersist => {
                 "Drover, `batch \"30%\"`, connected by a `deploy plan` just before (`persist=\"5m\"`)"
             }
@@ -92,6 +101,14 @@ impl Mode {
     fn available(self, args: &Args, tools: &Tools) -> bool {
         let asked = |t: &str| args.tools.iter().any(|a| a == t);
         match self {
+            // Different from the default cap (256) only on a larger fleet; also when named in
+            // `--modes`, and in the smoke test, which checks the harness.
+            Mode::DroverUncapped => {
+                asked("drover")
+                    && (super::tool::over_cap(args)
+                        || args.smoke
+                        || args.modes.iter().any(|m| m == self.slug()))
+            }
             Mode::DroverRolling | Mode::DroverPersist | Mode::DroverAll => asked("drover"),
             Mode::AnsibleFree => asked("ansible") && tools.ansible_playbook.is_some(),
             Mode::Pyinfra => asked("pyinfra") && tools.pyinfra.is_some(),
@@ -149,6 +166,11 @@ struct Sample {
     seconds: f64,
     load: f64,
     cpu: f64,
+    /// SSH connections per host, from the hosts' sshd logs (for `DroverPersist`, with its
+    /// untimed `deploy plan`'s).
+    connections: f64,
+    /// SSH sessions (commands) per host, from the hosts' sshd logs.
+    sessions: f64,
     /// Drover's runs: where the time went.
     phases: Phases,
 }
@@ -162,7 +184,9 @@ pub(crate) fn run(args: &Args, tools: &Tools, machine: &Machine) -> String {
         .filter(|m| m.available(args, tools))
         .filter(|m| args.modes.is_empty() || args.modes.iter().any(|s| s == m.slug()))
         .collect();
-    let mut csv = String::from("hosts,mode,run,seconds,load1,machine_cpu_seconds\n");
+    let mut csv = String::from(
+        "hosts,mode,run,seconds,load1,connections_per_host,sessions_per_host,machine_cpu_seconds\n",
+    );
     let mut results: Vec<Size> = Vec::new();
     for &n in &args.hosts {
         let mut bench = TierBench::start(n, args, tools);
@@ -181,18 +205,23 @@ pub(crate) fn run(args: &Args, tools: &Tools, machine: &Machine) -> String {
             |r, mode, s| {
                 writeln!(
                     csv,
-                    "{n},{},{r},{:.3},{:.2},{:.2}",
+                    "{n},{},{r},{:.3},{:.2},{:.2},{:.2},{:.2}",
                     mode.slug(),
                     s.seconds,
                     s.load,
+                    s.connections,
+                    s.sessions,
                     s.cpu
                 )
                 .unwrap();
                 eprintln!(
-                    "compare: tiers N={n} run {r} {}: {:.2} s (load {:.2})",
+                    "compare: tiers N={n} run {r} {}: {:.2} s (load {:.2}; {:.2} SSH \
+                     connections, {:.2} sessions per host)",
                     mode.label(),
                     s.seconds,
-                    s.load
+                    s.load,
+                    s.connections,
+                    s.sessions
                 );
             },
         );
@@ -294,20 +323,29 @@ impl<'a> TierBench<'a> {
         let logs = self.args.out.join("logs");
         let stem = format!("n{}-{}-{what}", self.n, mode.slug());
         let load = load1();
+        let connections = sshd_lines(&self.fleet, ACCEPTED);
+        let sessions = sshd_lines(&self.fleet, SESSION);
         let cpu = machine_cpu();
         let (seconds, phases) = match mode {
-            Mode::DroverRolling | Mode::DroverPersist | Mode::DroverAll => {
+            Mode::DroverRolling | Mode::DroverUncapped | Mode::DroverPersist | Mode::DroverAll => {
                 self.drover(mode, &logs, &stem)
             }
             Mode::AnsibleFree => (self.ansible(&logs, &stem), Phases::default()),
             Mode::Pyinfra => (self.pyinfra(&logs, &stem), Phases::default()),
         };
         let cpu = machine_cpu() - cpu;
+        let per_host = |before: usize, what: &str| {
+            (sshd_lines(&self.fleet, what) - before) as f64 / self.hosts.len() as f64
+        };
+        let connections = per_host(connections, ACCEPTED);
+        let sessions = per_host(sessions, SESSION);
         self.verify(mode, &stem);
         Sample {
             seconds,
             load,
             cpu,
+            connections,
+            sessions,
             phases,
         }
     }
@@ -338,12 +376,15 @@ impl<'a> TierBench<'a> {
             self.require(out.status.success(), "deploy plan (persist)", stem);
         }
         let events = logs.join(format!("{stem}.ndjson"));
+        let mut cmd = Command::new(&self.tools.deploy);
+        cmd.arg("apply").arg(&site).args(["--yes", "--json"]);
+        if mode == Mode::DroverUncapped {
+            // Every host's connection kept for the whole run.
+            super::tool::uncapped(&mut cmd, self.hosts.len());
+        }
         let spawned = SystemTime::now();
         let started = Instant::now();
-        let status = Command::new(&self.tools.deploy)
-            .arg("apply")
-            .arg(&site)
-            .args(["--yes", "--json"])
+        let status = cmd
             .current_dir(&self.work)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&events).unwrap())

@@ -1,6 +1,7 @@
-//! Running the tools under test, shared by both workloads: their configuration for the fleet,
+//! Running the tools under test, shared by the workloads: their configuration for the fleet,
 //! a timed run with its output in the logs, the failure report, the Ansible masters a run
-//! leaves.
+//! leaves, `deploy`'s cap on connections, the SSH connections and sessions the hosts' sshd
+//! logs count.
 
 use super::fleet::Fleet;
 use super::{py_string, Args, Machine, CONNECT_TIMEOUT_S};
@@ -21,6 +22,43 @@ pub fn timed(mut cmd: Command, work: &Path, logs: &Path, stem: &str, what: &str)
     let seconds = started.elapsed().as_secs_f64();
     require(status.success(), what, logs, stem);
     seconds
+}
+
+/// `deploy`'s default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// Whether a fleet of the sizes asked for is larger than the default cap: only then does a
+/// run with every host kept connected differ from one under the cap.
+pub fn over_cap(args: &Args) -> bool {
+    args.hosts.iter().any(|&n| n > DEFAULT_MAX_CONNECTIONS)
+}
+
+/// Keeps every host of a fleet of `n` connected for the whole run: `--max-connections` N, or
+/// the default cap (256) when that is larger.
+pub fn uncapped(cmd: &mut Command, n: usize) {
+    cmd.arg("--max-connections")
+        .arg(n.max(DEFAULT_MAX_CONNECTIONS).to_string());
+}
+
+/// An sshd log line per connection accepted …
+pub const ACCEPTED: &str = "Accepted publickey";
+/// … and per session (command) started.
+pub const SESSION: &str = "Starting session: command";
+
+/// Lines of every host's sshd log so far that start with `what` ([`ACCEPTED`] or
+/// [`SESSION`]; the fleet's sshd logs at `LogLevel VERBOSE`).
+pub fn sshd_lines(fleet: &Fleet, what: &str) -> usize {
+    fleet
+        .names()
+        .into_iter()
+        .map(|name| {
+            fs::read_to_string(fleet.host_root(name).join("sshd.log"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with(what))
+                .count()
+        })
+        .sum()
 }
 
 /// Panics unless `ok`, with the last lines of the run's output in `logs`.

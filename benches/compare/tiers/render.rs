@@ -4,7 +4,8 @@
 use super::super::stats::median;
 use super::super::{Args, Machine};
 use super::{
-    Ideals, Mode, Size, MODES, SEED, STRAGGLER_FACTOR, STRAGGLER_P, WAIT_MIN_MS, WAIT_SPAN_MS,
+    Ideals, Mode, Sample, Size, MODES, SEED, STRAGGLER_FACTOR, STRAGGLER_P, WAIT_MIN_MS,
+    WAIT_SPAN_MS,
 };
 use std::fmt::Write as _;
 
@@ -47,23 +48,34 @@ pub(super) fn render(args: &Args, machine: &Machine, results: &[Size]) -> String
     )
     .unwrap();
     let sizes: Vec<usize> = results.iter().map(|r| r.0).collect();
-    super::super::header(&mut out, "tool, policy", &sizes);
+    // The times per fleet size, then the SSH connections (sessions) per host in a run, from
+    // the hosts' sshd logs.
+    let links = |n: usize| format!("SSH connections (sessions) per host, N = {n}");
+    write!(out, "| tool, policy |").unwrap();
+    for n in &sizes {
+        write!(out, " N = {n} |").unwrap();
+    }
+    for &n in &sizes {
+        write!(out, " {} |", links(n)).unwrap();
+    }
+    write!(out, "\n| --- |{}\n", " ---: |".repeat(sizes.len() * 2)).unwrap();
+    let blank = " |".repeat(sizes.len());
+    let samples = |n: usize, mode: Mode| -> &[Sample] {
+        results
+            .iter()
+            .find(|r| r.0 == n)
+            .and_then(|r| r.1.iter().find(|m| m.0 == mode))
+            .map_or(&[], |(_, s)| s.as_slice())
+    };
     let med = |n: usize, mode: Mode| -> Option<f64> {
-        let r = results.iter().find(|r| r.0 == n)?;
-        let s = &r.1.iter().find(|m| m.0 == mode)?.1;
+        let s = samples(n, mode);
         (!s.is_empty()).then(|| median(s.iter().map(|s| s.seconds)))
     };
     for mode in MODES {
         let cells: Vec<String> = sizes
             .iter()
             .map(|&n| {
-                let Some(r) = results.iter().find(|r| r.0 == n) else {
-                    return String::new();
-                };
-                let Some((_, s)) = r.1.iter().find(|m| m.0 == mode) else {
-                    return String::new();
-                };
-                let v: Vec<f64> = s.iter().map(|s| s.seconds).collect();
+                let v: Vec<f64> = samples(n, mode).iter().map(|s| s.seconds).collect();
                 let (lo, hi) = v
                     .iter()
                     .fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
@@ -77,7 +89,26 @@ pub(super) fn render(args: &Args, machine: &Machine, results: &[Size]) -> String
         if cells.iter().all(String::is_empty) {
             continue;
         }
-        writeln!(out, "| {} | {} |", mode.label(), cells.join(" | ")).unwrap();
+        let connected: Vec<String> = sizes
+            .iter()
+            .map(|&n| {
+                let s = samples(n, mode);
+                if s.is_empty() {
+                    return String::new();
+                }
+                let connections = median(s.iter().map(|s| s.connections));
+                let sessions = median(s.iter().map(|s| s.sessions));
+                format!("{connections:.2} ({sessions:.2})")
+            })
+            .collect();
+        writeln!(
+            out,
+            "| {} | {} | {} |",
+            mode.label(),
+            cells.join(" | "),
+            connected.join(" | ")
+        )
+        .unwrap();
     }
     type Of = fn(&Ideals) -> f64;
     let ideal_rows: [(&str, Of); 6] = [
@@ -110,7 +141,7 @@ pub(super) fn render(args: &Args, machine: &Machine, results: &[Size]) -> String
             .iter()
             .map(|r| format!("{:.2} s", of(&r.2)))
             .collect();
-        writeln!(out, "| {label} | {} |", cells.join(" | ")).unwrap();
+        writeln!(out, "| {label} | {} |{blank}", cells.join(" | ")).unwrap();
     }
     let own: Vec<String> = results
         .iter()
@@ -119,7 +150,7 @@ pub(super) fn render(args: &Args, machine: &Machine, results: &[Size]) -> String
     writeln!(
         out,
         "| a step's own time beyond its two waits: its four steps in one command on a host, \
-         no tool, no round trip (median of 5 api hosts) | {} |",
+         no tool, no round trip (median of 5 api hosts) | {} |{blank}",
         own.join(" | ")
     )
     .unwrap();
@@ -138,7 +169,7 @@ pub(super) fn render(args: &Args, machine: &Machine, results: &[Size]) -> String
         Side::Mode(m) => m.label().to_string(),
         Side::Ideal(l, _) => l.to_string(),
     };
-    let targets: [(Side, Side, f64); 6] = [
+    let targets: [(Side, Side, f64); 7] = [
         (
             Side::Mode(Mode::DroverRolling),
             Side::Ideal("its ideal", |i| i.rolling),
@@ -148,6 +179,12 @@ pub(super) fn render(args: &Args, machine: &Machine, results: &[Size]) -> String
             Side::Mode(Mode::DroverPersist),
             Side::Ideal("its ideal", |i| i.rolling),
             1.15,
+        ),
+        // Issue 42: under the default cap, within 1.1 × every host kept connected.
+        (
+            Side::Mode(Mode::DroverRolling),
+            Side::Mode(Mode::DroverUncapped),
+            1.1,
         ),
         (
             Side::Mode(Mode::DroverRolling),
@@ -197,7 +234,7 @@ pub(super) fn render(args: &Args, machine: &Machine, results: &[Size]) -> String
         for (mode, s) in samples {
             if !matches!(
                 mode,
-                Mode::DroverRolling | Mode::DroverPersist | Mode::DroverAll
+                Mode::DroverRolling | Mode::DroverUncapped | Mode::DroverPersist | Mode::DroverAll
             ) || s.is_empty()
             {
                 continue;
