@@ -54,8 +54,9 @@ fn to_drop_back(back: &[(Arc<str>, Option<String>)], entry: &str, drain: bool) -
 
 impl<T: Transport> Scheduler<T> {
     /// Whether a revert of `x` may have to reconfigure its dependents: one drains it, or a
-    /// step of it may move its host to another port or address.
-    pub(super) fn revert_repoints(&self, x: usize) -> bool {
+    /// step of it may move its host to another port or address. Asked before the run, while
+    /// the hosts' records are those the run found ([`Self::hold_for_reverts`]).
+    fn revert_repoints(&self, x: usize) -> bool {
         self.dependents[x].iter().any(|(_, drain)| *drain)
             || (!self.dependents[x].is_empty()
                 && self.r.plan.services[x]
@@ -63,14 +64,16 @@ impl<T: Transport> Scheduler<T> {
                     .any(|st| self.may_move(x, st)))
     }
 
-    /// The hosts of the dependents of a service under `on-failure "revert"` whose revert may
-    /// reconfigure them keep their lock to the run's end, as the service's own hosts do.
+    /// Before the run: the services under `on-failure "revert"` whose revert may reconfigure
+    /// their dependents are switched back by batches, and their dependents' hosts keep their
+    /// lock to the run's end, as the service's own hosts do.
     pub(super) fn hold_for_reverts(&mut self) {
         let plan = self.r.plan.clone();
         for (x, xs) in plan.services.iter().enumerate() {
             if xs.policy.on_failure != OnFailure::Revert || !self.revert_repoints(x) {
                 continue;
             }
+            self.reverts.batched.insert(x);
             for &(d, _) in &self.dependents[x] {
                 let ds = &plan.services[d];
                 let hosts = plan

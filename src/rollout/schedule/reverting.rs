@@ -37,6 +37,9 @@ pub(super) struct Reverts {
     /// Hosts with a step of a service under `on-failure "revert"`: their lock is kept to the
     /// run's end (a revert may come to them after their last step).
     pub hosts: HashSet<usize>,
+    /// Services switched back by batches, their dependents reconfigured around each
+    /// ([`super::revert_batches`]); decided before the run, from the records it found.
+    pub batched: HashSet<usize>,
     pub tasks: JoinSet<Reverted>,
     /// Which revert each task runs: a task that panics ends without saying.
     task_reverts: HashMap<tokio::task::Id, (usize, usize)>,
@@ -233,7 +236,7 @@ impl<T: Transport> Scheduler<T> {
         if !rv.begun {
             self.begin_revert(s);
         }
-        if self.revert_repoints(s) {
+        if self.reverts.batched.contains(&s) {
             self.batch_reverts(s);
         } else {
             self.flow_reverts(s);

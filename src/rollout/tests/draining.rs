@@ -345,3 +345,21 @@ async fn a_revert_lists_again_the_hosts_a_wave_left_dropped() {
     let last = never_stopped_while_listed(&ran);
     assert_eq!(last, "app1=10.0.0.1:8080 app2=10.0.0.2:8080");
 }
+
+#[tokio::test]
+async fn a_port_change_reverted_at_its_deadline_is_dropped_before_each_revert() {
+    // app3's check hangs past the progress deadline: every host switched so far runs the new
+    // port, none failed back to the old one; the revert still moves each back to 8080, so lb1
+    // drops each before its revert stops it and ends listing all three at 8080.
+    let lb = "needs \"api\" addressable=\"all\"; reload \"hook reload lb\"";
+    let policy = "batch 1; max-failed 1; on-failure \"revert\"; progress-deadline \"300ms\"";
+    let fx = changed_on(3, policy, "port 8080", "port 8081", lb);
+    let rules = Rules::default().sleep(Some("app3"), "hook check api", 800);
+    let ran = fx.run(rules, 8, true).await;
+    assert_eq!(ran.outcome("api").0, ServiceOutcome::Reverted);
+    let last = never_stopped_while_listed(&ran);
+    assert_eq!(
+        last,
+        "app1=10.0.0.1:8080 app2=10.0.0.2:8080 app3=10.0.0.3:8080"
+    );
+}
