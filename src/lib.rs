@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod history;
 pub mod inventory;
 pub mod plan;
+pub mod publish;
 pub mod report;
 pub mod rollout;
 pub mod secrets;

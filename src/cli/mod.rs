@@ -24,6 +24,7 @@ mod history;
 mod init;
 mod man;
 mod plan;
+mod publish;
 mod status;
 mod undo;
 mod verify;
@@ -106,6 +107,14 @@ pub enum Command {
         /// Where to write it (created if need be); no file there is ever overwritten.
         #[arg(default_value = ".")]
         dir: PathBuf,
+    },
+    /// Pull mode: write the site's snapshot to the platform's etcd for agents to converge on.
+    Publish {
+        /// The site file.
+        site: PathBuf,
+        /// One JSON object instead of a line.
+        #[arg(long)]
+        json: bool,
     },
     /// Print shell completions for `deploy` to standard output.
     Completions {
@@ -319,6 +328,10 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     History(crate::history::HistoryError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Publish(crate::publish::PublishError),
+
     #[error("cannot write {path}: {source}")]
     #[diagnostic(code(drover::cli::write))]
     Write {
@@ -340,6 +353,13 @@ impl Error {
             | Error::Usage { .. }
             | Error::Select(_)
             | Error::History(crate::history::HistoryError::NoRun { .. }) => code::USAGE,
+            Error::Publish(crate::publish::PublishError::NoStore { .. })
+            | Error::Publish(crate::publish::PublishError::Unsupported { .. }) => code::INVALID,
+            Error::Publish(
+                crate::publish::PublishError::Refused { .. }
+                | crate::publish::PublishError::TooLarge { .. },
+            ) => code::REFUSED,
+            Error::Publish(_) => code::ENVIRONMENT,
             Error::Apply(ApplyError::Refused { .. } | ApplyError::Drift { .. })
             | Error::InitExists { .. }
             | Error::Session(crate::session::SessionError::Refused { .. }) => code::REFUSED,
@@ -390,6 +410,20 @@ impl From<crate::history::HistoryError> for Error {
     }
 }
 
+impl From<crate::publish::PublishError> for Error {
+    /// A lower stage's error as that stage's (its exit code), the publish stage's own as such.
+    fn from(e: crate::publish::PublishError) -> Error {
+        use crate::publish::PublishError as P;
+        match e {
+            P::Site(e) => Error::Site(e),
+            P::Apply(e) => e.into(),
+            P::History(e) => e.into(),
+            P::Store(e) => Error::Store(e),
+            e => Error::Publish(e),
+        }
+    }
+}
+
 /// The runtime that async stages (transport, rollout) run on. At least 4 workers, whatever
 /// the cores: the run journal's sync blocks the worker that emits an event for a few
 /// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
@@ -409,6 +443,7 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Verify(args) => verify::run(&args),
         Command::History { site, json } => history::run(&site, json),
         Command::Undo(args) => undo::run(&args),
+        Command::Publish { site, json } => publish::run(&site, json),
         Command::Init { dir } => init::run(&dir),
         Command::Completions { shell } => completions::run(shell),
         Command::Man { out_dir } => man::run(out_dir.as_deref()),

@@ -220,13 +220,14 @@ fn init_into_a_path_that_cannot_be_a_directory_is_an_environment_error() {
 }
 
 /// Every subcommand of `deploy`.
-const COMMANDS: [&str; 9] = [
+const COMMANDS: [&str; 10] = [
     "check",
     "plan",
     "apply",
     "status",
     "verify",
     "graph",
+    "publish",
     "init",
     "completions",
     "man",
