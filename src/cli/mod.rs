@@ -16,6 +16,7 @@ macro_rules! errln {
     ($($t:tt)*) => {{ use std::io::Write as _; let _ = writeln!(std::io::stderr(), $($t)*); }};
 }
 
+mod agent;
 mod apply;
 mod check;
 mod completions;
@@ -116,6 +117,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Pull mode: converge this host on the snapshot published for its site, as it changes.
+    Agent(AgentArgs),
     /// Print shell completions for `deploy` to standard output.
     Completions {
         /// The shell to complete for.
@@ -213,6 +216,34 @@ pub struct ApplyArgs {
     /// every other step has passed (a site with `prune #true` always does).
     #[arg(long)]
     pub prune: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// etcd's endpoints, comma-separated: `http://10.0.0.11:2379,http://10.0.0.12:2379`.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// The platform's store prefix.
+    #[arg(long, default_value = "/drover")]
+    pub prefix: String,
+    /// The site's name (as its `site` node has it).
+    #[arg(long, value_name = "SITE")]
+    pub site: Option<String>,
+    /// This host's name, as the inventory has it.
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+    /// Where the agent keeps its journal, contents and the snapshot it works on.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/drover/agent")]
+    pub state_dir: PathBuf,
+    /// The host's root directory: hooks run there, the platform's state-dir is under it.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// The TTL of the lease each slot is held by: a dead agent's slot frees within it.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub ttl: String,
+    /// Print a systemd unit that runs this agent, and exit.
+    #[arg(long)]
+    pub print_unit: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -331,7 +362,9 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Publish(crate::publish::PublishError),
-
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Agent(crate::agent::AgentError),
     #[error("cannot write {path}: {source}")]
     #[diagnostic(code(drover::cli::write))]
     Write {
@@ -360,6 +393,8 @@ impl Error {
                 | crate::publish::PublishError::TooLarge { .. },
             ) => code::REFUSED,
             Error::Publish(_) => code::ENVIRONMENT,
+            Error::Agent(crate::agent::AgentError::Usage { .. }) => code::USAGE,
+            Error::Agent(_) => code::ENVIRONMENT,
             Error::Apply(ApplyError::Refused { .. } | ApplyError::Drift { .. })
             | Error::InitExists { .. }
             | Error::Session(crate::session::SessionError::Refused { .. }) => code::REFUSED,
@@ -424,6 +459,20 @@ impl From<crate::publish::PublishError> for Error {
     }
 }
 
+impl From<crate::agent::AgentError> for Error {
+    /// A lower stage's error as that stage's (its exit code), the agent's own as such.
+    fn from(e: crate::agent::AgentError) -> Error {
+        use crate::agent::AgentError as A;
+        match e {
+            A::Site(e) => Error::Site(e),
+            A::Apply(e) => e.into(),
+            A::History(e) => e.into(),
+            A::Store(e) => Error::Store(e),
+            e => Error::Agent(e),
+        }
+    }
+}
+
 /// The runtime that async stages (transport, rollout) run on. At least 4 workers, whatever
 /// the cores: the run journal's sync blocks the worker that emits an event for a few
 /// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
@@ -444,6 +493,7 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::History { site, json } => history::run(&site, json),
         Command::Undo(args) => undo::run(&args),
         Command::Publish { site, json } => publish::run(&site, json),
+        Command::Agent(args) => agent::run(&args),
         Command::Init { dir } => init::run(&dir),
         Command::Completions { shell } => completions::run(shell),
         Command::Man { out_dir } => man::run(out_dir.as_deref()),

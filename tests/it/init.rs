@@ -220,7 +220,7 @@ fn init_into_a_path_that_cannot_be_a_directory_is_an_environment_error() {
 }
 
 /// Every subcommand of `deploy`.
-const COMMANDS: [&str; 10] = [
+const COMMANDS: [&str; 11] = [
     "check",
     "plan",
     "apply",
@@ -228,6 +228,7 @@ const COMMANDS: [&str; 10] = [
     "verify",
     "graph",
     "publish",
+    "agent",
     "init",
     "completions",
     "man",

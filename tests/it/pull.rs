@@ -1,25 +1,47 @@
 //! Pull mode on a real etcd: `deploy publish` writes a snapshot (idempotent; refused while the
 //! site's lock is held, over the size limit, without a store, or with a policy pull mode cannot
-//! honour).
+//! honour), and `deploy agent` processes, one per host directory of a `local` platform,
+//! converge a two-tier site through their services' semaphores: from the hooks' own start/end
+//! times, never more than the batch of a service switching at once, and web only once db is
+//! healthy everywhere; a SIGKILLed agent's slot frees within its lease's TTL.
 #![cfg(feature = "etcd")]
 
 use crate::support;
 
 use std::path::PathBuf;
-use std::process::Output;
-use std::time::Duration;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 use support::etcd::Etcd;
 
 const PREFIX: &str = "/pull-test";
 const SITE: &str = "pull";
 
 /// A site on the `local` platform (each host `hosts/<name>` in a temporary directory), its
-/// etcd.
+/// etcd, and the agents started for it (killed when dropped).
 struct Pull {
     etcd: Etcd,
     dir: tempfile::TempDir,
     /// `(host, class)`.
     hosts: Vec<(String, String)>,
+    agents: Vec<(String, Child)>,
+}
+
+impl Drop for Pull {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.agents {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A hook that logs `start <service> <ns>`, sleeps, then logs `end <service> <ns>` in the
+/// host's directory.
+fn timed(sleep: &str) -> String {
+    format!(
+        "echo \"start $DEPLOY_SERVICE $(date +%s%N)\" >>hook.log; sleep {sleep}; \
+         echo \"end $DEPLOY_SERVICE $(date +%s%N)\" >>hook.log"
+    )
 }
 
 impl Pull {
@@ -32,6 +54,7 @@ impl Pull {
                 .iter()
                 .map(|(h, c)| (h.to_string(), c.to_string()))
                 .collect(),
+            agents: Vec::new(),
         };
         pull.write_platform(&pull.etcd.store_node(PREFIX, "2s"));
         for (h, _) in hosts {
@@ -97,6 +120,78 @@ impl Pull {
         text
     }
 
+    /// Starts the agent of `host`, its output in `agent-<host>.log`.
+    fn start_agent(&mut self, host: &str) {
+        let log = std::fs::File::create(self.path(&format!("agent-{host}.log"))).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_deploy"))
+            .args([
+                "agent",
+                "--store",
+                &self.etcd.endpoints(),
+                "--prefix",
+                PREFIX,
+            ])
+            .args(["--site", SITE, "--host", host, "--ttl", "2s"])
+            .arg("--state-dir")
+            .arg(self.path("agents").join(host))
+            .arg("--root")
+            .arg(self.host_dir(host))
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start an agent");
+        self.agents.push((host.to_string(), child));
+    }
+
+    fn agent_logs(&self) -> String {
+        self.hosts
+            .iter()
+            .map(|(h, _)| {
+                let log = std::fs::read_to_string(self.path(&format!("agent-{h}.log")))
+                    .unwrap_or_default();
+                format!("--- {h}\n{log}")
+            })
+            .collect()
+    }
+
+    /// The version `host` records for its service, from its own state file.
+    fn recorded(&self, host: &str, service: &str) -> Option<String> {
+        let path = self.host_dir(host).join("var/lib/drover/state.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        v["services"][service]["version"]
+            .as_str()
+            .map(str::to_string)
+    }
+
+    /// `(service, start, end)` of every hook run on `host`, in nanoseconds; a start without an
+    /// end (a hook still running, or killed) ends at `u128::MAX`.
+    fn intervals(&self, host: &str) -> Vec<(String, u128, u128)> {
+        let log = std::fs::read_to_string(self.host_dir(host).join("hook.log")).unwrap_or_default();
+        let mut out: Vec<(String, u128, u128)> = Vec::new();
+        for line in log.lines() {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let [what, service, at] = parts[..] else {
+                panic!("{host}: hook log line {line:?}");
+            };
+            let at: u128 = at.parse().expect("a time in ns");
+            match what {
+                "start" => out.push((service.to_string(), at, u128::MAX)),
+                "end" => {
+                    let open = out
+                        .iter_mut()
+                        .rev()
+                        .find(|(s, _, e)| s == service && *e == u128::MAX)
+                        .expect("an end after its start");
+                    open.2 = at;
+                }
+                other => panic!("{host}: {other:?} in the hook log"),
+            }
+        }
+        out
+    }
+
     fn keys(&self, under: &str) -> Vec<String> {
         self.etcd
             .keys(&format!("{PREFIX}/{SITE}/{under}"))
@@ -118,7 +213,154 @@ fn flat(err: &str) -> String {
         .join(" ")
 }
 
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < limit, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+/// The most intervals open at one instant.
+fn most_at_once(intervals: &[(u128, u128)]) -> usize {
+    let mut edges: Vec<(u128, i32)> = intervals
+        .iter()
+        .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
+        .collect();
+    // An end before a start at the same instant.
+    edges.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        open += d;
+        most = most.max(open);
+    }
+    usize::try_from(most).unwrap_or(0)
+}
+
+const TWO_TIER: &str = r#"
+service "db" {
+    start "__DB__"
+}
+service "web" {
+    needs "db"
+    start "__WEB__"
+}
+"#;
+
+fn two_tier_services() -> String {
+    let quote = |s: String| s.replace('\\', "\\\\").replace('"', "\\\"");
+    TWO_TIER
+        .replace("__DB__", &quote(timed("0.3")))
+        .replace("__WEB__", &quote(timed("0.4")))
+}
+
 const HALF: &str = "policy \"half\" {\n    batch \"50%\"\n    max-failed 0\n}\n";
+
+#[test]
+fn agents_converge_a_two_tier_site_a_batch_at_a_time_and_status_agrees() {
+    let hosts = [
+        ("db1", "db"),
+        ("db2", "db"),
+        ("web1", "web"),
+        ("web2", "web"),
+        ("web3", "web"),
+        ("web4", "web"),
+        ("web5", "web"),
+        ("web6", "web"),
+    ];
+    let mut pull = Pull::new(&hosts);
+    pull.write_site("1.0", &two_tier_services(), HALF);
+    let first = pull.publish();
+    assert!(first.contains(", 3 new,"), "{first}");
+    // The same content again: no new content, the same snapshot.
+    let again = pull.publish();
+    assert!(again.contains(", 0 new,"), "{again}");
+    assert!(again.contains("already the desired snapshot"), "{again}");
+    for (h, _) in hosts {
+        pull.start_agent(h);
+    }
+    let converged = |pull: &Pull, version: &str| {
+        hosts
+            .iter()
+            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some(version))
+    };
+    wait_until("every host runs 1.0", Duration::from_secs(120), || {
+        converged(&pull, "1.0")
+    });
+
+    // A new version, published while the agents run: they converge on it.
+    let marks: Vec<usize> = hosts.iter().map(|(h, _)| pull.intervals(h).len()).collect();
+    pull.write_site("2.0", &two_tier_services(), HALF);
+    pull.publish();
+    wait_until("every host runs 2.0", Duration::from_secs(120), || {
+        converged(&pull, "2.0")
+    });
+    let logs = pull.agent_logs();
+    for round in 0..2 {
+        let mut by_service: std::collections::BTreeMap<String, Vec<(u128, u128)>> =
+            Default::default();
+        for ((h, _), mark) in hosts.iter().zip(&marks) {
+            let ran = pull.intervals(h);
+            let ran = if round == 0 {
+                &ran[..*mark]
+            } else {
+                &ran[*mark..]
+            };
+            assert_eq!(ran.len(), 1, "{h}, round {round}: {ran:?}\n{logs}");
+            for (s, start, end) in ran {
+                assert!(*end != u128::MAX, "{h}: a hook never ended\n{logs}");
+                by_service
+                    .entry(s.clone())
+                    .or_default()
+                    .push((*start, *end));
+            }
+        }
+        // batch "50%": 1 of 2 db hosts, 3 of 6 web hosts.
+        let db = most_at_once(&by_service["db"]);
+        let web = most_at_once(&by_service["web"]);
+        assert_eq!(db, 1, "round {round}: {by_service:?}\n{logs}");
+        assert!(
+            (1..=3).contains(&web),
+            "round {round}: {web} at once\n{logs}"
+        );
+        // web needs db on every host: no web hook before the last db hook ended.
+        let db_done = by_service["db"].iter().map(|i| i.1).max().unwrap_or(0);
+        let web_first = by_service["web"].iter().map(|i| i.0).min().unwrap_or(0);
+        assert!(
+            web_first > db_done,
+            "round {round}: web started before db ended"
+        );
+    }
+    // Every slot given back (after the step's record is published).
+    wait_until("every slot is given back", Duration::from_secs(10), || {
+        pull.keys("slots/").is_empty()
+    });
+
+    // `deploy status` (from the store) agrees with every host's own state file.
+    let out = pull.deploy(&["status", "site.kdl", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    let listed = status["hosts"].as_array().expect("hosts");
+    assert_eq!(listed.len(), hosts.len());
+    for h in listed {
+        let name = h["host"].as_str().unwrap_or_default();
+        for s in h["services"].as_array().expect("services") {
+            let service = s["service"].as_str().unwrap_or_default();
+            assert_eq!(s["running"], "2.0", "{name} {service}: {s}");
+            assert_eq!(s["desired"], "2.0", "{name} {service}: {s}");
+            assert_eq!(s["ok"], true, "{name} {service}: {s}");
+            assert_eq!(
+                pull.recorded(name, service).as_deref(),
+                s["running"].as_str(),
+                "{name}"
+            );
+        }
+    }
+    // And `verify`, which reads the hosts themselves.
+    let out = pull.deploy(&["verify", "site.kdl"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
 
 #[test]
 fn publishing_the_same_content_twice_writes_no_new_contents() {
@@ -228,4 +470,74 @@ fn publish_without_a_store_or_with_a_policy_pull_cannot_honour_is_refused() {
     );
     assert!(err.contains("pause \"confirm\""), "{err}");
     assert!(pull.keys("").is_empty(), "nothing was written");
+}
+
+#[test]
+fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
+    let hosts = [("web1", "web"), ("web2", "web"), ("web3", "web")];
+    let mut pull = Pull::new(&hosts);
+    let one = "policy \"one\" {\n    batch 1\n    max-failed 0\n}\n";
+    let services = format!(
+        "service \"web\" {{\n    start \"{}\"\n}}\n",
+        timed("8").replace('"', "\\\"")
+    );
+    pull.write_site("1.0", &services, one);
+    pull.publish();
+    for (h, _) in hosts {
+        pull.start_agent(h);
+    }
+    let started = |pull: &Pull| -> Vec<String> {
+        hosts
+            .iter()
+            .filter(|(h, _)| !pull.intervals(h).is_empty())
+            .map(|(h, _)| h.to_string())
+            .collect()
+    };
+    wait_until("a host is admitted", Duration::from_secs(60), || {
+        !started(&pull).is_empty()
+    });
+    // Every agent holds a slot: one admitted, two waiting behind it.
+    wait_until("three slots", Duration::from_secs(30), || {
+        pull.keys("slots/web/").len() == 3
+    });
+    let first = started(&pull);
+    assert_eq!(first.len(), 1, "batch 1: {first:?}\n{}", pull.agent_logs());
+    let victim = first[0].clone();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        started(&pull),
+        first,
+        "no second host while the first steps"
+    );
+    let (_, child) = pull
+        .agents
+        .iter_mut()
+        .find(|(h, _)| *h == victim)
+        .expect("the admitted host's agent");
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let slot = format!("slots/web/{victim}");
+    let freed = wait_until(
+        "the killed agent's slot is gone",
+        Duration::from_secs(10),
+        || pull.keys(&slot).is_empty(),
+    );
+    // The lease's TTL (2 s), and a second of etcd's own lease checking.
+    assert!(freed <= Duration::from_secs(4), "freed after {freed:?}");
+    wait_until("another host is admitted", Duration::from_secs(10), || {
+        started(&pull).len() == 2
+    });
+    // The killed host's hook did not end before the other was admitted: the slot was freed
+    // by the lease, not by the step's end.
+    let killed = pull.intervals(&victim);
+    let other = started(&pull)
+        .into_iter()
+        .find(|h| *h != victim)
+        .expect("the second host");
+    let second = pull.intervals(&other)[0].1;
+    assert!(
+        killed[0].2 == u128::MAX || killed[0].2 > second,
+        "{killed:?} vs {second}\n{}",
+        pull.agent_logs()
+    );
 }

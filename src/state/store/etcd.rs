@@ -14,7 +14,7 @@ use super::{Fence, Keys, Store, StoreError, View, Write, MAX_OPS};
 use crate::site::StoreSpec;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
-    TlsOptions, Txn, TxnOp, TxnOpResponse,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -415,9 +415,49 @@ impl Etcd {
             .collect())
     }
 
+    /// Every key under `prefix` with its create revision, in key order (a pull agent's
+    /// semaphore: who came first).
+    pub async fn created(&self, prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut r = self
+            .call(|mut c| {
+                let prefix = prefix.to_string();
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                async move { c.get(prefix, Some(options)).await }
+            })
+            .await?;
+        Ok(r.take_kvs()
+            .into_iter()
+            .filter_map(|kv| Some((kv.key_str().ok()?.to_string(), kv.create_revision())))
+            .collect())
+    }
+
+    /// One watch on every key under `prefix`.
+    pub async fn watch(&self, prefix: &str) -> Result<Watching, StoreError> {
+        self.call(|mut c| {
+            let prefix = prefix.to_string();
+            async move {
+                c.watch(prefix, Some(WatchOptions::new().with_prefix()))
+                    .await
+            }
+        })
+        .await
+        .map(Watching)
+    }
+
     /// The endpoints, as the platform names them.
     pub fn endpoints(&self) -> String {
         self.endpoints.join(",")
+    }
+}
+
+/// A watch on a prefix ([`Etcd::watch`]).
+pub struct Watching(WatchStream);
+
+impl Watching {
+    /// Waits until something under the prefix changes (or the watch is confirmed); `false`
+    /// once the watch has ended or failed (open another).
+    pub async fn changed(&mut self) -> bool {
+        matches!(self.0.message().await, Ok(Some(_)))
     }
 }
 

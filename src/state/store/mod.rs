@@ -41,7 +41,7 @@ mod view;
 
 #[cfg(feature = "etcd")]
 pub use etcd::fenced_txn;
-pub use etcd::Etcd;
+pub use etcd::{Etcd, Watching};
 pub use lease::{Fence, LeaseLock};
 pub use view::{
     converged, disagreements, merge, observed, replaced, same_address, to_read, with_port,
