@@ -110,6 +110,20 @@ fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, Agent
         }
     };
     agent.say(&format!("{name}: admitted, stepping"));
+    // The step's intent, in etcd before its first command (as push writes it): an agent that
+    // dies before publishing the step's end leaves it, and a push after it reads the host.
+    let intent = store::busy(
+        &agent.keys,
+        &agent.host,
+        name,
+        &site.services[sid].version,
+        &format!("agent-{}", std::process::id()),
+        &now(),
+    );
+    if let Err(e) = agent.block_on(agent.etcd.write(&slot.fence, &[intent])) {
+        agent.block_on(slot.release());
+        return Err(e.into());
+    }
     let recorder = Arc::new(Recorder::default());
     let ran = prepared.run(recorder.clone(), Arc::new(Unattended));
     let writes = recorder.writes(agent, loaded);
@@ -202,7 +216,7 @@ impl Recorder {
     /// What push publishes of each step ([`store::recorded`]) and of the host.
     fn writes(&self, agent: &Agent, loaded: &Loaded) -> Vec<Write> {
         let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let at = now();
         let site = &loaded.site;
         let me = loaded.manifest.hosts.iter().find(|h| h.name == agent.host);
         let address = me.map(|h| h.address.clone()).unwrap_or_default();
@@ -222,6 +236,7 @@ impl Recorder {
             };
             out.extend(store::recorded(&agent.keys, &hs, &run, &at));
         }
+        out.push(store::not_busy(&agent.keys, &agent.host));
         out.push(store::host_seen(
             &agent.keys,
             &agent.host,
@@ -233,6 +248,11 @@ impl Recorder {
         ));
         out
     }
+}
+
+/// Time a write is stamped with.
+fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
 /// No one to ask: the agent runs unattended (a policy that would ask is refused before).

@@ -3,7 +3,8 @@
 //! honour), and `deploy agent` processes, one per host directory of a `local` platform,
 //! converge a two-tier site through their services' semaphores: from the hooks' own start/end
 //! times, never more than the batch of a service switching at once, and web only once db is
-//! healthy everywhere; a SIGKILLed agent's slot frees within its lease's TTL.
+//! healthy everywhere; a SIGKILLed agent's slot frees within its lease's TTL, and restarted,
+//! it carries its host on.
 #![cfg(feature = "etcd")]
 
 use crate::support;
@@ -539,5 +540,30 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
         killed[0].2 == u128::MAX || killed[0].2 > second,
         "{killed:?} vs {second}\n{}",
         pull.agent_logs()
+    );
+    // The killed agent's intent is left in etcd: a push after it reads the host.
+    assert_eq!(pull.keys(&format!("busy/{victim}")).len(), 1);
+
+    // Restarted, the killed agent carries its host on: every host converges.
+    pull.agents.retain(|(h, _)| *h != victim);
+    pull.start_agent(&victim);
+    wait_until("every host runs 1.0", Duration::from_secs(90), || {
+        hosts
+            .iter()
+            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
+    });
+    wait_until(
+        "every slot and intent is gone",
+        Duration::from_secs(10),
+        || pull.keys("slots/").is_empty() && pull.keys("busy/").is_empty(),
+    );
+    let log =
+        std::fs::read_to_string(pull.path(&format!("agent-{victim}.log"))).unwrap_or_default();
+    // It stopped the hook its killed run left running, and carried that run on.
+    assert!(log.contains("stopped 1 hook that run"), "{log}");
+    assert!(log.contains("carrying on: run"), "{log}");
+    assert!(
+        log.contains("converged (1 services stepped, 0 failed)"),
+        "{log}"
     );
 }
