@@ -6,7 +6,7 @@
 use super::{Agent, AgentError};
 use crate::history::{shared, Blobs, History};
 use crate::publish::Manifest;
-use crate::site::{InventorySpec, Site, Transport};
+use crate::site::{InventorySpec, SecretSource, Site, Transport};
 use std::path::{Path, PathBuf};
 
 /// A snapshot loaded as a site, and where it was put back (removed when dropped).
@@ -65,7 +65,7 @@ pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError>
         std::fs::remove_dir_all(&work).map_err(|e| AgentError::io(&work, e))?;
     }
     private_dir(&work)?;
-    let (file, _) = manifest.snapshot.put_back(&blobs, &work)?;
+    let (file, site_dir) = manifest.snapshot.put_back(&blobs, &work)?;
     let mut loaded = Loaded {
         site: crate::site::load(&file)?,
         manifest,
@@ -91,7 +91,57 @@ pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError>
     site.platform.transport = Transport::Local {
         root: agent.hosts_dir(),
     };
+    secrets_here(site, &loaded.work, &site_dir, &agent.secrets);
+    // A service this host does not run needs none of its secrets here (its hooks never run
+    // here; what its hosts run is as their agents published it).
+    let classes: Vec<&str> = loaded
+        .manifest
+        .hosts
+        .iter()
+        .filter(|h| h.name == agent.host)
+        .flat_map(|h| h.classes.iter().map(String::as_str))
+        .collect();
+    let site = &mut loaded.site;
+    let names: Vec<String> = site.classes.iter().map(|c| c.name.clone()).collect();
+    for s in site.services.iter_mut() {
+        if !s
+            .classes
+            .iter()
+            .any(|c| classes.contains(&names[c.index()].as_str()))
+        {
+            s.secrets.clear();
+        }
+    }
     Ok(loaded)
+}
+
+/// A secret's file named relative to the site is read under the agent's secrets directory
+/// (`--secrets`), at its path from the site file's directory with any leading `../` dropped
+/// (`file="../secrets/api-token"`: `<secrets>/secrets/api-token`); an absolute one where it
+/// is. A secret's value is never in a snapshot.
+fn secrets_here(site: &mut Site, work: &Path, site_dir: &Path, secrets: &Path) {
+    let all = site
+        .secrets
+        .iter_mut()
+        .chain(site.services.iter_mut().flat_map(|s| s.secrets.iter_mut()));
+    for secret in all {
+        if let SecretSource::File(p) = &mut secret.source {
+            if let (true, Some(rel)) = (p.starts_with(work), below(site_dir, p)) {
+                *p = secrets.join(rel);
+            }
+        }
+    }
+}
+
+/// `path`'s components after those it shares with `base`.
+fn below(base: &Path, path: &Path) -> Option<PathBuf> {
+    let common = base
+        .components()
+        .zip(path.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let rest: PathBuf = path.components().skip(common).collect();
+    (!rest.as_os_str().is_empty()).then_some(rest)
 }
 
 /// `dir` made, readable by this user only.

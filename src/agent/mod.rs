@@ -40,6 +40,8 @@ pub struct Request {
     pub root: PathBuf,
     /// The TTL of each slot's lease: a dead agent's slot frees within it.
     pub ttl: Duration,
+    /// Where a secret kept in a file is read (`None`: `<state-dir>/secrets`).
+    pub secrets: Option<PathBuf>,
 }
 
 /// Why the agent cannot go on.
@@ -109,6 +111,8 @@ pub struct Agent {
     host: String,
     /// Absolute.
     state_dir: PathBuf,
+    /// Where secrets kept in files are read; absolute.
+    secrets: PathBuf,
     ttl: Duration,
     say: Say,
     stop: Arc<AtomicBool>,
@@ -146,6 +150,10 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
             help: "give the host's root directory (/ on a real host)".into(),
         });
     }
+    let secrets = match &request.secrets {
+        Some(dir) => std::path::absolute(dir).map_err(|e| AgentError::io(dir, e))?,
+        None => state_dir.join("secrets"),
+    };
     load::private_dir(&state_dir)?;
     // The apply stage keeps its journal and locks under `.drover` of the working directory.
     std::env::set_current_dir(&state_dir).map_err(|e| AgentError::io(&state_dir, e))?;
@@ -164,6 +172,7 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
         keys: Keys::new(&request.prefix, &request.site),
         host: request.host.clone(),
         state_dir,
+        secrets,
         ttl: request.ttl,
         say,
         stop: stop.clone(),

@@ -25,6 +25,10 @@ pub fn unit(binary: &str, request: &Request) -> String {
         "--ttl".into(),
         ttl,
     ];
+    let mut args = args.to_vec();
+    if let Some(dir) = &request.secrets {
+        args.extend(["--secrets".to_string(), dir.display().to_string()]);
+    }
     let exec: Vec<String> = args.iter().map(|a| quoted(a)).collect();
     format!(
         "[Unit]\n\
@@ -85,6 +89,7 @@ mod tests {
             state_dir: "/var/lib/drover/agent".into(),
             root: "/".into(),
             ttl: Duration::from_secs(10),
+            secrets: None,
         };
         let text = unit("/usr/bin/deploy", &r);
         assert!(

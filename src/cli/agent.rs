@@ -32,6 +32,7 @@ pub fn run(args: &AgentArgs) -> Result<u8, Error> {
         state_dir: args.state_dir.clone(),
         root: args.root.clone(),
         ttl,
+        secrets: args.secrets.clone(),
     };
     if args.print_unit {
         let binary = std::env::current_exe()

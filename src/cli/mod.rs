@@ -241,6 +241,10 @@ pub struct AgentArgs {
     /// The TTL of the lease each slot is held by: a dead agent's slot frees within it.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub ttl: String,
+    /// Where a secret the site keeps in a file is read: at its path from the site file's
+    /// directory, leading `../` dropped [default: STATE-DIR/secrets].
+    #[arg(long, value_name = "DIR")]
+    pub secrets: Option<PathBuf>,
     /// Print a systemd unit that runs this agent, and exit.
     #[arg(long)]
     pub print_unit: bool,

@@ -121,9 +121,7 @@ pub fn publish(request: &Request, say: &Say) -> Result<Published, PublishError> 
             lines: refused.join("\n  "),
         });
     }
-    // Secrets are read as `apply` reads them: one this machine lacks stops here, not on the
-    // hosts. Their values are never published.
-    crate::secrets::Secrets::load(&site).map_err(ApplyError::from)?;
+    // Secrets are not read here: each agent reads its own, on its host.
     let hosts = crate::apply::resolve_for_plan(&site, &|t: &str| say(t))?;
     let bytes = within_limit(&site)?;
     let blobs = History::default().blobs();

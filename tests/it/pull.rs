@@ -123,8 +123,14 @@ impl Pull {
 
     /// Starts the agent of `host`, its output in `agent-<host>.log`.
     fn start_agent(&mut self, host: &str) {
+        self.start_agent_with(host, &[]);
+    }
+
+    /// As [`Pull::start_agent`], with these variables in the agent's environment.
+    fn start_agent_with(&mut self, host: &str, env: &[(&str, &str)]) {
         let log = std::fs::File::create(self.path(&format!("agent-{host}.log"))).expect("log");
         let child = Command::new(env!("CARGO_BIN_EXE_deploy"))
+            .envs(env.iter().copied())
             .args([
                 "agent",
                 "--store",
@@ -391,6 +397,49 @@ fn publishing_the_same_content_twice_writes_no_new_contents() {
     let next = pull.publish();
     assert!(next.contains(", 1 new,"), "{next}");
     assert_eq!(pull.keys("snapshots/").len(), 2);
+}
+
+#[test]
+fn secrets_are_read_by_each_agent_on_its_host_and_never_published() {
+    let mut pull = Pull::new(&[("db1", "db"), ("web1", "web")]);
+    let services = r##"
+service "db" {
+    secret "DBPASS" env="DBPASS"
+    install #"printf %s "$DBPASS" >pass.out"#
+}
+service "web" {
+    secret "TOKEN" file="secrets/token"
+    install #"printf %s "$TOKEN" >token.out"#
+}
+"##;
+    pull.write_site("1.0", services, HALF);
+    // The publishing machine has neither secret.
+    pull.publish();
+    // Each host has only its own service's: a file under the agent's secrets directory at
+    // its path from the site file, a variable in the agent's environment.
+    let token = pull.path("agents/web1/secrets/secrets/token");
+    std::fs::create_dir_all(token.parent().expect("a directory")).expect("secrets directory");
+    std::fs::write(&token, "web1-token-4a7f").expect("token");
+    pull.start_agent_with("db1", &[("DBPASS", "db1-password-9c2e")]);
+    pull.start_agent("web1");
+    wait_until("both hosts run 1.0", Duration::from_secs(60), || {
+        pull.recorded("db1", "db").as_deref() == Some("1.0")
+            && pull.recorded("web1", "web").as_deref() == Some("1.0")
+    });
+    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    assert_eq!(
+        read(pull.host_dir("db1").join("pass.out")),
+        "db1-password-9c2e"
+    );
+    assert_eq!(
+        read(pull.host_dir("web1").join("token.out")),
+        "web1-token-4a7f"
+    );
+    for (key, value) in pull.etcd.keys(PREFIX) {
+        for secret in ["db1-password-9c2e", "web1-token-4a7f"] {
+            assert!(!value.contains(secret), "{key} holds a secret");
+        }
+    }
 }
 
 #[test]
