@@ -443,6 +443,52 @@ service "web" {
 }
 
 #[test]
+fn once_the_failure_budget_is_spent_no_host_is_admitted_anywhere() {
+    let hosts = [
+        ("web1", "web"),
+        ("web2", "web"),
+        ("web3", "web"),
+        ("web4", "web"),
+    ];
+    let mut pull = Pull::new(&hosts);
+    let one = "policy \"one\" {\n    batch 1\n    max-failed 0\n}\n";
+    // Every host's check fails: the first host admitted fails, and spends the budget.
+    let services = format!(
+        "service \"web\" {{\n    start \"{}\"\n    check \"false\" timeout=\"1s\"\n}}\n",
+        timed("0.2").replace('"', "\\\"")
+    );
+    pull.write_site("1.0", &services, one);
+    pull.publish();
+    for (h, _) in hosts {
+        pull.start_agent(h);
+    }
+    let failed = |pull: &Pull| {
+        pull.etcd
+            .keys(&format!("{PREFIX}/{SITE}/status/web/"))
+            .into_iter()
+            .filter(|(k, v)| k.ends_with("/validated") && v.contains("\"failure\""))
+            .count()
+    };
+    wait_until("a host failed", Duration::from_secs(60), || {
+        failed(&pull) >= 1
+    });
+    // The others keep their slots, waiting, and none starts: the budget is fleet-wide.
+    std::thread::sleep(Duration::from_secs(4));
+    let started: Vec<&str> = hosts
+        .iter()
+        .filter(|(h, _)| !pull.intervals(h).is_empty())
+        .map(|(h, _)| *h)
+        .collect();
+    let logs = pull.agent_logs();
+    assert_eq!(started.len(), 1, "{started:?}\n{logs}");
+    assert_eq!(failed(&pull), 1, "{logs}");
+    assert!(
+        logs.contains("waiting: 1 hosts failed at 1.0, more than the budget of 0"),
+        "{logs}"
+    );
+}
+
+#[test]
 fn publish_is_refused_while_the_sites_lock_is_held_and_names_the_holder() {
     let pull = Pull::new(&[("web1", "web")]);
     pull.write_site("1.0", "service \"web\" {\n    start \"true\"\n}\n", HALF);
