@@ -100,11 +100,21 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
     }
 }
 
-/// Why the service may not start a step now, from the published status: its failure budget is
-/// spent, or a runtime need's `healthy=` is not met.
+/// Why the service may not start a step now, from the store: the site's lock is held (a push,
+/// or a publish writing), its failure budget is spent, or a runtime need's `healthy=` is not
+/// met.
 fn unmet(view: &View, a: &Admission<'_>) -> Option<String> {
     let site = a.site;
     let s = &site.services[a.service];
+    // Push and pull exclude each other: no step while an apply (or a publish) holds the lock.
+    if let Some((holder, _)) = &view.lock {
+        return Some(format!(
+            "the site's lock is held by {}",
+            holder
+                .as_ref()
+                .map_or_else(|| "a holder that cannot be read".into(), |h| h.describe())
+        ));
+    }
     let budget = match s.policy.on_failure {
         OnFailure::Continue => usize::MAX,
         OnFailure::Stop => 0,

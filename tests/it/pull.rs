@@ -489,6 +489,55 @@ fn once_the_failure_budget_is_spent_no_host_is_admitted_anywhere() {
 }
 
 #[test]
+fn push_and_pull_exclude_each_other() {
+    let mut pull = Pull::new(&[("web1", "web"), ("web2", "web")]);
+    let services = format!(
+        "service \"web\" {{\n    start \"{}\"\n}}\n",
+        timed("0.1").replace('"', "\\\"")
+    );
+    pull.write_site("1.0", &services, HALF);
+    pull.publish();
+    // An apply from another machine holds the site's lock: the agent admits no step.
+    let lease = support::etcd::grant(&pull.etcd, 4);
+    let holder = r#"{"user":"ops","controller":"elsewhere","boot":"","pid":4242,"since":"2026-11-25T00:00:00Z","run":"r-elsewhere","site":"pull"}"#;
+    support::etcd::put(&pull.etcd, &format!("{PREFIX}/{SITE}/lock"), holder, lease);
+    pull.start_agent("web1");
+    std::thread::sleep(Duration::from_secs(2));
+    let logs = pull.agent_logs();
+    assert!(pull.intervals("web1").is_empty(), "{logs}");
+    assert!(
+        logs.contains("waiting: the site's lock is held by ops on elsewhere (pid 4242"),
+        "{logs}"
+    );
+    // Once it lapsed, the agent goes on.
+    wait_until("web1 runs 1.0", Duration::from_secs(30), || {
+        pull.recorded("web1", "web").as_deref() == Some("1.0")
+    });
+
+    // An agent holds a slot: `deploy apply` is refused, naming it, and changes nothing.
+    let lease = support::etcd::grant(&pull.etcd, 4);
+    let slot = format!("{PREFIX}/{SITE}/slots/web/web9");
+    support::etcd::put(&pull.etcd, &slot, holder, lease);
+    let out = pull.deploy(&["apply", "site.kdl", "--yes"]);
+    let err = flat(&text(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("pull agents are converging site pull"),
+        "{err}"
+    );
+    assert!(err.contains(&slot), "{err}");
+    assert!(pull.recorded("web2", "web").is_none(), "nothing ran");
+    assert!(pull.keys("lock").is_empty(), "the lock is given back");
+    // Once that slot is gone, the same apply goes through.
+    wait_until("the slot lapsed", Duration::from_secs(10), || {
+        pull.keys("slots/").is_empty()
+    });
+    let out = pull.deploy(&["apply", "site.kdl", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(pull.recorded("web2", "web").as_deref(), Some("1.0"));
+}
+
+#[test]
 fn publish_is_refused_while_the_sites_lock_is_held_and_names_the_holder() {
     let pull = Pull::new(&[("web1", "web")]);
     pull.write_site("1.0", "service \"web\" {\n    start \"true\"\n}\n", HALF);

@@ -180,6 +180,10 @@ impl Keys {
     pub fn snapshot(&self, digest: &str) -> String {
         format!("{}snapshots/{}/", self.root, segment(digest))
     }
+    /// Pull mode: `slots/`, every service's semaphore.
+    pub fn all_slots(&self) -> String {
+        format!("{}slots/", self.root)
+    }
     /// Pull mode: `slots/<service>/`, the semaphore of one service.
     pub fn slots(&self, service: &str) -> String {
         format!("{}slots/{}/", self.root, segment(service))
