@@ -96,6 +96,7 @@ fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, Agent
         site,
         service: sid,
         hosts: &loaded.manifest,
+        digest: &loaded.digest,
         capacity,
         max_failed,
     };

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 /// A snapshot loaded as a site, and where it was put back (removed when dropped).
 pub struct Loaded {
+    /// The snapshot's digest.
+    pub digest: String,
     pub site: Site,
     pub manifest: Manifest,
     work: PathBuf,
@@ -67,6 +69,7 @@ pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError>
     private_dir(&work)?;
     let (file, site_dir) = manifest.snapshot.put_back(&blobs, &work)?;
     let mut loaded = Loaded {
+        digest: digest.to_string(),
         site: crate::site::load(&file)?,
         manifest,
         work,

@@ -30,6 +30,8 @@ pub struct Admission<'a> {
     pub service: ServiceId,
     /// The published hosts, by name, with their classes.
     pub hosts: &'a crate::publish::Manifest,
+    /// The snapshot it converges on: a newer one published meanwhile ends the wait.
+    pub digest: &'a str,
     /// The policy's batch of the service's hosts (the plan's `batch_hosts`).
     pub capacity: usize,
     /// Failed hosts the service tolerates (the plan's `max_failed_hosts`).
@@ -43,7 +45,8 @@ impl Slot {
 }
 
 /// Takes the service's slot for the agent's host and waits until it is admitted; `None` when
-/// the agent is told to stop meanwhile (the slot is given back).
+/// the agent is told to stop meanwhile, or a newer snapshot is published (the slot is given
+/// back: an agent waiting on a spent budget takes up a fixed snapshot).
 pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
     let name = &a.site.services[a.service].name;
     let key = agent.keys.slot(name, &agent.host);
@@ -68,6 +71,14 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
     let mut said = None;
     loop {
         if agent.stopping() {
+            slot.release().await;
+            return Ok(None);
+        }
+        let current = agent.etcd.value(&agent.keys.current()).await?;
+        if current.as_deref() != Some(a.digest.as_bytes()) {
+            agent.say(&format!(
+                "{name}: a newer snapshot was published: the slot is given back"
+            ));
             slot.release().await;
             return Ok(None);
         }

@@ -486,6 +486,25 @@ fn once_the_failure_budget_is_spent_no_host_is_admitted_anywhere() {
         logs.contains("waiting: 1 hosts failed at 1.0, more than the budget of 0"),
         "{logs}"
     );
+
+    // A fixed snapshot: the waiting agents give their slots back and take it up.
+    let fixed = format!(
+        "service \"web\" {{\n    start \"{}\"\n    check \"true\"\n}}\n",
+        timed("0.2").replace('"', "\\\"")
+    );
+    pull.write_site("1.1", &fixed, one);
+    pull.publish();
+    wait_until("every host runs 1.1", Duration::from_secs(60), || {
+        hosts
+            .iter()
+            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.1"))
+    });
+    assert!(
+        pull.agent_logs()
+            .contains("web: a newer snapshot was published: the slot is given back"),
+        "{}",
+        pull.agent_logs()
+    );
 }
 
 #[test]
