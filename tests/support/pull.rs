@@ -1,0 +1,225 @@
+//! Pull mode's test site: a site on the `local` platform (each host `hosts/<name>` in a
+//! temporary directory) with its etcd, `deploy publish` run on it, and `deploy agent` processes
+//! started for its hosts (killed when dropped); what the hosts' hooks and state files say.
+
+use super::etcd::Etcd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const PREFIX: &str = "/pull-test";
+pub const SITE: &str = "pull";
+
+/// A site on the `local` platform (each host `hosts/<name>` in a temporary directory), its
+/// etcd, and the agents started for it (killed when dropped).
+pub struct Pull {
+    pub etcd: Etcd,
+    pub dir: tempfile::TempDir,
+    /// `(host, class)`.
+    pub hosts: Vec<(String, String)>,
+    pub agents: Vec<(String, Child)>,
+}
+
+impl Drop for Pull {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.agents {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A hook that logs `start <service> <ns>`, sleeps, then logs `end <service> <ns>` in the
+/// host's directory.
+pub fn timed(sleep: &str) -> String {
+    format!(
+        "echo \"start $DEPLOY_SERVICE $(date +%s%N)\" >>hook.log; sleep {sleep}; \
+         echo \"end $DEPLOY_SERVICE $(date +%s%N)\" >>hook.log"
+    )
+}
+
+impl Pull {
+    pub fn new(hosts: &[(&str, &str)]) -> Pull {
+        let dir = tempfile::tempdir().expect("site directory");
+        let pull = Pull {
+            etcd: Etcd::start(),
+            dir,
+            hosts: hosts
+                .iter()
+                .map(|(h, c)| (h.to_string(), c.to_string()))
+                .collect(),
+            agents: Vec::new(),
+        };
+        pull.write_platform(&pull.etcd.store_node(PREFIX, "2s"));
+        for (h, _) in hosts {
+            std::fs::create_dir_all(pull.host_dir(h)).expect("host directory");
+        }
+        pull
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn host_dir(&self, host: &str) -> PathBuf {
+        self.path("hosts").join(host)
+    }
+
+    pub fn write_platform(&self, store: &str) {
+        let hosts: String = self
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, (h, c))| {
+                format!(
+                    "        host \"{h}\" address=\"127.0.77.{}\" class=\"{c}\"\n",
+                    i + 1
+                )
+            })
+            .collect();
+        let text = format!(
+            "platform \"lab\" {{\n    transport \"local\" root=\"hosts\"\n    {store}\n    \
+             inventory \"static\" {{\n{hosts}    }}\n}}\n"
+        );
+        std::fs::write(self.path("platform.kdl"), text).expect("platform");
+    }
+
+    /// The site at `version`: its services' text, its policy's.
+    pub fn write_site(&self, version: &str, services: &str, policy: &str) {
+        std::fs::write(self.path("policy.kdl"), policy).expect("policy");
+        let classes: std::collections::BTreeSet<&str> =
+            self.hosts.iter().map(|(_, c)| c.as_str()).collect();
+        let classes: String = classes
+            .iter()
+            .map(|c| format!("class \"{c}\" {{ service \"{c}\"; }}\n"))
+            .collect();
+        let text = format!(
+            "site \"{SITE}\" {{\n    version \"{version}\"\n    platform \"platform.kdl\"\n    \
+             policy \"policy.kdl\"\n}}\n{classes}{services}"
+        );
+        std::fs::write(self.path("site.kdl"), text).expect("site");
+    }
+
+    pub fn deploy(&self, args: &[&str]) -> Output {
+        super::cli::deploy_in(self.dir.path())
+            .args(args)
+            .output()
+            .expect("run deploy")
+    }
+
+    pub fn publish(&self) -> String {
+        let out = self.deploy(&["publish", "site.kdl"]);
+        let text = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "publish: {text}");
+        text
+    }
+
+    /// Starts the agent of `host`, its output in `agent-<host>.log`.
+    pub fn start_agent(&mut self, host: &str) {
+        self.start_agent_with(host, &[]);
+    }
+
+    /// As [`Pull::start_agent`], with these variables in the agent's environment.
+    pub fn start_agent_with(&mut self, host: &str, env: &[(&str, &str)]) {
+        let log = std::fs::File::create(self.path(&format!("agent-{host}.log"))).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_deploy"))
+            .envs(env.iter().copied())
+            .args([
+                "agent",
+                "--store",
+                &self.etcd.endpoints(),
+                "--prefix",
+                PREFIX,
+            ])
+            .args(["--site", SITE, "--host", host, "--ttl", "2s"])
+            .arg("--state-dir")
+            .arg(self.path("agents").join(host))
+            .arg("--root")
+            .arg(self.host_dir(host))
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start an agent");
+        self.agents.push((host.to_string(), child));
+    }
+
+    pub fn agent_logs(&self) -> String {
+        self.hosts
+            .iter()
+            .map(|(h, _)| {
+                let log = std::fs::read_to_string(self.path(&format!("agent-{h}.log")))
+                    .unwrap_or_default();
+                format!("--- {h}\n{log}")
+            })
+            .collect()
+    }
+
+    /// The version `host` records for its service, from its own state file.
+    pub fn recorded(&self, host: &str, service: &str) -> Option<String> {
+        let path = self.host_dir(host).join("var/lib/drover/state.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        v["services"][service]["version"]
+            .as_str()
+            .map(str::to_string)
+    }
+
+    /// `(service, start, end)` of every hook run on `host`, in nanoseconds; a start without an
+    /// end (a hook still running, or killed) ends at `u128::MAX`.
+    pub fn intervals(&self, host: &str) -> Vec<(String, u128, u128)> {
+        let log = std::fs::read_to_string(self.host_dir(host).join("hook.log")).unwrap_or_default();
+        let mut out: Vec<(String, u128, u128)> = Vec::new();
+        for line in log.lines() {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let [what, service, at] = parts[..] else {
+                panic!("{host}: hook log line {line:?}");
+            };
+            let at: u128 = at.parse().expect("a time in ns");
+            match what {
+                "start" => out.push((service.to_string(), at, u128::MAX)),
+                "end" => {
+                    let open = out
+                        .iter_mut()
+                        .rev()
+                        .find(|(s, _, e)| s == service && *e == u128::MAX)
+                        .expect("an end after its start");
+                    open.2 = at;
+                }
+                other => panic!("{host}: {other:?} in the hook log"),
+            }
+        }
+        out
+    }
+
+    pub fn keys(&self, under: &str) -> Vec<String> {
+        self.etcd
+            .keys(&format!("{PREFIX}/{SITE}/{under}"))
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A diagnostic as one line: miette's wrapping and margins taken out.
+pub fn flat(err: &str) -> String {
+    err.replace('│', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < limit, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+pub const HALF: &str = "policy \"half\" {\n    batch \"50%\"\n    max-failed 0\n}\n";
