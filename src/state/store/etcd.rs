@@ -462,9 +462,9 @@ impl Watching {
 }
 
 impl Store for Etcd {
-    /// Two range reads at one revision: the site's keys before `history/` and those after it.
-    /// The history (runs' snapshots, contents of any size) is no host's state, and is read
-    /// only by `deploy history` and `deploy undo`.
+    /// Three range reads at one revision: the site's keys but those under `history/` and
+    /// `snapshots/`. The history (runs' snapshots, contents of any size) is no host's state,
+    /// and is read only by `deploy history` and `deploy undo`; nor are pull mode's snapshots.
     async fn read(&self, keys: &Keys) -> Result<View, StoreError> {
         let root = keys.root().to_string();
         let history = format!("{root}history/");
@@ -486,12 +486,18 @@ impl Store for Etcd {
                 }
             })
         };
+        // Pull mode's published snapshots (`snapshots/<digest>/<n>`, every one ever published)
+        // are no host's state either: read by the agents, one at a time.
+        let snapshots = format!("{root}snapshots/");
+        let past_snapshots = format!("{root}snapshots0");
         let mut before = range(root.clone(), history, 0).await?;
         let revision = before.header().map_or(0, |h| h.revision());
-        let mut rest = range(after, end, revision).await?;
+        let mut middle = range(after, snapshots, revision).await?;
+        let mut rest = range(past_snapshots, end, revision).await?;
         let kvs: Vec<_> = before
             .take_kvs()
             .into_iter()
+            .chain(middle.take_kvs())
             .chain(rest.take_kvs())
             .collect();
         let triples = kvs
