@@ -42,6 +42,9 @@ pub struct Request {
     pub ttl: Duration,
     /// Where a secret kept in a file is read (`None`: `<state-dir>/secrets`).
     pub secrets: Option<PathBuf>,
+    /// etcd's TLS and users, as a platform's `store` names them.
+    pub tls: Option<crate::site::StoreTls>,
+    pub auth: Option<crate::site::StoreAuth>,
 }
 
 /// Why the agent cannot go on.
@@ -162,8 +165,8 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
         endpoints: request.endpoints.clone(),
         prefix: request.prefix.clone(),
         lock_ttl: request.ttl,
-        tls: None,
-        auth: None,
+        tls: request.tls.clone(),
+        auth: request.auth.clone(),
     };
     let etcd = runtime.block_on(Etcd::connect(&spec, "agent"))?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -29,6 +29,17 @@ pub fn unit(binary: &str, request: &Request) -> String {
     if let Some(dir) = &request.secrets {
         args.extend(["--secrets".to_string(), dir.display().to_string()]);
     }
+    if let Some(tls) = &request.tls {
+        args.extend(["--tls-ca".to_string(), tls.ca.display().to_string()]);
+        if let Some((cert, key)) = &tls.client {
+            args.extend(["--tls-cert".to_string(), cert.display().to_string()]);
+            args.extend(["--tls-key".to_string(), key.display().to_string()]);
+        }
+    }
+    if let Some(auth) = &request.auth {
+        args.extend(["--user".to_string(), auth.user.clone()]);
+        args.extend(["--password-env".to_string(), auth.password_env.clone()]);
+    }
     let exec: Vec<String> = args.iter().map(|a| quoted(a)).collect();
     format!(
         "[Unit]\n\
@@ -90,6 +101,8 @@ mod tests {
             root: "/".into(),
             ttl: Duration::from_secs(10),
             secrets: None,
+            tls: None,
+            auth: None,
         };
         let text = unit("/usr/bin/deploy", &r);
         assert!(

@@ -2,6 +2,7 @@
 
 use super::{code, AgentArgs, Error};
 use crate::agent::{self, Request};
+use crate::site::{StoreAuth, StoreTls};
 
 pub fn run(args: &AgentArgs) -> Result<u8, Error> {
     let missing = |flag: &str| Error::Usage {
@@ -33,6 +34,27 @@ pub fn run(args: &AgentArgs) -> Result<u8, Error> {
         root: args.root.clone(),
         ttl,
         secrets: args.secrets.clone(),
+        tls: match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+            (None, None, None) => None,
+            (Some(ca), None, None) => Some(StoreTls {
+                ca: ca.clone(),
+                client: None,
+            }),
+            (Some(ca), Some(cert), Some(key)) => Some(StoreTls {
+                ca: ca.clone(),
+                client: Some((cert.clone(), key.clone())),
+            }),
+            _ => {
+                return Err(Error::Usage {
+                    reason: "--tls-cert and --tls-key go together, with --tls-ca".into(),
+                    help: "as the platform's `tls ca=… cert=… key=…`".into(),
+                })
+            }
+        },
+        auth: args.user.clone().map(|user| StoreAuth {
+            user,
+            password_env: args.password_env.clone(),
+        }),
     };
     if args.print_unit {
         let binary = std::env::current_exe()

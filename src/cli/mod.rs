@@ -118,7 +118,7 @@ pub enum Command {
         json: bool,
     },
     /// Pull mode: converge this host on the snapshot published for its site, as it changes.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Print shell completions for `deploy` to standard output.
     Completions {
         /// The shell to complete for.
@@ -245,6 +245,21 @@ pub struct AgentArgs {
     /// directory, leading `../` dropped [default: STATE-DIR/secrets].
     #[arg(long, value_name = "DIR")]
     pub secrets: Option<PathBuf>,
+    /// etcd's CA certificate (TLS), as the platform's `tls ca=`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate for etcd, with --tls-key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// etcd's user (`auth`), its password read from --password-env.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// The variable the etcd user's password is read from.
+    #[arg(long, value_name = "VAR", default_value = "ETCD_PASSWORD")]
+    pub password_env: String,
     /// Print a systemd unit that runs this agent, and exit.
     #[arg(long)]
     pub print_unit: bool,

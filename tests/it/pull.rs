@@ -11,7 +11,7 @@ use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;
-use support::pull::{flat, text, timed, wait_until, Pull, HALF, PREFIX, SITE};
+use support::pull::{flat, text, timed, Pull, HALF, PREFIX, SITE};
 
 /// The most intervals open at one instant.
 fn most_at_once(intervals: &[(u128, u128)]) -> usize {
@@ -74,7 +74,7 @@ fn agents_converge_a_two_tier_site_a_batch_at_a_time_and_status_agrees() {
             .iter()
             .all(|(h, c)| pull.recorded(h, c).as_deref() == Some(version))
     };
-    wait_until("every host runs 1.0", Duration::from_secs(120), || {
+    pull.wait("every host runs 1.0", Duration::from_secs(300), || {
         converged(&pull, "1.0")
     });
 
@@ -82,7 +82,7 @@ fn agents_converge_a_two_tier_site_a_batch_at_a_time_and_status_agrees() {
     let marks: Vec<usize> = hosts.iter().map(|(h, _)| pull.intervals(h).len()).collect();
     pull.write_site("2.0", &two_tier_services(), HALF);
     pull.publish();
-    wait_until("every host runs 2.0", Duration::from_secs(120), || {
+    pull.wait("every host runs 2.0", Duration::from_secs(300), || {
         converged(&pull, "2.0")
     });
     let logs = pull.agent_logs();
@@ -122,7 +122,7 @@ fn agents_converge_a_two_tier_site_a_batch_at_a_time_and_status_agrees() {
         );
     }
     // Every slot given back (after the step's record is published).
-    wait_until("every slot is given back", Duration::from_secs(10), || {
+    pull.wait("every slot is given back", Duration::from_secs(10), || {
         pull.keys("slots/").is_empty()
     });
 
@@ -174,7 +174,7 @@ service "web" {
     std::fs::write(&token, "web1-token-4a7f").expect("token");
     pull.start_agent_with("db1", &[("DBPASS", "db1-password-9c2e")]);
     pull.start_agent("web1");
-    wait_until("both hosts run 1.0", Duration::from_secs(60), || {
+    pull.wait("both hosts run 1.0", Duration::from_secs(180), || {
         pull.recorded("db1", "db").as_deref() == Some("1.0")
             && pull.recorded("web1", "web").as_deref() == Some("1.0")
     });
@@ -221,7 +221,7 @@ fn once_the_failure_budget_is_spent_no_host_is_admitted_anywhere() {
             .filter(|(k, v)| k.ends_with("/validated") && v.contains("\"failure\""))
             .count()
     };
-    wait_until("a host failed", Duration::from_secs(60), || {
+    pull.wait("a host failed", Duration::from_secs(180), || {
         failed(&pull) >= 1
     });
     // The others keep their slots, waiting, and none starts: the budget is fleet-wide.
@@ -246,7 +246,7 @@ fn once_the_failure_budget_is_spent_no_host_is_admitted_anywhere() {
     );
     pull.write_site("1.1", &fixed, one);
     pull.publish();
-    wait_until("every host runs 1.1", Duration::from_secs(60), || {
+    pull.wait("every host runs 1.1", Duration::from_secs(180), || {
         hosts
             .iter()
             .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.1"))
@@ -281,7 +281,7 @@ fn push_and_pull_exclude_each_other() {
         "{logs}"
     );
     // Once it lapsed, the agent goes on.
-    wait_until("web1 runs 1.0", Duration::from_secs(30), || {
+    pull.wait("web1 runs 1.0", Duration::from_secs(120), || {
         pull.recorded("web1", "web").as_deref() == Some("1.0")
     });
 
@@ -300,7 +300,7 @@ fn push_and_pull_exclude_each_other() {
     assert!(pull.recorded("web2", "web").is_none(), "nothing ran");
     assert!(pull.keys("lock").is_empty(), "the lock is given back");
     // Once that slot is gone, the same apply goes through.
-    wait_until("the slot lapsed", Duration::from_secs(10), || {
+    pull.wait("the slot lapsed", Duration::from_secs(10), || {
         pull.keys("slots/").is_empty()
     });
     let out = pull.deploy(&["apply", "site.kdl", "--yes"]);
@@ -315,7 +315,7 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
     let one = "policy \"one\" {\n    batch 1\n    max-failed 0\n}\n";
     let services = format!(
         "service \"web\" {{\n    start \"{}\"\n}}\n",
-        timed("8").replace('"', "\\\"")
+        timed("12").replace('"', "\\\"")
     );
     pull.write_site("1.0", &services, one);
     pull.publish();
@@ -329,11 +329,11 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
             .map(|(h, _)| h.to_string())
             .collect()
     };
-    wait_until("a host is admitted", Duration::from_secs(60), || {
+    pull.wait("a host is admitted", Duration::from_secs(180), || {
         !started(&pull).is_empty()
     });
     // Every agent holds a slot: one admitted, two waiting behind it.
-    wait_until("three slots", Duration::from_secs(30), || {
+    pull.wait("three slots", Duration::from_secs(90), || {
         pull.keys("slots/web/").len() == 3
     });
     let first = started(&pull);
@@ -353,14 +353,14 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
     child.kill().expect("SIGKILL");
     let _ = child.wait();
     let slot = format!("slots/web/{victim}");
-    let freed = wait_until(
+    let freed = pull.wait(
         "the killed agent's slot is gone",
         Duration::from_secs(10),
         || pull.keys(&slot).is_empty(),
     );
     // The lease's TTL (2 s), and a second of etcd's own lease checking.
     assert!(freed <= Duration::from_secs(4), "freed after {freed:?}");
-    wait_until("another host is admitted", Duration::from_secs(10), || {
+    pull.wait("another host is admitted", Duration::from_secs(60), || {
         started(&pull).len() == 2
     });
     // The killed host's hook did not end before the other was admitted: the slot was freed
@@ -382,12 +382,12 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
     // Restarted, the killed agent carries its host on: every host converges.
     pull.agents.retain(|(h, _)| *h != victim);
     pull.start_agent(&victim);
-    wait_until("every host runs 1.0", Duration::from_secs(90), || {
+    pull.wait("every host runs 1.0", Duration::from_secs(240), || {
         hosts
             .iter()
             .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
     });
-    wait_until(
+    pull.wait(
         "every slot and intent is gone",
         Duration::from_secs(10),
         || pull.keys("slots/").is_empty() && pull.keys("busy/").is_empty(),
@@ -401,4 +401,43 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
         log.contains("converged (1 services stepped, 0 failed)"),
         "{log}"
     );
+}
+
+#[test]
+fn an_agent_reaches_etcd_over_tls_with_the_sites_ca() {
+    let etcd = support::etcd::Etcd::start_tls();
+    let ca = etcd.ca.clone().expect("the test CA");
+    let mut pull = Pull::on(etcd, &[("web1", "web")]);
+    let services = "service \"web\" {\n    start \"true\"\n}\n";
+    pull.write_site("1.0", services, HALF);
+    pull.publish();
+    pull.agent_args = vec!["--tls-ca".into(), ca.display().to_string()];
+    pull.start_agent("web1");
+    let started = std::time::Instant::now();
+    while pull.recorded("web1", "web").as_deref() != Some("1.0") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "web1 does not run 1.0\n{}",
+            pull.agent_logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Without the CA, the agent does not get in.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deploy"))
+        .args([
+            "agent",
+            "--store",
+            &pull.etcd.endpoints(),
+            "--prefix",
+            PREFIX,
+        ])
+        .args(["--site", SITE, "--host", "web1"])
+        .arg("--state-dir")
+        .arg(pull.path("agents/other"))
+        .arg("--root")
+        .arg(pull.host_dir("web1"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run an agent");
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
 }

@@ -18,6 +18,8 @@ pub struct Pull {
     /// `(host, class)`.
     pub hosts: Vec<(String, String)>,
     pub agents: Vec<(String, Child)>,
+    /// Given to every agent started.
+    pub agent_args: Vec<String>,
 }
 
 impl Drop for Pull {
@@ -40,15 +42,21 @@ pub fn timed(sleep: &str) -> String {
 
 impl Pull {
     pub fn new(hosts: &[(&str, &str)]) -> Pull {
+        Pull::on(Etcd::start(), hosts)
+    }
+
+    /// On `etcd` (TLS, auth).
+    pub fn on(etcd: Etcd, hosts: &[(&str, &str)]) -> Pull {
         let dir = tempfile::tempdir().expect("site directory");
         let pull = Pull {
-            etcd: Etcd::start(),
+            etcd,
             dir,
             hosts: hosts
                 .iter()
                 .map(|(h, c)| (h.to_string(), c.to_string()))
                 .collect(),
             agents: Vec::new(),
+            agent_args: Vec::new(),
         };
         pull.write_platform(&pull.etcd.store_node(PREFIX, "2s"));
         for (h, _) in hosts {
@@ -136,12 +144,27 @@ impl Pull {
             .arg(self.path("agents").join(host))
             .arg("--root")
             .arg(self.host_dir(host))
+            .args(&self.agent_args)
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start an agent");
         self.agents.push((host.to_string(), child));
+    }
+
+    /// Waits until `f` holds, for at most `limit`; else fails, showing every agent's output.
+    pub fn wait(&self, what: &str, limit: Duration, f: impl Fn() -> bool) -> Duration {
+        let started = Instant::now();
+        while !f() {
+            assert!(
+                started.elapsed() < limit,
+                "timed out waiting until {what}\n{}",
+                self.agent_logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        started.elapsed()
     }
 
     pub fn agent_logs(&self) -> String {
