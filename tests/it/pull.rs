@@ -355,11 +355,12 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
     let slot = format!("slots/web/{victim}");
     let freed = pull.wait(
         "the killed agent's slot is gone",
-        Duration::from_secs(10),
+        Duration::from_secs(15),
         || pull.keys(&slot).is_empty(),
     );
-    // The lease's TTL (2 s), and a second of etcd's own lease checking.
-    assert!(freed <= Duration::from_secs(4), "freed after {freed:?}");
+    // The lease's TTL (2 s), etcd's own lease checking, and room for a loaded machine; far
+    // below the killed step's 12 s.
+    assert!(freed <= Duration::from_secs(6), "freed after {freed:?}");
     pull.wait("another host is admitted", Duration::from_secs(60), || {
         started(&pull).len() == 2
     });
