@@ -5,7 +5,6 @@
 
 use crate::support;
 
-use std::time::Duration;
 use support::pull::{flat, text, Pull, HALF, PREFIX, SITE};
 
 #[test]
@@ -42,10 +41,15 @@ fn publishing_the_same_content_twice_writes_no_new_contents() {
 fn publish_is_refused_while_the_sites_lock_is_held_and_names_the_holder() {
     let pull = Pull::new(&[("web1", "web")]);
     pull.write_site("1.0", "service \"web\" {\n    start \"true\"\n}\n", HALF);
-    // Another controller's apply holds the site's lock (its lease lapses in 3 s).
-    let lease = support::etcd::grant(&pull.etcd, 3);
+    // Another controller's apply holds the site's lock (on a long lease, revoked below).
+    let lease = support::etcd::grant(&pull.etcd, 60);
     let holder = r#"{"user":"ops","controller":"elsewhere","boot":"","pid":4242,"since":"2026-11-25T00:00:00Z","run":"r-elsewhere","site":"pull"}"#;
-    support::etcd::put(&pull.etcd, &format!("{PREFIX}/{SITE}/lock"), holder, lease);
+    support::etcd::put(
+        &pull.etcd,
+        &format!("{PREFIX}/{SITE}/lock"),
+        holder,
+        lease.clone(),
+    );
     let out = pull.deploy(&["publish", "site.kdl"]);
     let err = flat(&text(&out.stderr));
     assert_eq!(out.status.code(), Some(4), "{err}");
@@ -56,8 +60,8 @@ fn publish_is_refused_while_the_sites_lock_is_held_and_names_the_holder() {
     assert!(err.contains(&format!("{PREFIX}/{SITE}/lock")), "{err}");
     assert!(pull.keys("desired/").is_empty(), "nothing published");
     assert!(pull.keys("snapshots/").is_empty(), "nothing published");
-    // Once that lease lapsed, the same publish goes through.
-    std::thread::sleep(Duration::from_secs(4));
+    // Once that lock is given back, the same publish goes through.
+    support::etcd::revoke(&pull.etcd, &lease);
     pull.publish();
     assert_eq!(pull.keys("desired/current").len(), 1);
     assert!(pull.keys("lock").is_empty(), "the lock is given back");

@@ -20,15 +20,64 @@ pub struct Pull {
     pub agents: Vec<(String, Child)>,
     /// Given to every agent started.
     pub agent_args: Vec<String>,
+    /// The agents' `--ttl`: long enough that a loaded machine does not lose a lease mid-step.
+    pub agent_ttl: String,
 }
 
 impl Drop for Pull {
+    /// Kills every agent's process group (each agent runs in a group of its own), then every
+    /// process group still working in the site's directory (the hooks an agent started, each
+    /// in a group of its own, as the local transport runs them): a test leaves nothing running.
     fn drop(&mut self) {
         for (_, child) in &mut self.agents {
+            kill_group(child.id());
             let _ = child.kill();
             let _ = child.wait();
         }
+        for _ in 0..3 {
+            let left = processes_in(self.dir.path());
+            if left.is_empty() {
+                break;
+            }
+            for pid in left {
+                // SAFETY: getpgid has no memory effects.
+                let group = unsafe { libc::getpgid(pid) };
+                if group > 1 {
+                    kill_group(group as u32);
+                }
+                // SAFETY: kill has no memory effects.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
+}
+
+/// SIGKILL to process group `group`.
+fn kill_group(group: u32) {
+    if let Ok(group) = i32::try_from(group) {
+        if group > 1 {
+            // SAFETY: kill has no memory effects.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The processes (other than this one) whose working directory is under `dir`.
+fn processes_in(dir: &std::path::Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .filter_map(|pid| i32::try_from(pid).ok())
+        .collect()
 }
 
 /// A hook that logs `start <service> <ns>`, sleeps, then logs `end <service> <ns>` in the
@@ -57,8 +106,9 @@ impl Pull {
                 .collect(),
             agents: Vec::new(),
             agent_args: Vec::new(),
+            agent_ttl: "10s".into(),
         };
-        pull.write_platform(&pull.etcd.store_node(PREFIX, "2s"));
+        pull.write_platform(&pull.etcd.store_node(PREFIX, "10s"));
         for (h, _) in hosts {
             std::fs::create_dir_all(pull.host_dir(h)).expect("host directory");
         }
@@ -130,6 +180,7 @@ impl Pull {
     /// As [`Pull::start_agent`], with these variables in the agent's environment.
     pub fn start_agent_with(&mut self, host: &str, env: &[(&str, &str)]) {
         let log = std::fs::File::create(self.path(&format!("agent-{host}.log"))).expect("log");
+        use std::os::unix::process::CommandExt as _;
         let child = Command::new(env!("CARGO_BIN_EXE_deploy"))
             .envs(env.iter().copied())
             .args([
@@ -139,7 +190,7 @@ impl Pull {
                 "--prefix",
                 PREFIX,
             ])
-            .args(["--site", SITE, "--host", host, "--ttl", "2s"])
+            .args(["--site", SITE, "--host", host, "--ttl", &self.agent_ttl])
             .arg("--state-dir")
             .arg(self.path("agents").join(host))
             .arg("--root")
@@ -148,6 +199,8 @@ impl Pull {
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(log)
+            // A group of its own: dropped, the agent's group is killed, nothing left running.
+            .process_group(0)
             .spawn()
             .expect("start an agent");
         self.agents.push((host.to_string(), child));
