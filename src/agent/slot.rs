@@ -52,7 +52,7 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
     let key = agent.keys.slot(name, &agent.host);
     let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key.clone(), agent.ttl);
     let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
-    lock.acquire(&me, false).await.map_err(|e| match e {
+    let held = |e| match e {
         LockError::Held { place, holder } => AgentError::SlotHeld {
             place,
             holder: holder.map_or_else(|| "a holder that cannot be read".into(), |h| h.describe()),
@@ -60,34 +60,78 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
         LockError::Failed { place, reason } => AgentError::Store(
             crate::state::store::StoreError::Failed(format!("{place}: {reason}")),
         ),
-    })?;
+    };
+    match lock.acquire(&me, false).await {
+        Ok(_) => {}
+        // Left by this very process (a step that ended on an error before giving it back):
+        // it is ours, taken over.
+        Err(LockError::Held {
+            holder: Some(h), ..
+        }) if is_mine(&h, &me) => {
+            lock.acquire(&me, true).await.map_err(held)?;
+        }
+        Err(e) => return Err(held(e)),
+    }
     let Some(fence) = lock.fence() else {
+        let _ = lock.release(&me).await;
         return Err(AgentError::Store(crate::state::store::StoreError::Failed(
             format!("{key}: taken without a fencing token"),
         )));
     };
     let slot = Slot { lock, me, fence };
+    // Given back on every way out but admission, an error included (a slot kept would hold
+    // a place in the semaphore, and refuse `deploy apply`, for as long as the agent runs).
+    match admit(agent, a, &slot, &key).await {
+        Ok(true) => Ok(Some(slot)),
+        Ok(false) => {
+            slot.release().await;
+            Ok(None)
+        }
+        Err(e) => {
+            slot.release().await;
+            Err(e)
+        }
+    }
+}
+
+/// Whether a slot's holder is this process (same machine, boot, pid and pid start).
+fn is_mine(h: &Holder, me: &Holder) -> bool {
+    h.controller == me.controller
+        && h.boot == me.boot
+        && h.machine == me.machine
+        && h.pid == me.pid
+        && h.pid_start == me.pid_start
+        && !me.boot.is_empty()
+}
+
+/// Waits until `slot` is admitted (`true`), or until the agent is told to stop or a newer
+/// snapshot is published (`false`).
+async fn admit(
+    agent: &Agent,
+    a: &Admission<'_>,
+    slot: &Slot,
+    key: &str,
+) -> Result<bool, AgentError> {
+    let name = &a.site.services[a.service].name;
     let slots = agent.keys.slots(name);
     let mut said = None;
     loop {
         if agent.stopping() {
-            slot.release().await;
-            return Ok(None);
+            return Ok(false);
         }
         let current = agent.etcd.value(&agent.keys.current()).await?;
         if current.as_deref() != Some(a.digest.as_bytes()) {
             agent.say(&format!(
                 "{name}: a newer snapshot was published: the slot is given back"
             ));
-            slot.release().await;
-            return Ok(None);
+            return Ok(false);
         }
         let ahead = agent
             .etcd
             .created(&slots)
             .await?
             .into_iter()
-            .filter(|(k, rev)| *rev < slot.fence.revision && *k != key)
+            .filter(|(k, rev)| *rev < slot.fence.revision && k != key)
             .count();
         let waiting = if ahead >= a.capacity {
             Some(format!(
@@ -99,7 +143,7 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
             unmet(&view, a)
         };
         match waiting {
-            None => return Ok(Some(slot)),
+            None => return Ok(true),
             Some(why) => {
                 if said.as_ref() != Some(&why) {
                     agent.say(&format!("{name}: waiting: {why}"));
@@ -196,4 +240,29 @@ fn failed_at(view: &View, host: &str, service: &str, version: &str) -> bool {
         .into_iter()
         .flatten()
         .any(|m| m.version == version && m.mark.outcome == Outcome::Failure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mine;
+    use crate::state::lock::Holder;
+
+    #[test]
+    fn a_slot_left_by_this_process_is_its_own_and_no_other_is() {
+        let me = Holder::me("site", "agent-1");
+        let mut earlier = Holder::me("site", "agent-1");
+        earlier.since = "2026-01-01T00:00:00Z".into();
+        if me.boot.is_empty() {
+            // No boot id (not Linux): nothing is judged ours.
+            assert!(!is_mine(&earlier, &me));
+            return;
+        }
+        assert!(is_mine(&earlier, &me));
+        let mut other = earlier.clone();
+        other.pid += 1;
+        assert!(!is_mine(&other, &me));
+        let mut elsewhere = earlier.clone();
+        elsewhere.boot = "another boot".into();
+        assert!(!is_mine(&elsewhere, &me));
+    }
 }

@@ -106,6 +106,22 @@ impl LeaseLock {
     }
 }
 
+impl Drop for LeaseLock {
+    /// A lock dropped without [`Lock::release`] (an error on the way) stops being renewed: its
+    /// lease lapses within its TTL, and its key with it, instead of being kept alive for as
+    /// long as the process runs.
+    fn drop(&mut self) {
+        let held = self
+            .held
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(held) = held {
+            held.keeper.abort();
+        }
+    }
+}
+
 /// A lease as this process knows it.
 struct Lease {
     id: i64,
