@@ -144,6 +144,9 @@ impl Agent {
 
 /// Connects, then converges the host on every snapshot published, until SIGINT or SIGTERM.
 pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
+    // Joined into paths under the state directory (a link replaced there): checked before
+    // any file is touched.
+    check_host(&request.host)?;
     let state_dir = std::path::absolute(&request.state_dir)
         .map_err(|e| AgentError::io(&request.state_dir, e))?;
     let root = std::path::absolute(&request.root).map_err(|e| AgentError::io(&request.root, e))?;
@@ -184,6 +187,21 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
     link_host(&agent, &root)?;
     agent.block_on(signals(stop))?;
     watch(&agent)
+}
+
+/// A host name that is one plain path component: not empty, not `.` or `..`, no `/` (nor
+/// NUL). An inventory's host names are such names; another could point the agent's files
+/// (the host's link, removed and made again) outside its state directory.
+fn check_host(host: &str) -> Result<(), AgentError> {
+    if host.is_empty() || host == "." || host == ".." || host.contains(['/', '\0']) {
+        return Err(AgentError::Usage {
+            reason: format!(
+                "--host {host:?}: not a host name (a name with no `/`, not `.` or `..`)"
+            ),
+            help: "give --host the host's name as the platform's inventory has it".into(),
+        });
+    }
+    Ok(())
 }
 
 /// `<state-dir>/hosts/<host>` → `root`.
@@ -294,4 +312,18 @@ fn once(agent: &Agent, digest: &str) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_host_name_that_is_not_one_path_component_is_refused() {
+        for bad in ["", ".", "..", "../etc", "a/b", "/", "a\0b"] {
+            let err = super::check_host(bad).expect_err(bad);
+            assert!(err.to_string().contains("not a host name"), "{bad}: {err}");
+        }
+        for good in ["web1", "db.example.com", "a..b", ".hidden"] {
+            assert!(super::check_host(good).is_ok(), "{good}");
+        }
+    }
 }
