@@ -53,6 +53,8 @@ pub struct Request {
     pub repair: bool,
     /// Carry out the plan's removals (`--prune`; a site with `prune #true` always does).
     pub prune: bool,
+    /// What hosts run as known elsewhere, neither locked nor read (the pull agent).
+    pub elsewhere: Option<crate::session::Elsewhere>,
 }
 
 impl Request {
@@ -220,6 +222,7 @@ fn prepare_with(request: Request, site: Option<Site>, say: Say) -> Result<Prepar
         // Nothing is confirmed before the run: hosts may be read as it goes. Not when it
         // prunes: its removals are found from every host's record, read before the run.
         stream: request.yes && !request.read_first && !request.repair && !saved && !request.prune,
+        elsewhere: request.elsewhere.clone(),
     };
     let session = Session::begin(options, say)?;
     let (session, ready) = if saved {

@@ -23,6 +23,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         read_first: args.read_first,
         repair: args.repair,
         prune: args.prune,
+        elsewhere: None,
     };
     // What the session has to say (warnings, what it carried on, why it stopped): stderr.
     let say: apply::Say = Arc::new(|text: &str| errln!("{text}"));

@@ -16,6 +16,7 @@ macro_rules! errln {
     ($($t:tt)*) => {{ use std::io::Write as _; let _ = writeln!(std::io::stderr(), $($t)*); }};
 }
 
+mod agent;
 mod apply;
 mod check;
 mod completions;
@@ -24,6 +25,7 @@ mod history;
 mod init;
 mod man;
 mod plan;
+mod publish;
 mod status;
 mod undo;
 mod verify;
@@ -107,6 +109,16 @@ pub enum Command {
         #[arg(default_value = ".")]
         dir: PathBuf,
     },
+    /// Pull mode: write the site's snapshot to the platform's etcd for agents to converge on.
+    Publish {
+        /// The site file.
+        site: PathBuf,
+        /// One JSON object instead of a line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pull mode: converge this host on the snapshot published for its site, as it changes.
+    Agent(Box<AgentArgs>),
     /// Print shell completions for `deploy` to standard output.
     Completions {
         /// The shell to complete for.
@@ -204,6 +216,53 @@ pub struct ApplyArgs {
     /// every other step has passed (a site with `prune #true` always does).
     #[arg(long)]
     pub prune: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// etcd's endpoints, comma-separated: `http://10.0.0.11:2379,http://10.0.0.12:2379`.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// The platform's store prefix.
+    #[arg(long, default_value = "/drover")]
+    pub prefix: String,
+    /// The site's name (as its `site` node has it).
+    #[arg(long, value_name = "SITE")]
+    pub site: Option<String>,
+    /// This host's name, as the inventory has it.
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+    /// Where the agent keeps its journal, contents and the snapshot it works on.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/drover/agent")]
+    pub state_dir: PathBuf,
+    /// The host's root directory: hooks run there, the platform's state-dir is under it.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// The TTL of the lease each slot is held by: a dead agent's slot frees within it.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub ttl: String,
+    /// Where a secret the site keeps in a file is read: at its path from the site file's
+    /// directory, leading `../` dropped [default: STATE-DIR/secrets].
+    #[arg(long, value_name = "DIR")]
+    pub secrets: Option<PathBuf>,
+    /// etcd's CA certificate (TLS), as the platform's `tls ca=`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate for etcd, with --tls-key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// etcd's user (`auth`), its password read from --password-env.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// The variable the etcd user's password is read from.
+    #[arg(long, value_name = "VAR", default_value = "ETCD_PASSWORD")]
+    pub password_env: String,
+    /// Print a systemd unit that runs this agent, and exit.
+    #[arg(long)]
+    pub print_unit: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -319,6 +378,12 @@ pub enum Error {
     #[error(transparent)]
     #[diagnostic(transparent)]
     History(crate::history::HistoryError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Publish(crate::publish::PublishError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Agent(crate::agent::AgentError),
     #[error("cannot write {path}: {source}")]
     #[diagnostic(code(drover::cli::write))]
     Write {
@@ -340,6 +405,15 @@ impl Error {
             | Error::Usage { .. }
             | Error::Select(_)
             | Error::History(crate::history::HistoryError::NoRun { .. }) => code::USAGE,
+            Error::Publish(crate::publish::PublishError::NoStore { .. })
+            | Error::Publish(crate::publish::PublishError::Unsupported { .. }) => code::INVALID,
+            Error::Publish(
+                crate::publish::PublishError::Refused { .. }
+                | crate::publish::PublishError::TooLarge { .. },
+            ) => code::REFUSED,
+            Error::Publish(_) => code::ENVIRONMENT,
+            Error::Agent(crate::agent::AgentError::Usage { .. }) => code::USAGE,
+            Error::Agent(_) => code::ENVIRONMENT,
             Error::Apply(ApplyError::Refused { .. } | ApplyError::Drift { .. })
             | Error::InitExists { .. }
             | Error::Session(crate::session::SessionError::Refused { .. }) => code::REFUSED,
@@ -390,6 +464,34 @@ impl From<crate::history::HistoryError> for Error {
     }
 }
 
+impl From<crate::publish::PublishError> for Error {
+    /// A lower stage's error as that stage's (its exit code), the publish stage's own as such.
+    fn from(e: crate::publish::PublishError) -> Error {
+        use crate::publish::PublishError as P;
+        match e {
+            P::Site(e) => Error::Site(e),
+            P::Apply(e) => e.into(),
+            P::History(e) => e.into(),
+            P::Store(e) => Error::Store(e),
+            e => Error::Publish(e),
+        }
+    }
+}
+
+impl From<crate::agent::AgentError> for Error {
+    /// A lower stage's error as that stage's (its exit code), the agent's own as such.
+    fn from(e: crate::agent::AgentError) -> Error {
+        use crate::agent::AgentError as A;
+        match e {
+            A::Site(e) => Error::Site(e),
+            A::Apply(e) => e.into(),
+            A::History(e) => e.into(),
+            A::Store(e) => Error::Store(e),
+            e => Error::Agent(e),
+        }
+    }
+}
+
 /// The runtime that async stages (transport, rollout) run on. At least 4 workers, whatever
 /// the cores: the run journal's sync blocks the worker that emits an event for a few
 /// milliseconds, and on a 2-core controller that would leave nothing to start the next steps.
@@ -409,6 +511,8 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Verify(args) => verify::run(&args),
         Command::History { site, json } => history::run(&site, json),
         Command::Undo(args) => undo::run(&args),
+        Command::Publish { site, json } => publish::run(&site, json),
+        Command::Agent(args) => agent::run(&args),
         Command::Init { dir } => init::run(&dir),
         Command::Completions { shell } => completions::run(shell),
         Command::Man { out_dir } => man::run(out_dir.as_deref()),

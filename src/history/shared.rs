@@ -91,48 +91,62 @@ async fn publish_one(
     entry: &Entry,
     key: &str,
 ) -> Result<(), HistoryError> {
-    {
-        let digests: BTreeSet<&Digest> = entry.snapshot.digests().collect();
-        for digest in digests {
-            let prefix = keys.history_blob(digest.as_str());
-            if !etcd.range(&prefix, true).await?.is_empty() {
-                continue;
-            }
-            let path = blobs.path(digest);
-            let mut file = std::fs::File::open(&path).map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound => HistoryError::Missing {
-                    path: path.display().to_string(),
-                    digest: digest.clone(),
-                },
-                _ => HistoryError::Read {
-                    path: path.clone(),
-                    source,
-                },
+    put_contents(etcd, keys, blobs, entry.snapshot.digests()).await?;
+    let value = serde_json::to_vec(entry).map_err(|e| HistoryError::Entry {
+        path: entry.run.to_string(),
+        reason: e.to_string(),
+    })?;
+    etcd.put_unfenced(key, &value).await?;
+    Ok(())
+}
+
+/// Writes each of `digests` the store lacks from `blobs` to `history/blobs/<sha256>/<n>`, in
+/// chunks of at most [`CHUNK`] bytes (a content already there is left as it is: the same
+/// bytes whoever wrote it); how many it wrote. Also what `deploy publish` keeps a snapshot's
+/// contents with (`crate::publish`).
+pub async fn put_contents<'d>(
+    etcd: &Etcd,
+    keys: &Keys,
+    blobs: &Blobs,
+    digests: impl IntoIterator<Item = &'d Digest>,
+) -> Result<usize, HistoryError> {
+    let digests: BTreeSet<&Digest> = digests.into_iter().collect();
+    let mut written = 0;
+    for digest in digests {
+        let prefix = keys.history_blob(digest.as_str());
+        if !etcd.range(&prefix, true).await?.is_empty() {
+            continue;
+        }
+        let path = blobs.path(digest);
+        let mut file = std::fs::File::open(&path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => HistoryError::Missing {
+                path: path.display().to_string(),
+                digest: digest.clone(),
+            },
+            _ => HistoryError::Read {
+                path: path.clone(),
+                source,
+            },
+        })?;
+        // One chunk in memory at a time; an empty content is one empty chunk.
+        let mut chunk = vec![0u8; CHUNK];
+        for i in 0.. {
+            let n = fill(&mut file, &mut chunk).map_err(|source| HistoryError::Read {
+                path: path.clone(),
+                source,
             })?;
-            // One chunk in memory at a time; an empty content is one empty chunk.
-            let mut chunk = vec![0u8; CHUNK];
-            for i in 0.. {
-                let n = fill(&mut file, &mut chunk).map_err(|source| HistoryError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-                if n == 0 && i > 0 {
-                    break;
-                }
-                etcd.put_unfenced(&format!("{prefix}{i}"), &chunk[..n])
-                    .await?;
-                if n < CHUNK {
-                    break;
-                }
+            if n == 0 && i > 0 {
+                break;
+            }
+            etcd.put_unfenced(&format!("{prefix}{i}"), &chunk[..n])
+                .await?;
+            if n < CHUNK {
+                break;
             }
         }
-        let value = serde_json::to_vec(entry).map_err(|e| HistoryError::Entry {
-            path: entry.run.to_string(),
-            reason: e.to_string(),
-        })?;
-        etcd.put_unfenced(key, &value).await?;
-        Ok(())
+        written += 1;
     }
+    Ok(written)
 }
 
 /// Every entry of the site in the store (none without one).
@@ -149,40 +163,51 @@ pub fn entries(site: &Site) -> Result<Vec<Entry>, HistoryError> {
 /// Brings each of `digests` that `blobs` lacks from the store into `blobs`; one the store
 /// lacks too is left out (putting the snapshot back names it).
 pub fn fetch(site: &Site, blobs: &Blobs, digests: &[&Digest]) -> Result<(), HistoryError> {
-    let wanted: BTreeSet<&Digest> = digests.iter().copied().filter(|d| !blobs.has(d)).collect();
-    if wanted.is_empty() {
+    if digests.iter().all(|d| blobs.has(d)) {
         return Ok(());
     }
     with_store(site, async |etcd: &Etcd, keys: &Keys| {
-        for digest in wanted {
-            let prefix = keys.history_blob(digest.as_str());
-            let chunks: Vec<String> = etcd
-                .range(&prefix, true)
-                .await?
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect();
-            if chunks.is_empty() {
-                continue;
-            }
-            let damaged = |reason: String| HistoryError::Entry {
-                path: prefix.clone(),
-                reason,
-            };
-            let n = chunk_count(&prefix, &chunks).map_err(damaged)?;
-            let mut w = blobs.writer().map_err(HistoryError::Blob)?;
-            for i in 0..n {
-                let key = format!("{prefix}{i}");
-                let bytes = etcd
-                    .value(&key)
-                    .await?
-                    .ok_or_else(|| damaged(format!("{key} went while it was read")))?;
-                w.write(&bytes).map_err(HistoryError::Blob)?;
-            }
-            w.finish(Some(digest)).map_err(HistoryError::Blob)?;
-        }
-        Ok(())
+        get_contents(etcd, keys, blobs, digests.iter().copied()).await
     })
+}
+
+/// Brings each of `digests` that `blobs` lacks from `history/blobs/` into `blobs`, each
+/// checked against its digest; one the store lacks too is left out.
+pub async fn get_contents<'d>(
+    etcd: &Etcd,
+    keys: &Keys,
+    blobs: &Blobs,
+    digests: impl IntoIterator<Item = &'d Digest>,
+) -> Result<(), HistoryError> {
+    let wanted: BTreeSet<&Digest> = digests.into_iter().filter(|d| !blobs.has(d)).collect();
+    for digest in wanted {
+        let prefix = keys.history_blob(digest.as_str());
+        let chunks: Vec<String> = etcd
+            .range(&prefix, true)
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        if chunks.is_empty() {
+            continue;
+        }
+        let damaged = |reason: String| HistoryError::Entry {
+            path: prefix.clone(),
+            reason,
+        };
+        let n = chunk_count(&prefix, &chunks).map_err(damaged)?;
+        let mut w = blobs.writer().map_err(HistoryError::Blob)?;
+        for i in 0..n {
+            let key = format!("{prefix}{i}");
+            let bytes = etcd
+                .value(&key)
+                .await?
+                .ok_or_else(|| damaged(format!("{key} went while it was read")))?;
+            w.write(&bytes).map_err(HistoryError::Blob)?;
+        }
+        w.finish(Some(digest)).map_err(HistoryError::Blob)?;
+    }
+    Ok(())
 }
 
 /// Reads into `buf` until it is full or the file ends; how much it read.

@@ -201,6 +201,9 @@ fn open_store(
     };
     let mut known = vec![None; hosts.hosts.len()];
     let Some((shared, taken)) = shared else {
+        if let Some(elsewhere) = &core.options.elsewhere {
+            known = (elsewhere.0)(site, hosts, desired);
+        }
         return Ok((known, None));
     };
     report_broken(&core.say, &taken.broken);

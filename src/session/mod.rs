@@ -43,6 +43,7 @@ use shared::Shared;
 use crate::plan::Plan;
 use crate::rollout::Cancel;
 use crate::state::journal::{self, RunRecord, CONTROLLER_DIR};
+use crate::state::store::Fingerprints;
 use crate::transport::{AnyTransport, Kept};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -66,6 +67,33 @@ pub struct Options {
     /// Nothing is confirmed before the run (`--yes`, a site rather than a saved plan): over
     /// `--max-connections`, hosts that may be are left unread until their first step.
     pub stream: bool,
+    /// Without a store of the session's own: what hosts run as known elsewhere (the pull
+    /// agent: what the other hosts' agents published).
+    pub elsewhere: Option<Elsewhere>,
+}
+
+/// What each host runs as known elsewhere than on the host, for a driver that holds no store
+/// lock of its own (the pull agent, which steps its own host only: the others are as their
+/// agents published them): per host, `Some` for one that is then neither locked nor read,
+/// `None` for one to lock and read as always.
+#[derive(Clone)]
+#[allow(clippy::type_complexity)]
+pub struct Elsewhere(
+    pub  Arc<
+        dyn Fn(
+                &crate::site::Site,
+                &crate::inventory::Hosts,
+                &dyn Fingerprints,
+            ) -> Vec<Option<crate::state::Observed>>
+            + Send
+            + Sync,
+    >,
+);
+
+impl std::fmt::Debug for Elsewhere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Elsewhere(..)")
+    }
 }
 
 /// Why the session cannot go on.

@@ -43,6 +43,27 @@ fn now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
+/// Refused while pull agents converge the site: a slot under `slots/` is held.
+async fn converging(etcd: &Etcd, keys: &Keys, site: &str) -> Result<(), SessionError> {
+    let slots = etcd
+        .range(&keys.all_slots(), true)
+        .await
+        .map_err(SessionError::Store)?;
+    let Some((key, _)) = slots.first() else {
+        return Ok(());
+    };
+    Err(SessionError::Refused {
+        reason: format!(
+            "pull agents are converging site {site}: {key} is held ({} slot{} in all)",
+            slots.len(),
+            if slots.len() == 1 { "" } else { "s" }
+        ),
+        help: "wait until they are done (`deploy status`), or stop them; a dead agent's slot \
+               goes with its lease"
+            .into(),
+    })
+}
+
 impl Shared {
     /// Connects to the platform's store and takes the site's lease lock. When the lock is
     /// lost later (etcd unreachable for longer than `lock-ttl`), the run is told to start no
@@ -64,6 +85,12 @@ impl Shared {
         let keys = Keys::new(&spec.prefix, &site.name);
         let lock = LeaseLock::new(etcd.clone(), &keys, spec.lock_ttl);
         let taken = lock.acquire(me, force).await.map_err(Err)?;
+        // Push and pull exclude each other: no apply while an agent holds a slot (an agent
+        // admits no step while this lock is held).
+        if let Err(e) = converging(&etcd, &keys, &site.name).await {
+            let _ = lock.release(me).await;
+            return Err(Ok(e));
+        }
         let lost = Arc::new(Mutex::new(None));
         let mut watch = lock.lost();
         let (why, stop) = (lost.clone(), cancel.clone());

@@ -220,13 +220,15 @@ fn init_into_a_path_that_cannot_be_a_directory_is_an_environment_error() {
 }
 
 /// Every subcommand of `deploy`.
-const COMMANDS: [&str; 9] = [
+const COMMANDS: [&str; 11] = [
     "check",
     "plan",
     "apply",
     "status",
     "verify",
     "graph",
+    "publish",
+    "agent",
     "init",
     "completions",
     "man",

@@ -33,6 +33,8 @@ mod plan;
 mod plan_as_read;
 mod plan_diff;
 mod progress_deadline;
+mod publish;
+mod pull;
 mod recovery;
 mod removal;
 mod repair;

@@ -499,6 +499,18 @@ pub fn grant(etcd: &Etcd, ttl: u64) -> String {
     json["ID"].as_str().expect("lease id").to_string()
 }
 
+/// Revokes `lease` (its keys are deleted at once).
+pub fn revoke(etcd: &Etcd, lease: &str) {
+    let port = etcd.any_client_port();
+    let reply = http_post(
+        port,
+        "/v3/lease/revoke",
+        &format!("{{\"ID\":\"{lease}\"}}"),
+        etcd.token(port),
+    );
+    assert!(reply.contains("header"), "revoke: {reply}");
+}
+
 /// Puts `key` = `value` under `lease`.
 pub fn put(etcd: &Etcd, key: &str, value: &str, lease: String) {
     use base64::Engine as _;

@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod hooks;
 pub mod moto;
 pub mod process;
+pub mod pull;
 pub mod relay;
 pub mod shop;
 pub mod traffic;

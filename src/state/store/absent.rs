@@ -49,7 +49,22 @@ impl Etcd {
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         match *self {}
     }
+    pub async fn created(&self, _prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        match *self {}
+    }
+    pub async fn watch(&self, _prefix: &str) -> Result<Watching, StoreError> {
+        match *self {}
+    }
     pub fn endpoints(&self) -> String {
+        match *self {}
+    }
+}
+
+/// No watch without etcd.
+pub enum Watching {}
+
+impl Watching {
+    pub async fn changed(&mut self) -> bool {
         match *self {}
     }
 }

@@ -14,7 +14,7 @@ use super::{Fence, Keys, Store, StoreError, View, Write, MAX_OPS};
 use crate::site::StoreSpec;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
-    TlsOptions, Txn, TxnOp, TxnOpResponse,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -415,16 +415,56 @@ impl Etcd {
             .collect())
     }
 
+    /// Every key under `prefix` with its create revision, in key order (a pull agent's
+    /// semaphore: who came first).
+    pub async fn created(&self, prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut r = self
+            .call(|mut c| {
+                let prefix = prefix.to_string();
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                async move { c.get(prefix, Some(options)).await }
+            })
+            .await?;
+        Ok(r.take_kvs()
+            .into_iter()
+            .filter_map(|kv| Some((kv.key_str().ok()?.to_string(), kv.create_revision())))
+            .collect())
+    }
+
+    /// One watch on every key under `prefix`.
+    pub async fn watch(&self, prefix: &str) -> Result<Watching, StoreError> {
+        self.call(|mut c| {
+            let prefix = prefix.to_string();
+            async move {
+                c.watch(prefix, Some(WatchOptions::new().with_prefix()))
+                    .await
+            }
+        })
+        .await
+        .map(Watching)
+    }
+
     /// The endpoints, as the platform names them.
     pub fn endpoints(&self) -> String {
         self.endpoints.join(",")
     }
 }
 
+/// A watch on a prefix ([`Etcd::watch`]).
+pub struct Watching(WatchStream);
+
+impl Watching {
+    /// Waits until something under the prefix changes (or the watch is confirmed); `false`
+    /// once the watch has ended or failed (open another).
+    pub async fn changed(&mut self) -> bool {
+        matches!(self.0.message().await, Ok(Some(_)))
+    }
+}
+
 impl Store for Etcd {
-    /// Two range reads at one revision: the site's keys before `history/` and those after it.
-    /// The history (runs' snapshots, contents of any size) is no host's state, and is read
-    /// only by `deploy history` and `deploy undo`.
+    /// Three range reads at one revision: the site's keys but those under `history/` and
+    /// `snapshots/`. The history (runs' snapshots, contents of any size) is no host's state,
+    /// and is read only by `deploy history` and `deploy undo`; nor are pull mode's snapshots.
     async fn read(&self, keys: &Keys) -> Result<View, StoreError> {
         let root = keys.root().to_string();
         let history = format!("{root}history/");
@@ -446,12 +486,18 @@ impl Store for Etcd {
                 }
             })
         };
+        // Pull mode's published snapshots (`snapshots/<digest>/<n>`, every one ever published)
+        // are no host's state either: read by the agents, one at a time.
+        let snapshots = format!("{root}snapshots/");
+        let past_snapshots = format!("{root}snapshots0");
         let mut before = range(root.clone(), history, 0).await?;
         let revision = before.header().map_or(0, |h| h.revision());
-        let mut rest = range(after, end, revision).await?;
+        let mut middle = range(after, snapshots, revision).await?;
+        let mut rest = range(past_snapshots, end, revision).await?;
         let kvs: Vec<_> = before
             .take_kvs()
             .into_iter()
+            .chain(middle.take_kvs())
             .chain(rest.take_kvs())
             .collect();
         let triples = kvs

@@ -50,10 +50,16 @@ struct Held {
 
 impl LeaseLock {
     pub fn new(etcd: Arc<Etcd>, keys: &Keys, ttl: Duration) -> LeaseLock {
+        LeaseLock::at(etcd, keys, keys.lock(), ttl)
+    }
+
+    /// A lease lock on another key of the site than its lock: a pull agent's slot
+    /// (`slots/<service>/<host>`), fenced and kept alive as the site's lock is.
+    pub fn at(etcd: Arc<Etcd>, keys: &Keys, key: String, ttl: Duration) -> LeaseLock {
         LeaseLock {
             etcd,
             keys: keys.clone(),
-            key: keys.lock(),
+            key,
             ttl,
             held: Mutex::new(None),
             lost: watch::channel(None).0,
@@ -97,6 +103,22 @@ impl LeaseLock {
             },
             keeper,
         });
+    }
+}
+
+impl Drop for LeaseLock {
+    /// A lock dropped without [`Lock::release`] (an error on the way) stops being renewed: its
+    /// lease lapses within its TTL, and its key with it, instead of being kept alive for as
+    /// long as the process runs.
+    fn drop(&mut self) {
+        let held = self
+            .held
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(held) = held {
+            held.keeper.abort();
+        }
     }
 }
 

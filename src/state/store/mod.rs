@@ -24,6 +24,11 @@
 //!   names, each in chunks below etcd's request limit (`crate::history`). Written unfenced
 //!   (no other run writes those keys, and a blob is the same bytes whoever writes it).
 //!
+//! - Pull mode (`crate::publish`, `crate::agent`): `desired/current` (the digest of the snapshot
+//!   the fleet converges on), `snapshots/<digest>/<n>` (its manifest, in chunks; its contents
+//!   are kept as the history's are, under `history/blobs/`), and `slots/<service>/<host>` (a
+//!   counting semaphore per service, each slot attached to its agent's lease).
+//!
 //! Service and host names are escaped in keys (`%` → `%25`, `/` → `%2F`).
 
 mod clock;
@@ -36,7 +41,7 @@ mod view;
 
 #[cfg(feature = "etcd")]
 pub use etcd::fenced_txn;
-pub use etcd::Etcd;
+pub use etcd::{Etcd, Watching};
 pub use lease::{Fence, LeaseLock};
 pub use view::{
     converged, disagreements, merge, observed, replaced, same_address, to_read, with_port,
@@ -162,6 +167,30 @@ impl Keys {
     /// `history/blobs/<digest>/`: the chunks of one content.
     pub fn history_blob(&self, digest: &str) -> String {
         format!("{}history/blobs/{}/", self.root, segment(digest))
+    }
+    /// Pull mode: `desired/current`, the digest of the snapshot the fleet converges on.
+    pub fn current(&self) -> String {
+        format!("{}desired/current", self.root)
+    }
+    /// Pull mode: `desired/`, what an agent watches (one prefix watch).
+    pub fn desired_prefix(&self) -> String {
+        format!("{}desired/", self.root)
+    }
+    /// Pull mode: `snapshots/<digest>/`, the chunks of one published snapshot's manifest.
+    pub fn snapshot(&self, digest: &str) -> String {
+        format!("{}snapshots/{}/", self.root, segment(digest))
+    }
+    /// Pull mode: `slots/`, every service's semaphore.
+    pub fn all_slots(&self) -> String {
+        format!("{}slots/", self.root)
+    }
+    /// Pull mode: `slots/<service>/`, the semaphore of one service.
+    pub fn slots(&self, service: &str) -> String {
+        format!("{}slots/{}/", self.root, segment(service))
+    }
+    /// Pull mode: `slots/<service>/<host>`, one host's slot.
+    pub fn slot(&self, service: &str, host: &str) -> String {
+        format!("{}{}", self.slots(service), segment(host))
     }
 
     /// What `key` says of one service on one host (its `running/` or a `status/` key):

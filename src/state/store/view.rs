@@ -140,6 +140,10 @@ impl View {
             ["lock"] => self.lock = Some((serde_json::from_slice(value).ok(), created)),
             // A run's count of its writes: nothing a host runs.
             ["writer", _] => {}
+            // Pull mode: the snapshot's digest (a service of that name has a JSON value),
+            // the snapshots themselves and the slots: nothing a host runs.
+            ["desired", "current"] if !value.starts_with(b"{") => {}
+            ["snapshots", _, _] | ["slots", _, _] => {}
             ["desired", service] => {
                 self.desired
                     .insert(unsegment(service), typed(json(value)?)?);

@@ -1,0 +1,329 @@
+//! The pull agent (`deploy agent`): a long-lived process on one host that converges that host,
+//! and only it, on the snapshot `deploy publish` named at `desired/current`. One prefix watch
+//! on `desired/`; on each new digest the snapshot is loaded ([`load`]) and converged with the
+//! stages push uses ([`converge`]: the apply stage through the `local` transport, a slot of the
+//! service's semaphore ([`slot`]) held around each step). Above [`crate::publish`] (whose
+//! manifest it reads) and [`crate::apply`]; nothing here prints: what it has to say goes to
+//! its [`Say`].
+
+mod converge;
+mod load;
+mod slot;
+mod unit;
+
+pub use converge::Converged;
+pub use unit::unit;
+
+use crate::apply::{ApplyError, Say};
+use crate::history::HistoryError;
+use crate::site::StoreSpec;
+use crate::state::store::{Etcd, Keys, StoreError};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What an agent is asked to do (the flags of `deploy agent`).
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// etcd's endpoints.
+    pub endpoints: Vec<String>,
+    /// The platform's `prefix`.
+    pub prefix: String,
+    pub site: String,
+    /// The host this agent converges, by its inventory name.
+    pub host: String,
+    /// Where the agent keeps its journal, contents and the snapshot it works on.
+    pub state_dir: PathBuf,
+    /// The host's root: hooks run there, and the platform's state-dir is under it.
+    pub root: PathBuf,
+    /// The TTL of each slot's lease: a dead agent's slot frees within it.
+    pub ttl: Duration,
+    /// Where a secret kept in a file is read (`None`: `<state-dir>/secrets`).
+    pub secrets: Option<PathBuf>,
+    /// etcd's TLS and users, as a platform's `store` names them.
+    pub tls: Option<crate::site::StoreTls>,
+    pub auth: Option<crate::site::StoreAuth>,
+}
+
+/// Why the agent cannot go on.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum AgentError {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Site(#[from] crate::site::SiteErrors),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Apply(#[from] ApplyError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    History(#[from] HistoryError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Store(#[from] StoreError),
+    #[error("snapshot {digest} cannot be read: {reason}")]
+    #[diagnostic(
+        code(drover::agent::snapshot),
+        help("publish the site again with `deploy publish SITE`")
+    )]
+    Snapshot { digest: String, reason: String },
+    #[error("host {host} is not in snapshot {digest}'s inventory")]
+    #[diagnostic(
+        code(drover::agent::not_in_snapshot),
+        help("give --host the host's name as the platform's inventory has it")
+    )]
+    NotInSnapshot { host: String, digest: String },
+    #[error("pull mode cannot honour the published site yet:\n  {lines}")]
+    #[diagnostic(
+        code(drover::agent::unsupported),
+        help("nothing was changed on this host; roll it out with `deploy apply`")
+    )]
+    Unsupported { lines: String },
+    #[error("{place} is held by {holder}: another agent converges this host")]
+    #[diagnostic(
+        code(drover::agent::slot_held),
+        help("run one agent per host; a dead agent's slot goes with its lease")
+    )]
+    SlotHeld { place: String, holder: String },
+    #[error("{reason}")]
+    #[diagnostic(code(drover::agent::usage), help("{help}"))]
+    Usage { reason: String, help: String },
+    #[error("cannot use {path}: {source}")]
+    #[diagnostic(code(drover::agent::io))]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl AgentError {
+    fn io(path: &Path, source: std::io::Error) -> AgentError {
+        AgentError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// One agent, connected.
+pub struct Agent {
+    runtime: tokio::runtime::Runtime,
+    etcd: Arc<Etcd>,
+    keys: Keys,
+    host: String,
+    /// Absolute.
+    state_dir: PathBuf,
+    /// Where secrets kept in files are read; absolute.
+    secrets: PathBuf,
+    ttl: Duration,
+    say: Say,
+    stop: Arc<AtomicBool>,
+}
+
+impl Agent {
+    fn say(&self, text: &str) {
+        (self.say)(text)
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// The local transport's root: the host's own directory is `<state-dir>/hosts/<host>`, a
+    /// link to `--root` (the other hosts' are empty directories of the agent's own, never
+    /// stepped).
+    fn hosts_dir(&self) -> PathBuf {
+        self.state_dir.join("hosts")
+    }
+}
+
+/// Connects, then converges the host on every snapshot published, until SIGINT or SIGTERM.
+pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
+    // Joined into paths under the state directory (a link replaced there): checked before
+    // any file is touched.
+    check_host(&request.host)?;
+    let state_dir = std::path::absolute(&request.state_dir)
+        .map_err(|e| AgentError::io(&request.state_dir, e))?;
+    let root = std::path::absolute(&request.root).map_err(|e| AgentError::io(&request.root, e))?;
+    if !root.is_dir() {
+        return Err(AgentError::Usage {
+            reason: format!("--root {}: not a directory", root.display()),
+            help: "give the host's root directory (/ on a real host)".into(),
+        });
+    }
+    let secrets = match &request.secrets {
+        Some(dir) => std::path::absolute(dir).map_err(|e| AgentError::io(dir, e))?,
+        None => state_dir.join("secrets"),
+    };
+    load::private_dir(&state_dir)?;
+    // The apply stage keeps its journal and locks under `.drover` of the working directory.
+    std::env::set_current_dir(&state_dir).map_err(|e| AgentError::io(&state_dir, e))?;
+    let runtime = crate::session::runtime().map_err(|e| AgentError::io(&state_dir, e))?;
+    let spec = StoreSpec {
+        endpoints: request.endpoints.clone(),
+        prefix: request.prefix.clone(),
+        lock_ttl: request.ttl,
+        tls: request.tls.clone(),
+        auth: request.auth.clone(),
+    };
+    let etcd = runtime.block_on(Etcd::connect(&spec, "agent"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let agent = Agent {
+        etcd: Arc::new(etcd),
+        keys: Keys::new(&request.prefix, &request.site),
+        host: request.host.clone(),
+        state_dir,
+        secrets,
+        ttl: request.ttl,
+        say,
+        stop: stop.clone(),
+        runtime,
+    };
+    link_host(&agent, &root)?;
+    agent.block_on(signals(stop))?;
+    watch(&agent)
+}
+
+/// A host name that is one plain path component: not empty, not `.` or `..`, no `/` (nor
+/// NUL). An inventory's host names are such names; another could point the agent's files
+/// (the host's link, removed and made again) outside its state directory.
+fn check_host(host: &str) -> Result<(), AgentError> {
+    if host.is_empty() || host == "." || host == ".." || host.contains(['/', '\0']) {
+        return Err(AgentError::Usage {
+            reason: format!(
+                "--host {host:?}: not a host name (a name with no `/`, not `.` or `..`)"
+            ),
+            help: "give --host the host's name as the platform's inventory has it".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `<state-dir>/hosts/<host>` → `root`.
+fn link_host(agent: &Agent, root: &Path) -> Result<(), AgentError> {
+    let dir = agent.hosts_dir();
+    load::private_dir(&dir)?;
+    let link = dir.join(&agent.host);
+    if std::fs::read_link(&link).is_ok_and(|to| to == root) {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(root, &link).map_err(|e| AgentError::io(&link, e))
+}
+
+/// SIGINT and SIGTERM raise `stop`: no new step starts (a running one is stopped by the apply
+/// stage's own handling of the same signal), and the agent exits.
+async fn signals(stop: Arc<AtomicBool>) -> Result<(), AgentError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let io = |e| AgentError::io(Path::new("signals"), e);
+    let mut int = signal(SignalKind::interrupt()).map_err(io)?;
+    let mut term = signal(SignalKind::terminate()).map_err(io)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    Ok(())
+}
+
+/// The loop: one watch on `desired/`; each digest not converged yet is converged once (a failed
+/// host waits for the next snapshot, or a restart of the agent, as push waits for the next
+/// apply).
+fn watch(agent: &Agent) -> Result<(), AgentError> {
+    let mut done: Option<String> = None;
+    let mut watching = None;
+    while !agent.stopping() {
+        if watching.is_none() {
+            match agent.block_on(agent.etcd.watch(&agent.keys.desired_prefix())) {
+                Ok(w) => watching = Some(w),
+                Err(e) => {
+                    agent.say(&format!("warning: cannot watch etcd: {e}"));
+                    agent.block_on(tokio::time::sleep(Duration::from_secs(1)));
+                    continue;
+                }
+            }
+        }
+        let current = match agent.block_on(agent.etcd.value(&agent.keys.current())) {
+            Ok(v) => v.map(|v| String::from_utf8_lossy(&v).trim().to_string()),
+            Err(e) => {
+                agent.say(&format!(
+                    "warning: cannot read {}: {e}",
+                    agent.keys.current()
+                ));
+                watching = None;
+                continue;
+            }
+        };
+        if let Some(digest) = current.filter(|d| done.as_ref() != Some(d)) {
+            if once(agent, &digest) && !agent.stopping() {
+                done = Some(digest);
+            } else if !agent.stopping() {
+                // etcd did not answer: the same snapshot again, a little later.
+                agent.block_on(tokio::time::sleep(Duration::from_secs(2)));
+            }
+            continue;
+        }
+        let Some(w) = watching.as_mut() else {
+            continue;
+        };
+        let changed = agent.block_on(async {
+            tokio::select! {
+                changed = w.changed() => changed,
+                () = until(agent) => true,
+            }
+        });
+        if !changed {
+            watching = None;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves once the agent is told to stop.
+async fn until(agent: &Agent) {
+    while !agent.stopping() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Converges on snapshot `digest`, saying how it went; `false` when etcd failed it (to be
+/// tried again), `true` once the host went as far as it goes with it.
+fn once(agent: &Agent, digest: &str) -> bool {
+    agent.say(&format!("snapshot {digest}: converging {}", agent.host));
+    let result = agent
+        .block_on(load::snapshot(agent, digest))
+        .and_then(|loaded| converge::converge(agent, &loaded));
+    match result {
+        Ok(c) if c.stopped => agent.say(&format!("snapshot {digest}: stopped")),
+        Ok(c) => agent.say(&format!(
+            "snapshot {digest}: converged ({} services stepped, {} failed)",
+            c.stepped, c.failed
+        )),
+        Err(e) => {
+            agent.say(&format!("error: snapshot {digest}: {e}"));
+            return !matches!(e, AgentError::Store(_));
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_host_name_that_is_not_one_path_component_is_refused() {
+        for bad in ["", ".", "..", "../etc", "a/b", "/", "a\0b"] {
+            let err = super::check_host(bad).expect_err(bad);
+            assert!(err.to_string().contains("not a host name"), "{bad}: {err}");
+        }
+        for good in ["web1", "db.example.com", "a..b", ".hidden"] {
+            assert!(super::check_host(good).is_ok(), "{good}");
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! A service's semaphore in etcd (locksmith-style): `slots/<service>/<host>`, one key per
+//! agent waiting or stepping, each attached to a lease of the agent's own ([`LeaseLock`], kept
+//! alive as the site's lock is, so that a dead agent's slot goes with its lease). A slot is
+//! admitted once fewer than the capacity (the policy's batch of the service's hosts, as the
+//! plan computes it for push) were created before it (creation-revision order), and only while
+//! the service's failure budget holds and its runtime needs' `healthy=` thresholds are met, as
+//! the published status says.
+
+use super::{Agent, AgentError};
+use crate::site::{OnFailure, Quota, Round, ServiceId, Site};
+use crate::state::lock::{Holder, Lock, LockError};
+use crate::state::store::{Fence, LeaseLock, Store, View};
+use crate::state::Outcome;
+use std::time::Duration;
+
+/// How often a waiting agent looks at the semaphore and the published status again.
+const POLL: Duration = Duration::from_millis(200);
+
+/// A slot taken and admitted; given back with [`Slot::release`] (or with the lease, when the
+/// agent dies).
+pub struct Slot {
+    lock: LeaseLock,
+    me: Holder,
+    pub fence: Fence,
+}
+
+/// What admission waits on, for one service.
+pub struct Admission<'a> {
+    pub site: &'a Site,
+    pub service: ServiceId,
+    /// The published hosts, by name, with their classes.
+    pub hosts: &'a crate::publish::Manifest,
+    /// The snapshot it converges on: a newer one published meanwhile ends the wait.
+    pub digest: &'a str,
+    /// The policy's batch of the service's hosts (the plan's `batch_hosts`).
+    pub capacity: usize,
+    /// Failed hosts the service tolerates (the plan's `max_failed_hosts`).
+    pub max_failed: usize,
+}
+
+impl Slot {
+    pub async fn release(self) {
+        let _ = self.lock.release(&self.me).await;
+    }
+}
+
+/// Takes the service's slot for the agent's host and waits until it is admitted; `None` when
+/// the agent is told to stop meanwhile, or a newer snapshot is published (the slot is given
+/// back: an agent waiting on a spent budget takes up a fixed snapshot).
+pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
+    let name = &a.site.services[a.service].name;
+    let key = agent.keys.slot(name, &agent.host);
+    let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key.clone(), agent.ttl);
+    let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
+    let held = |e| match e {
+        LockError::Held { place, holder } => AgentError::SlotHeld {
+            place,
+            holder: holder.map_or_else(|| "a holder that cannot be read".into(), |h| h.describe()),
+        },
+        LockError::Failed { place, reason } => AgentError::Store(
+            crate::state::store::StoreError::Failed(format!("{place}: {reason}")),
+        ),
+    };
+    match lock.acquire(&me, false).await {
+        Ok(_) => {}
+        // Left by this very process (a step that ended on an error before giving it back):
+        // it is ours, taken over.
+        Err(LockError::Held {
+            holder: Some(h), ..
+        }) if is_mine(&h, &me) => {
+            lock.acquire(&me, true).await.map_err(held)?;
+        }
+        Err(e) => return Err(held(e)),
+    }
+    let Some(fence) = lock.fence() else {
+        let _ = lock.release(&me).await;
+        return Err(AgentError::Store(crate::state::store::StoreError::Failed(
+            format!("{key}: taken without a fencing token"),
+        )));
+    };
+    let slot = Slot { lock, me, fence };
+    // Given back on every way out but admission, an error included (a slot kept would hold
+    // a place in the semaphore, and refuse `deploy apply`, for as long as the agent runs).
+    match admit(agent, a, &slot, &key).await {
+        Ok(true) => Ok(Some(slot)),
+        Ok(false) => {
+            slot.release().await;
+            Ok(None)
+        }
+        Err(e) => {
+            slot.release().await;
+            Err(e)
+        }
+    }
+}
+
+/// Whether a slot's holder is this process (same machine, boot, pid and pid start).
+fn is_mine(h: &Holder, me: &Holder) -> bool {
+    h.controller == me.controller
+        && h.boot == me.boot
+        && h.machine == me.machine
+        && h.pid == me.pid
+        && h.pid_start == me.pid_start
+        && !me.boot.is_empty()
+}
+
+/// Waits until `slot` is admitted (`true`), or until the agent is told to stop or a newer
+/// snapshot is published (`false`).
+async fn admit(
+    agent: &Agent,
+    a: &Admission<'_>,
+    slot: &Slot,
+    key: &str,
+) -> Result<bool, AgentError> {
+    let name = &a.site.services[a.service].name;
+    let slots = agent.keys.slots(name);
+    let mut said = None;
+    loop {
+        if agent.stopping() {
+            return Ok(false);
+        }
+        let current = agent.etcd.value(&agent.keys.current()).await?;
+        if current.as_deref() != Some(a.digest.as_bytes()) {
+            agent.say(&format!(
+                "{name}: a newer snapshot was published: the slot is given back"
+            ));
+            return Ok(false);
+        }
+        let ahead = agent
+            .etcd
+            .created(&slots)
+            .await?
+            .into_iter()
+            .filter(|(k, rev)| *rev < slot.fence.revision && k != key)
+            .count();
+        let waiting = if ahead >= a.capacity {
+            Some(format!(
+                "{ahead} hosts ahead in slots/{name}/ (capacity {})",
+                a.capacity
+            ))
+        } else {
+            let view = agent.etcd.read(&agent.keys).await?;
+            unmet(&view, a)
+        };
+        match waiting {
+            None => return Ok(true),
+            Some(why) => {
+                if said.as_ref() != Some(&why) {
+                    agent.say(&format!("{name}: waiting: {why}"));
+                    said = Some(why);
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Why the service may not start a step now, from the store: the site's lock is held (a push,
+/// or a publish writing), its failure budget is spent, or a runtime need's `healthy=` is not
+/// met.
+fn unmet(view: &View, a: &Admission<'_>) -> Option<String> {
+    let site = a.site;
+    let s = &site.services[a.service];
+    // Push and pull exclude each other: no step while an apply (or a publish) holds the lock.
+    if let Some((holder, _)) = &view.lock {
+        return Some(format!(
+            "the site's lock is held by {}",
+            holder
+                .as_ref()
+                .map_or_else(|| "a holder that cannot be read".into(), |h| h.describe())
+        ));
+    }
+    let budget = match s.policy.on_failure {
+        OnFailure::Continue => usize::MAX,
+        OnFailure::Stop => 0,
+        OnFailure::Rollback | OnFailure::Revert => a.max_failed,
+    };
+    let failed = hosts_of(a, a.service)
+        .filter(|h| failed_at(view, h, &s.name, &s.version))
+        .count();
+    if failed > budget {
+        return Some(format!(
+            "{failed} hosts failed at {}, more than the budget of {budget}",
+            s.version
+        ));
+    }
+    for need in &s.needs {
+        // Data only: no ordering.
+        if need.healthy.is_none() && need.addressable.is_some() {
+            continue;
+        }
+        let x = &site.services[need.service];
+        let of = hosts_of(a, need.service).count();
+        let wanted = need.healthy.unwrap_or(Quota::All).of(of, Round::Up);
+        let healthy = hosts_of(a, need.service)
+            .filter(|h| healthy_at(view, h, &x.name, &x.version))
+            .count();
+        if healthy < wanted {
+            return Some(format!(
+                "needs {} healthy at {} on {wanted} of {of} hosts, {healthy} are",
+                x.name, x.version
+            ));
+        }
+    }
+    None
+}
+
+/// The published hosts that run `service`.
+fn hosts_of<'a>(a: &'a Admission<'_>, service: ServiceId) -> impl Iterator<Item = &'a str> + 'a {
+    let s = &a.site.services[service];
+    let classes: Vec<&str> = s
+        .classes
+        .iter()
+        .map(|c| a.site.classes[*c].name.as_str())
+        .collect();
+    a.hosts
+        .hosts
+        .iter()
+        .filter(move |h| h.classes.iter().any(|c| classes.contains(&c.as_str())))
+        .map(|h| h.name.as_str())
+}
+
+/// Whether the store says `service` on `host` passed its check at `version`.
+fn healthy_at(view: &View, host: &str, service: &str, version: &str) -> bool {
+    let Some(p) = view.hosts.get(host).and_then(|e| e.services.get(service)) else {
+        return false;
+    };
+    p.running.as_ref().is_some_and(|r| r.version == version)
+        && p.validated
+            .as_ref()
+            .is_some_and(|v| v.version == version && v.mark.outcome == Outcome::Success)
+}
+
+/// Whether the store says a step of `service` to `version` failed on `host`.
+fn failed_at(view: &View, host: &str, service: &str, version: &str) -> bool {
+    let Some(p) = view.hosts.get(host).and_then(|e| e.services.get(service)) else {
+        return false;
+    };
+    [&p.configured, &p.validated]
+        .into_iter()
+        .flatten()
+        .any(|m| m.version == version && m.mark.outcome == Outcome::Failure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mine;
+    use crate::state::lock::Holder;
+
+    #[test]
+    fn a_slot_left_by_this_process_is_its_own_and_no_other_is() {
+        let me = Holder::me("site", "agent-1");
+        let mut earlier = Holder::me("site", "agent-1");
+        earlier.since = "2026-01-01T00:00:00Z".into();
+        if me.boot.is_empty() {
+            // No boot id (not Linux): nothing is judged ours.
+            assert!(!is_mine(&earlier, &me));
+            return;
+        }
+        assert!(is_mine(&earlier, &me));
+        let mut other = earlier.clone();
+        other.pid += 1;
+        assert!(!is_mine(&other, &me));
+        let mut elsewhere = earlier.clone();
+        elsewhere.boot = "another boot".into();
+        assert!(!is_mine(&elsewhere, &me));
+    }
+}
