@@ -203,3 +203,32 @@ fn services_handed_each_others_addresses_wait_for_their_plan() {
         "s1 needs nothing, and may: {early:?}"
     );
 }
+
+/// Found by the property above on 2026-12-07 (a random case of CI's, also failing on the tree
+/// before that day's changes): s0 is handed s2's addresses, s2 is handed s1's, and s1 is
+/// needed at runtime. s0's step on h0x1, which the plan made from every host has wait for s2's
+/// step on h2x1, starts before that step ends. Not fixed yet: ignored so that it does not fail
+/// every run; `cargo test --lib -- --ignored a_wait_on_a_service_handed` shows it.
+#[test]
+#[ignore = "known bug: a wait of the full plan not kept by a service started before its plan"]
+fn a_wait_on_a_service_handed_another_ones_addresses_is_kept() {
+    let c = Case {
+        services: 3,
+        data: vec![
+            vec![false, false, true],
+            vec![false, false, false],
+            vec![false, true, false],
+        ],
+        runtime: vec![false, true, false],
+        hosts: vec![(2, 0), (1, 1), (2, 0)],
+        batch: 1,
+        fail: vec![],
+        continue_on_failure: false,
+        members: 0,
+        forgot: vec![0, 4257220070605481552],
+        older: 5100485267234921562,
+    };
+    let gaps = vec![5, 4, 4, 5, 0, 4, 4, 5, 5, 4, 5];
+    read_during_the_run_case(c, 6217988681406015309, 13155323240788866787, gaps)
+        .expect("every wait kept");
+}
