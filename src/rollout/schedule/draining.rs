@@ -322,15 +322,7 @@ impl<T: Transport> Scheduler<T> {
             .entry((x, w))
             .or_default()
             .push((d, h, hosts.clone()));
-        self.repoints.hold(x);
-        self.repoints.queued.push(Repoint {
-            x,
-            wave: w,
-            d,
-            host: h,
-            phase: Phase::Drop,
-            hosts,
-        });
+        self.queue_repoint(x, w, d, h, Phase::Drop, hosts);
     }
 
     /// Wave `w` of `x` is over: the dependents' hosts that dropped its hosts list them again,
@@ -366,13 +358,27 @@ impl<T: Transport> Scheduler<T> {
         h: usize,
         hosts: Vec<Arc<str>>,
     ) {
+        self.queue_repoint(x, w, d, h, Phase::List, hosts);
+    }
+
+    /// Queues dependent `d`'s reconfigure on host `h` for wave `w` of `x` (or a revert's
+    /// batch); `x` waits for it.
+    fn queue_repoint(
+        &mut self,
+        x: usize,
+        w: usize,
+        d: usize,
+        h: usize,
+        phase: Phase,
+        hosts: Vec<Arc<str>>,
+    ) {
         self.repoints.hold(x);
         self.repoints.queued.push(Repoint {
             x,
             wave: w,
             d,
             host: h,
-            phase: Phase::List,
+            phase,
             hosts,
         });
     }
