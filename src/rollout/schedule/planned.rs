@@ -6,7 +6,7 @@
 use super::super::event::EventKind;
 use super::super::{record_of, Planned};
 use super::{job_of, Scheduler};
-use crate::plan::{Plan, StepKind};
+use crate::plan::{Plan, StepKind, WaitKey};
 use crate::state::Observed;
 use crate::transport::Transport;
 use std::collections::{HashMap, HashSet};
@@ -256,8 +256,29 @@ impl<T: Transport> Scheduler<T> {
         }
         self.stepping = stepping(&merged, &self.host_index);
         // Dropped waits are the engine's own from here: those of the new plan are about
-        // services this run does not take from it.
-        merged.dropped_waits = old.dropped_waits.clone();
+        // services this run does not take from it. The old plan's drops that concern a service
+        // planned now were found with hosts unread, which count as changing (a round through
+        // a need's `healthy=` that a host read healthy dissolves): they are waited for again,
+        // and dropped anew, and said, by the next look for rounds if they still go round.
+        let by_plan = self.dropped_by_plan();
+        let involves = |k: &WaitKey| newly.contains(&k.service) || newly.contains(&k.on);
+        for key in by_plan.iter().filter(|k| involves(k)) {
+            self.dropped.remove(key);
+        }
+        merged.dropped_waits = old
+            .dropped_waits
+            .iter()
+            .filter(|d| {
+                let (Some(&a), Some(&b)) = (
+                    self.service_index.get(&*d.service),
+                    self.service_index.get(&*d.waits_for.service),
+                ) else {
+                    return true;
+                };
+                !newly.contains(&a) && !newly.contains(&b)
+            })
+            .cloned()
+            .collect();
         self.rounds_due = true;
         let merged = Arc::new(merged);
         self.r.plan = merged.clone();
