@@ -50,58 +50,41 @@ pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostI
 /// hosts found converged at their step would hold no real change in its canary, and would
 /// judge its failures against hosts that had nothing to do) and is not `on-failure "revert"`
 /// (a revert switches a host back to what it recorded before the run, which a host read at
-/// its step does not hand the run), and every dependency it is part
-/// of, either way, is a runtime need of every host (`needs "X"`, `healthy` all, no
-/// `addressable`, no `drain`), whose other end may be left unread too when it is the one that
-/// needs. Then:
+/// its step does not hand the run); none of its needs is for addresses, a share of the needed
+/// hosts (`healthy` other than all) or drains (its steps would wait for the needed service's
+/// steps on the hosts its pools add, or start while the needed service still steps, decided
+/// from a record not read yet); and no service needs it with `drain=#true`. Then:
 /// - the service's own steps start only once every service it needs has ended (every host of
 ///   those healthy): none of them waits for a step of another service on another host
 ///   (`Step::waits`), and none needs a host of its own to be read to be planned but the one
 ///   it runs on, so each is decided once its host is read ([`super::decide`]);
-/// - no service is handed its addresses in a way that drains or repoints (its dependents'
-///   reconfigures are decided from their own records, at waves of this service), and the
-///   services that need it start once it has ended, so that none of their plans waits on
-///   what its hosts run;
-/// - every service that needs it may be left unread as well, so that no plan made before the
-///   run is made from a host that is not read ([`planned_from`]).
+/// - a dependent read before the run that is handed its addresses decides its drops before
+///   each wave from its own record and the site (a host it lists elsewhere than the site says
+///   is dropped, whatever the needed host turns out to run), and lists the wave's hosts again
+///   where their records say once their steps ended; its steps wait for the unread steps on
+///   the hosts its pools add, and its `healthy=` counts the needed hosts as their steps end
+///   (a host found converged at its step counts then), as for a host read first;
+/// - a dependent that needs it at runtime of every host may be left unread too; any other is
+///   read before the run, its plan made from this service's hosts as placeholders (each
+///   counted as changing until its step ends).
 pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
     let runtime_of_all = |need: &crate::site::Need| {
         need.healthy == Some(crate::site::Quota::All) && need.addressable.is_none() && !need.drain
     };
-    let mut may: IdVec<ServiceId, bool> = site
+    let may: IdVec<ServiceId, bool> = site
         .services
-        .iter()
-        .map(|s| {
+        .enumerate()
+        .map(|(sid, s)| {
             s.policy.canary == 0
                 && s.policy.wave_max_failed.is_none()
                 && s.policy.on_failure != crate::site::OnFailure::Revert
                 && s.needs.iter().all(runtime_of_all)
+                && !site
+                    .services
+                    .iter()
+                    .any(|d| d.needs.iter().any(|n| n.drain && n.service == sid))
         })
         .collect();
-    for service in &site.services {
-        for need in &service.needs {
-            if !runtime_of_all(need) {
-                may[need.service] = false;
-            }
-        }
-    }
-    // A service read before the run is planned from the hosts of the services it needs: they
-    // are read before the run too, and so on down (the services that need one left unread are
-    // left as they are: a service's plan is not made from its dependents' hosts).
-    loop {
-        let mut changed = false;
-        for (sid, service) in site.services.enumerate() {
-            for need in &service.needs {
-                if may[need.service] && !may[sid] {
-                    may[need.service] = false;
-                    changed = true;
-                }
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
     let class_may: IdVec<ClassId, bool> = site
         .classes
         .iter()
@@ -257,7 +240,9 @@ mod tests {
              host \"k1\" address=\"10.0.0.8\" class=\"cache\"\n\
              host \"q1\" address=\"10.0.0.9\" class=\"queue\"\n\
              host \"g1\" address=\"10.0.0.10\" class=\"gate\"\n\
-             host \"r1\" address=\"10.0.0.11\" class=\"rev\"\n} }",
+             host \"r1\" address=\"10.0.0.11\" class=\"rev\"\n\
+             host \"p1\" address=\"10.0.0.12\" class=\"edge2\"\n\
+             host \"b1\" address=\"10.0.0.13\" class=\"back\"\n} }",
         );
         w("canary.kdl", "policy \"canary\" { canary 1 }\n");
         w("wave.kdl", "policy \"wave\" { wave-max-failed 1 }\n");
@@ -289,7 +274,11 @@ mod tests {
              service \"queue\" { start \"run\" }\n\
              service \"gate\" { start \"run\"; needs \"queue\"; policy \"canary.kdl\" }\n\
              class \"rev\" { service \"rev\" }\n\
-             service \"rev\" { start \"run\"; policy \"revert.kdl\" }\n",
+             service \"rev\" { start \"run\"; policy \"revert.kdl\" }\n\
+             class \"edge2\" { service \"proxy\" }\n\
+             class \"back\" { service \"back\" }\n\
+             service \"proxy\" { start \"run\"; needs \"back\" drain=#true }\n\
+             service \"back\" { port 83; start \"run\" }\n",
         );
         let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
         let hosts = crate::inventory::resolve(&site).expect("hosts");
@@ -305,14 +294,20 @@ mod tests {
         assert_eq!(want("e1"), Some(true));
         assert_eq!(want("w1"), Some(true));
         assert_eq!(want("d1"), Some(true));
-        // A need for addresses (lb), or of some hosts only (app on cache): neither end.
+        // A need for addresses (lb), or of some hosts only (app on cache): not the service
+        // that needs, read before the run; the service needed, yes (its dependent decides its
+        // drops from its own record, and counts it healthy as its steps end).
         assert_eq!(want("l1"), Some(false));
         assert_eq!(want("a1"), Some(false));
-        assert_eq!(want("k1"), Some(false));
+        assert_eq!(want("k1"), Some(true));
         // A runtime need of every host, by a service read before the run (its canary): the
-        // service needed is read too, since the other's plan is made from its hosts.
+        // service needed may be left unread all the same.
         assert_eq!(want("g1"), Some(false));
-        assert_eq!(want("q1"), Some(false));
+        assert_eq!(want("q1"), Some(true));
+        // Drained (`drain=#true`): neither end, since every wave of it drops each host its
+        // dependents list, decided from its step.
+        assert_eq!(want("p1"), Some(false));
+        assert_eq!(want("b1"), Some(false));
         // Alone, but reverted as a whole on failure: its hosts' records before the run are
         // what a revert goes back to.
         assert_eq!(want("r1"), Some(false));

@@ -65,8 +65,8 @@ impl<T: Transport> Kept<T> {
     }
 
     /// Parks `host`'s link whenever it is handed back, even over the cap: it counts against
-    /// the cap while parked, and is closed to make room only when no other parked link can
-    /// be. Not under a cap below 4, where that one link would take too large a share.
+    /// the cap while parked, and is never closed to make room (a stage waits for another link
+    /// instead). Not under a cap below 4, where that one link would take too large a share.
     pub fn hold(&self, host: Option<String>) {
         if self.cap >= 4 {
             *self.hold.lock().unwrap_or_else(|p| p.into_inner()) = host;
@@ -211,17 +211,14 @@ impl<T: Transport> Transport for Kept<T> {
         }
         let held = self.hold.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut parked = self.lock();
-        // The one whose step is expected last; the one held to the end only if none else.
+        // The one whose step is expected last; never the one held to the end (its lock is
+        // given back over it at the run's end: closed, that would be a second login; a stage
+        // that finds no other waits for a link handed back instead).
         let keep = self.keep();
         let host = parked
             .iter()
-            .filter(|(h, l)| l.is_ok() && !skip(h))
-            .max_by_key(|(h, _)| {
-                (
-                    held.as_deref() != Some(h.as_str()),
-                    keep.get(h.as_str()).map_or(usize::MAX, |(rank, _)| *rank),
-                )
-            })
+            .filter(|(h, l)| l.is_ok() && !skip(h) && held.as_deref() != Some(h.as_str()))
+            .max_by_key(|(h, _)| keep.get(h.as_str()).map_or(usize::MAX, |(rank, _)| *rank))
             .map(|(h, _)| h.clone())?;
         parked.remove(&host)?.ok()
     }
@@ -424,5 +421,21 @@ mod tests {
             kept.connect(&target(name)).await.expect("parked");
         }
         assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn the_link_held_to_the_end_is_never_given_up() {
+        let kept = Kept::new(Counting::default(), 9, 4);
+        kept.keep_for_steps(["a", "b"].map(String::from));
+        kept.hold(Some("z".into()));
+        for name in ["z", "a"] {
+            let link = kept.connect(&target(name)).await.expect("connects");
+            kept.park(name, link).await;
+        }
+        // `a` goes first, then nothing: `z` stays parked for the lock's release at the end.
+        assert!(kept.take_idle(&|h| h == "x").is_some());
+        assert!(kept.take_idle(&|h| h == "x").is_none());
+        kept.connect(&target("z")).await.expect("parked");
+        assert_eq!(kept.inner.connects.load(Ordering::SeqCst), 2);
     }
 }

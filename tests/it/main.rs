@@ -29,6 +29,7 @@ mod inventory;
 mod kill_points;
 mod login_shell;
 mod one_connection;
+mod one_connection_data;
 mod plan;
 mod plan_as_read;
 mod plan_diff;
