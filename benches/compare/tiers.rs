@@ -384,14 +384,26 @@ impl<'a> TierBench<'a> {
         }
         let spawned = SystemTime::now();
         let started = Instant::now();
-        let status = cmd
+        let child = cmd
             .current_dir(&self.work)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&events).unwrap())
             .stderr(fs::File::create(logs.join(format!("{stem}.err"))).unwrap())
-            .status()
+            .spawn()
             .expect("run deploy");
+        // The controller's memory: `deploy` and its ssh masters, sampled every 50 ms.
+        let mut memory = super::Memory::default();
+        let marker = self.fleet.ssh_config().display().to_string();
+        let status =
+            super::wait_sampled(child, &marker, Some(&mut memory)).expect("wait for deploy");
         let seconds = started.elapsed().as_secs_f64();
+        eprintln!(
+            "compare: tiers {stem} memory: deploy peak {:.1} MiB, with its masters {:.1} MiB \
+             (at most {} masters at once)",
+            super::mib(memory.deploy_hwm),
+            super::mib(memory.total_rss),
+            memory.masters,
+        );
         self.require(status.success(), "deploy apply", stem);
         let text = fs::read_to_string(&events).unwrap_or_default();
         let plan: Option<Plan> = fs::read(self.work.join(format!("plan-{policy}.json")))
