@@ -27,11 +27,15 @@ fn fleet() -> Fleet {
 }
 
 /// site.kdl at `version`, api on `port`. Each hook appends `<service> <hook> <old> <new>
-/// <seconds.nanos>` to the host's /var/lib/hooks; web's also the api pool it is given, after
-/// a `|`.
+/// <seconds.nanos>` to the host's /var/lib/hooks; web's also its upstreams file (rendered from
+/// the api pool it is given, `address:port` a line), after a `|`.
 fn site(fleet: &Fleet, version: &str, port: u16) -> PathBuf {
     let hook = |name: &str, hook: &str, pool: bool| {
-        let pool = if pool { " |$DEPLOY_NEEDS_API" } else { "" };
+        let pool = if pool {
+            " |$(tr '\\n' ' ' < /var/lib/upstreams)"
+        } else {
+            ""
+        };
         format!(
             "    {hook} #\"echo \"{name} {hook} ${{DEPLOY_OLD_VERSION:--}} $DEPLOY_NEW_VERSION $(date +%s.%N){pool}\" >> /var/lib/hooks\"#\n"
         )
@@ -51,11 +55,17 @@ fn site(fleet: &Fleet, version: &str, port: u16) -> PathBuf {
          class \"db\" {{ service \"db\" }}\nclass \"app\" {{ service \"api\" }}\nclass \"web\" {{ service \"web\" }}\n\
          service \"db\" {{\n{}}}\n\
          service \"api\" {{\n    port {port}\n    needs \"db\"\n{}}}\n\
-         service \"web\" {{\n    needs \"api\" healthy=\"50%\" addressable=\"all\"\n{}}}\n",
+         service \"web\" {{\n    needs \"api\" healthy=\"50%\" addressable=\"all\"\n    file \"upstreams.j2\" to=\"/var/lib/upstreams\" template=#true\n{}}}\n",
         hooks("db", false, false),
         hooks("api", false, false),
         hooks("web", true, true),
     );
+    // web's upstreams, as the book's example renders them: `address:port` a line.
+    std::fs::write(
+        fleet.dir.join("upstreams.j2"),
+        "{% for h in needs.api -%}\n{{ h.address }}:{{ h.port }}\n{% endfor -%}\n",
+    )
+    .expect("write upstreams.j2");
     fleet.write_site(
         &text,
         "policy \"default\" { batch \"30%\"; max-failed 0 }\n",
@@ -222,6 +232,18 @@ fn past_the_cap_hosts_handed_to_a_dependent_are_read_at_their_step_and_never_lis
         }
     }
     assert_eq!(stops, API, "every api host switched over: {out}");
+    // Every upstream web was ever given is an api host's address and a port.
+    let addresses: Vec<String> = apis.iter().map(|a| fleet.address(a)).collect();
+    for (w, web) in hosts(&fleet, "w").iter().zip(&webs) {
+        for l in web {
+            for member in &l.pool {
+                let ok = member.rsplit_once(':').is_some_and(|(address, port)| {
+                    addresses.iter().any(|a| a == address) && port.parse::<u16>().is_ok()
+                });
+                assert!(ok, "{w}: upstream {member:?} in {:?}\n{out}", l.pool);
+            }
+        }
+    }
     assert!(
         last_pools(&fleet).iter().all(|p| *p == pool_at(9001)),
         "{out}"

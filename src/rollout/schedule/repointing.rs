@@ -14,6 +14,30 @@ use crate::transport::Transport;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// A listed member's `address[:port]` (`at`) split into address and port: after the host's
+/// inventory address (`known`) when it starts with it (an IPv6 address has colons of its own);
+/// otherwise after the last colon, when the needed service has a port (`ported`) and what
+/// follows is one; else all address.
+fn split_listed<'a>(at: &'a str, known: &str, ported: bool) -> (&'a str, Option<u16>) {
+    if at == known {
+        return (at, None);
+    }
+    if let Some(port) = at
+        .strip_prefix(known)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .and_then(|p| p.parse().ok())
+    {
+        return (&at[..known.len()], Some(port));
+    }
+    match at.rsplit_once(':') {
+        Some((address, p)) if ported => match p.parse() {
+            Ok(port) => (address, Some(port)),
+            Err(_) => (at, None),
+        },
+        _ => (at, None),
+    }
+}
+
 impl<T: Transport> Scheduler<T> {
     /// The pool of `x` host `h` is given now as dependent `d`: every host of it the site
     /// lists, but those dropped; a host whose step has ended where its record says it serves;
@@ -52,22 +76,13 @@ impl<T: Transport> Scheduler<T> {
                 });
                 continue;
             }
-            // Not stepped yet: where it serves, as this host lists it now.
+            // Not stepped yet: where it serves, as this host lists it now (its address and
+            // port as listed: its record may not be read yet, or name another port).
             let Some(now) = member_of(entry, &m.host) else {
                 continue;
             };
-            let port: Option<u16> = self.hosts[n]
-                .record
-                .services
-                .get(&xs.name)
-                .and_then(|r| r.inputs.as_ref())
-                .and_then(|i| i.get("port"))
-                .and_then(|p| p.parse().ok());
             let at = now.split_once('=').map_or(now, |(_, a)| a);
-            let address = match port {
-                Some(p) => at.strip_suffix(&format!(":{p}")).unwrap_or(at),
-                None => at,
-            };
+            let (address, port) = split_listed(at, &plan.hosts[n].address, xs.port.is_some());
             members.push(Member {
                 host: m.host.clone(),
                 address: Arc::from(address),
@@ -329,5 +344,22 @@ impl<T: Transport> Scheduler<T> {
             }
             self.halt(rp.x, reason);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_listed;
+
+    #[test]
+    fn a_listed_member_is_split_where_its_address_ends() {
+        // Its inventory address, with a port or without.
+        assert_eq!(split_listed("10.0.0.5:9000", "10.0.0.5", true), ("10.0.0.5", Some(9000)));
+        assert_eq!(split_listed("10.0.0.5", "10.0.0.5", true), ("10.0.0.5", None));
+        assert_eq!(split_listed("fe80::1:9000", "fe80::1", true), ("fe80::1", Some(9000)));
+        assert_eq!(split_listed("fe80::1", "fe80::1", false), ("fe80::1", None));
+        // Listed at an address the inventory no longer gives it (it moved).
+        assert_eq!(split_listed("10.0.0.9:9000", "10.0.0.5", true), ("10.0.0.9", Some(9000)));
+        assert_eq!(split_listed("10.0.0.9", "10.0.0.5", false), ("10.0.0.9", None));
     }
 }
