@@ -154,6 +154,11 @@ pub struct Scheduler<T: Transport> {
     /// Pool waits dropped because they would go round: the plan's, and those found as hosts
     /// are read during the run ([`Self::drop_rounds`]).
     dropped: HashSet<crate::plan::WaitKey>,
+    /// Per dropped wait, the services (by index) of the round it would go: when one of them is
+    /// planned during the run, the round may be gone ([`Self::replan`]).
+    dropped_by: HashMap<crate::plan::WaitKey, Vec<usize>>,
+    /// The dropped waits said already (the plan's, and each found during the run once).
+    said_drops: HashSet<crate::plan::WaitKey>,
     /// Waits may have come to light since they were last looked at.
     rounds_due: bool,
     /// Per service: the services that need it, and whether each drains it (`drain=#true`).
@@ -277,13 +282,17 @@ impl<T: Transport> Scheduler<T> {
             closure,
             unread_waits: HashMap::new(),
             dropped: HashSet::new(),
+            dropped_by: HashMap::new(),
+            said_drops: HashSet::new(),
             rounds_due: true,
             dependents,
             repoints: draining::Repoints::default(),
             removals: removing::Removals::default(),
             reverts,
         };
-        scheduler.dropped = scheduler.dropped_by_plan();
+        scheduler.dropped_by = scheduler.plan_drops();
+        scheduler.dropped = scheduler.dropped_by.keys().copied().collect();
+        scheduler.said_drops = scheduler.dropped.clone();
         for h in 0..scheduler.hosts.len() {
             if scheduler.may_repoint(h) {
                 scheduler.hosts[h].steps_left += 1;

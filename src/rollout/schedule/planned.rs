@@ -256,26 +256,30 @@ impl<T: Transport> Scheduler<T> {
         }
         self.stepping = stepping(&merged, &self.host_index);
         // Dropped waits are the engine's own from here: those of the new plan are about
-        // services this run does not take from it. The old plan's drops that concern a service
-        // planned now were found with hosts unread, which count as changing (a round through
-        // a need's `healthy=` that a host read healthy dissolves): they are waited for again,
-        // and dropped anew, and said, by the next look for rounds if they still go round.
-        let by_plan = self.dropped_by_plan();
-        let involves = |k: &WaitKey| newly.contains(&k.service) || newly.contains(&k.on);
-        for key in by_plan.iter().filter(|k| involves(k)) {
-            self.dropped.remove(key);
-        }
+        // services this run does not take from it. Those on a round through a service planned
+        // now were found with its hosts not read, which count as changing (a round through a
+        // need's `healthy=` that a host read healthy dissolves): they are waited for again,
+        // and dropped anew by the next look for rounds only if they still go round.
+        let undone = self.undrop_rounds_through(&newly);
         merged.dropped_waits = old
             .dropped_waits
             .iter()
             .filter(|d| {
-                let (Some(&a), Some(&b)) = (
+                let key = (
                     self.service_index.get(&*d.service),
+                    self.host_index.get(&d.host),
                     self.service_index.get(&*d.waits_for.service),
-                ) else {
+                    self.host_index.get(&d.waits_for.host),
+                );
+                let (Some(&service), Some(&host), Some(&on), Some(&on_host)) = key else {
                     return true;
                 };
-                !newly.contains(&a) && !newly.contains(&b)
+                !undone.contains(&WaitKey {
+                    service,
+                    host,
+                    on,
+                    on_host,
+                })
             })
             .cloned()
             .collect();

@@ -354,12 +354,27 @@ mod tests {
     #[test]
     fn a_listed_member_is_split_where_its_address_ends() {
         // Its inventory address, with a port or without.
-        assert_eq!(split_listed("10.0.0.5:9000", "10.0.0.5", true), ("10.0.0.5", Some(9000)));
-        assert_eq!(split_listed("10.0.0.5", "10.0.0.5", true), ("10.0.0.5", None));
-        assert_eq!(split_listed("fe80::1:9000", "fe80::1", true), ("fe80::1", Some(9000)));
+        assert_eq!(
+            split_listed("10.0.0.5:9000", "10.0.0.5", true),
+            ("10.0.0.5", Some(9000))
+        );
+        assert_eq!(
+            split_listed("10.0.0.5", "10.0.0.5", true),
+            ("10.0.0.5", None)
+        );
+        assert_eq!(
+            split_listed("fe80::1:9000", "fe80::1", true),
+            ("fe80::1", Some(9000))
+        );
         assert_eq!(split_listed("fe80::1", "fe80::1", false), ("fe80::1", None));
         // Listed at an address the inventory no longer gives it (it moved).
-        assert_eq!(split_listed("10.0.0.9:9000", "10.0.0.5", true), ("10.0.0.9", Some(9000)));
-        assert_eq!(split_listed("10.0.0.9", "10.0.0.5", false), ("10.0.0.9", None));
+        assert_eq!(
+            split_listed("10.0.0.9:9000", "10.0.0.5", true),
+            ("10.0.0.9", Some(9000))
+        );
+        assert_eq!(
+            split_listed("10.0.0.9", "10.0.0.5", false),
+            ("10.0.0.9", None)
+        );
     }
 }

@@ -43,22 +43,55 @@ impl Progress for Now<'_> {
 }
 
 impl<T: Transport> Scheduler<T> {
-    /// The plan's dropped waits, by index: none of them is waited for.
-    pub(super) fn dropped_by_plan(&self) -> HashSet<WaitKey> {
+    /// The plan's dropped waits, by index, each with the services of its round: none of them
+    /// is waited for.
+    pub(super) fn plan_drops(&self) -> HashMap<WaitKey, Vec<usize>> {
         let plan = &self.r.plan;
         let service = |n: &str| self.service_index.get(n).copied();
         let host = |n: &str| self.host_index.get(n).copied();
         plan.dropped_waits
             .iter()
             .filter_map(|d| {
-                Some(WaitKey {
+                let key = WaitKey {
                     service: service(&d.service)?,
                     host: host(&d.host)?,
                     on: service(&d.waits_for.service)?,
                     on_host: host(&d.waits_for.host)?,
-                })
+                };
+                Some((key, self.round_services(d)))
             })
             .collect()
+    }
+
+    /// The services (by index) a dropped wait's round goes through, its two ends among them.
+    fn round_services(&self, d: &crate::plan::DroppedWait) -> Vec<usize> {
+        let names = [&d.service, &d.waits_for.service]
+            .into_iter()
+            .chain(d.round.iter().map(|l| &l.service));
+        let mut out: Vec<usize> = names
+            .filter_map(|n| self.service_index.get(&**n).copied())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Services `newly` were planned: the waits dropped on a round through one of them, found
+    /// with their hosts not read (each counted as changing), are waited for again; the next
+    /// look for rounds drops each anew if it still goes round (said once only). The plan's
+    /// that are kept are given back. Rounds through the others stand as they were.
+    pub(super) fn undrop_rounds_through(&mut self, newly: &[usize]) -> HashSet<WaitKey> {
+        let undone: HashSet<WaitKey> = self
+            .dropped_by
+            .iter()
+            .filter(|(_, services)| services.iter().any(|s| newly.contains(s)))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &undone {
+            self.dropped.remove(key);
+            self.dropped_by.remove(key);
+        }
+        undone
     }
 
     /// Whether the step of service `s` on host `h` no longer waits for that of `t` on `n`.
@@ -117,6 +150,11 @@ impl<T: Transport> Scheduler<T> {
         for (key, round) in found {
             self.dropped.insert(key);
             let d = crate::plan::said(&plan, key, &round);
+            let services = self.round_services(&d);
+            self.dropped_by.insert(key, services);
+            if !self.said_drops.insert(key) {
+                continue;
+            }
             self.emit(EventKind::WaitDropped {
                 service: d.service.to_string(),
                 host: d.host.to_string(),
