@@ -792,7 +792,9 @@ fn check_planned_from(
 
 /// Hosts left unread (every host [`super::deferrable`] says may be): the services that do
 /// not stand alone are planned as before (among them those handed the addresses of, or
-/// needing a share of, a service whose hosts are left unread), and each unread step, decided from what its host
+/// needing a share of, a service whose hosts are left unread: the same here, where every
+/// record lists every host the site gives; a record missing one would add a wait on its
+/// placeholder, which these fleets do not generate), and each unread step, decided from what its host
 /// runs ([`super::decide`]), is the step the plan makes when the host is read first, or
 /// nothing where that plan finds the host converged.
 fn check_unread(b: &Built) -> Result<(), TestCaseError> {

@@ -513,10 +513,26 @@ impl<T: Transport> Scheduler<T> {
             // Over, unless hosts of it still being read may be found healthy (a service
             // started before it was planned, its hosts left out by `--on`).
             if self.svcs[t].finished.is_some() && !self.being_read(t) {
-                let reason = format!(
+                let mut reason = format!(
                     "{} has {} of the {} healthy hosts it needs",
                     c.service, self.svcs[t].healthy, c.count
                 );
+                // Its hosts left to be read at their steps, which never came: not known.
+                let never_read = plan.services[t]
+                    .each_step()
+                    .filter(|st| st.kind == crate::plan::StepKind::Unread)
+                    .filter(|st| {
+                        self.host_index
+                            .get(&st.host)
+                            .is_some_and(|&n| !self.hosts[n].read)
+                    })
+                    .count();
+                if never_read > 0 {
+                    reason.push_str(&format!(
+                        " known ({never_read} of its hosts were to be read at their steps, \
+                         which never came)"
+                    ));
+                }
                 self.block(s, reason);
                 return true;
             }

@@ -148,9 +148,10 @@ impl Locked {
     /// that have no step and that may be left unread, over the links kept from their lock
     /// (otherwise the rollout closes those links for its own, and giving the lock back at the
     /// end connects again), as an unread step that finds nothing to do gives its host's back
-    /// at once. No plan is made from their state but their own services' (a service that
-    /// needs one of them starts once it has ended, which these hosts already have); another
-    /// run of the site is kept out by the first host by name, held to the end.
+    /// at once. A service that needs one of them counts it healthy from what was read (read
+    /// before the run, a dependent handed its addresses plans from it), as it counts a host
+    /// whose lock its last step gave back during the run; another run of the site is kept out
+    /// by the first host by name, held to the end.
     pub fn release_unstepped(&self, plan: &Plan) {
         if self.unread == 0 {
             return;
