@@ -26,6 +26,7 @@ mod init;
 mod man;
 mod plan;
 mod publish;
+mod resume;
 mod status;
 mod undo;
 mod verify;
@@ -119,6 +120,14 @@ pub enum Command {
     },
     /// Pull mode: converge this host on the snapshot published for its site, as it changes.
     Agent(Box<AgentArgs>),
+    /// Pull mode: let the next wave of every service that waits at a `pause "confirm"` start.
+    Resume {
+        /// The site file (the one published: its policies say which waves wait).
+        site: PathBuf,
+        /// One JSON object instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print shell completions for `deploy` to standard output.
     Completions {
         /// The shell to complete for.
@@ -513,6 +522,7 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Undo(args) => undo::run(&args),
         Command::Publish { site, json } => publish::run(&site, json),
         Command::Agent(args) => agent::run(&args),
+        Command::Resume { site, json } => resume::run(&site, json),
         Command::Init { dir } => init::run(&dir),
         Command::Completions { shell } => completions::run(shell),
         Command::Man { out_dir } => man::run(out_dir.as_deref()),

@@ -8,8 +8,14 @@
 //! Above [`crate::history`] (whose snapshot and chunking it reuses); nothing here prints.
 
 mod manifest;
+pub mod progress;
+mod resume;
 
-pub use manifest::{parts, unsupported, Manifest, PublishedHost, MANIFEST_SCHEMA};
+pub use manifest::{
+    parts, read as read_manifest, unsupported, Manifest, PublishedHost, Unreadable, MANIFEST_SCHEMA,
+};
+pub use progress::{Resumed, Rollout};
+pub use resume::{resume, ResumeDone, ResumeRequest};
 
 use crate::apply::{ApplyError, Say};
 use crate::history::{shared, Blobs, History, HistoryError, Snapshot};

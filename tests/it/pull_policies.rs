@@ -1,0 +1,210 @@
+//! Pull mode's policies between waves on a real etcd, agents as separate `deploy agent`
+//! processes on host directories of a `local` platform: a `canary` (its hosts alone, the rest
+//! only once they passed, none while a canary failed), `pause "confirm"` (a wave waits for
+//! `deploy resume SITE`, recorded in etcd) and a timed `pause`. Checked from the hooks' own
+//! start/end times and the agents' own words.
+#![cfg(feature = "etcd")]
+
+use crate::support;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::pull::{text, timed, Pull};
+
+fn service(start: &str, check: &str) -> String {
+    let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    format!(
+        "service \"api\" {{\n    start \"{}\"\n    check \"{}\" timeout=\"5s\"\n}}\n",
+        quote(start),
+        quote(check)
+    )
+}
+
+/// Now, in nanoseconds since the epoch (as the hooks' `date +%s%N`).
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn log_of(pull: &Pull, host: &str) -> String {
+    std::fs::read_to_string(pull.path(&format!("agent-{host}.log"))).unwrap_or_default()
+}
+
+/// Waits until `host`'s agent has said `words`.
+fn said(pull: &Pull, host: &str, words: &str) {
+    pull.wait(
+        &format!("{host}'s agent says {words:?}"),
+        Duration::from_secs(120),
+        || log_of(pull, host).contains(words),
+    );
+}
+
+#[test]
+fn a_canary_goes_alone_and_the_rest_only_once_it_passed() {
+    let hosts = [
+        ("api1", "api"),
+        ("api2", "api"),
+        ("api3", "api"),
+        ("api4", "api"),
+    ];
+    let mut pull = Pull::new(&hosts);
+    // max-failed 1: a failed canary alone does not spend the budget; the canary holds.
+    let policy = "policy \"c\" {\n    batch \"50%\"\n    canary 1\n    max-failed 1\n}\n";
+    pull.write_site("1.0", &service(&timed("0.5"), "test ! -e fail"), policy);
+    pull.publish();
+    // The others first: without the canary they would go before api1 is even started.
+    for h in ["api2", "api3", "api4"] {
+        pull.start_agent(h);
+    }
+    for h in ["api2", "api3", "api4"] {
+        said(&pull, h, "the canary has not passed at 1.0: api1");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for h in ["api2", "api3", "api4"] {
+        assert!(pull.intervals(h).is_empty(), "{h} ran before the canary");
+    }
+    pull.start_agent("api1");
+    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
+        hosts
+            .iter()
+            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
+    });
+    let logs = pull.agent_logs();
+    let canary = pull.intervals("api1");
+    assert_eq!(canary.len(), 1, "{canary:?}\n{logs}");
+    let canary_end = canary[0].2;
+    let mut rest = Vec::new();
+    for h in ["api2", "api3", "api4"] {
+        let ran = pull.intervals(h);
+        assert_eq!(ran.len(), 1, "{h}: {ran:?}\n{logs}");
+        assert!(
+            ran[0].1 > canary_end,
+            "{h} started before the canary ended\n{logs}"
+        );
+        rest.push((ran[0].1, ran[0].2));
+    }
+    // The rest under the batch (2 of 4), a freed slot going on at once.
+    let at_once = rest
+        .iter()
+        .map(|(s, _)| rest.iter().filter(|(a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap_or(0);
+    assert!((1..=2).contains(&at_once), "{at_once} at once: {rest:?}");
+
+    // 2.0 with a canary whose check fails: no other host goes, though the budget holds.
+    std::fs::write(pull.host_dir("api1").join("fail"), "").expect("fail marker");
+    let marks: Vec<usize> = hosts.iter().map(|(h, _)| pull.intervals(h).len()).collect();
+    pull.write_site("2.0", &service(&timed("0.2"), "test ! -e fail"), policy);
+    pull.publish();
+    said(&pull, "api1", "1 failed");
+    for h in ["api2", "api3", "api4"] {
+        said(&pull, h, "the canary has not passed at 2.0: api1");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for ((h, _), mark) in hosts.iter().zip(&marks).skip(1) {
+        assert_eq!(
+            pull.intervals(h).len(),
+            *mark,
+            "{h} ran 2.0 after a failed canary\n{}",
+            pull.agent_logs()
+        );
+        assert_eq!(pull.recorded(h, "api").as_deref(), Some("1.0"));
+    }
+}
+
+#[test]
+fn a_pause_confirm_waits_for_deploy_resume_wave_by_wave() {
+    let hosts = [("api1", "api"), ("api2", "api"), ("api3", "api")];
+    let mut pull = Pull::new(&hosts);
+    let policy = "policy \"ask\" {\n    batch 1\n    pause \"confirm\"\n}\n";
+    pull.write_site("1.0", &service(&timed("0.3"), "true"), policy);
+    pull.publish();
+    // Nothing waits yet: refused, nothing written.
+    let out = pull.deploy(&["resume", "site.kdl"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("waits for `deploy resume`"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(pull.keys("resume/").is_empty());
+    for (h, _) in hosts {
+        pull.start_agent(h);
+    }
+    pull.wait("api1 runs 1.0", Duration::from_secs(120), || {
+        pull.recorded("api1", "api").as_deref() == Some("1.0")
+    });
+    said(&pull, "api2", "wave 2 waits for `deploy resume`");
+    std::thread::sleep(Duration::from_secs(1));
+    for h in ["api2", "api3"] {
+        assert!(pull.intervals(h).is_empty(), "{h} ran before a resume");
+    }
+
+    let resumed_at = now_ns();
+    let out = pull.deploy(&["resume", "site.kdl"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("wave 2 of api may start"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(pull.keys("resume/").len(), 1);
+    pull.wait("api2 runs 1.0", Duration::from_secs(120), || {
+        pull.recorded("api2", "api").as_deref() == Some("1.0")
+    });
+    let api2 = pull.intervals("api2");
+    assert!(api2[0].1 > resumed_at, "api2 started before the resume");
+    said(&pull, "api3", "wave 3 waits for `deploy resume`");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        pull.intervals("api3").is_empty(),
+        "api3 ran on wave 2's resume"
+    );
+
+    let resumed_again = now_ns();
+    let out = pull.deploy(&["resume", "site.kdl", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["resumed"][0]["service"], "api", "{v}");
+    assert_eq!(v["resumed"][0]["wave"], 3, "{v}");
+    pull.wait("api3 runs 1.0", Duration::from_secs(120), || {
+        pull.recorded("api3", "api").as_deref() == Some("1.0")
+    });
+    assert!(pull.intervals("api3")[0].1 > resumed_again);
+    // Every wave ran: nothing waits any more.
+    let out = pull.deploy(&["resume", "site.kdl"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
+    let hosts = [("api1", "api"), ("api2", "api")];
+    let mut pull = Pull::new(&hosts);
+    let policy = "policy \"slow\" {\n    batch 1\n    pause \"2s\"\n}\n";
+    pull.write_site("1.0", &service(&timed("0.2"), "true"), policy);
+    pull.publish();
+    let started = Instant::now();
+    for (h, _) in hosts {
+        pull.start_agent(h);
+    }
+    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
+        hosts
+            .iter()
+            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
+    });
+    let logs = pull.agent_logs();
+    let first = pull.intervals("api1");
+    let second = pull.intervals("api2");
+    assert_eq!((first.len(), second.len()), (1, 1), "{logs}");
+    let gap = second[0].1.saturating_sub(first[0].2);
+    assert!(
+        gap >= 2_000_000_000,
+        "wave 2 started {} ms after wave 1 ended\n{logs}",
+        gap / 1_000_000
+    );
+    assert!(
+        logs.contains("waits for the pause of 2s after wave 1"),
+        "{logs}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(100));
+}
