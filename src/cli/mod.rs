@@ -114,9 +114,13 @@ pub enum Command {
     Publish {
         /// The site file.
         site: PathBuf,
-        /// One JSON object instead of a line.
+        /// One JSON object instead of a line (with --follow, then the events as NDJSON).
         #[arg(long)]
         json: bool,
+        /// Then show the rollout's progress from the store, as `apply` shows it, until every
+        /// host ended at the snapshot or a failure budget stopped a service; exit as `apply`.
+        #[arg(long)]
+        follow: bool,
     },
     /// Pull mode: converge this host on the snapshot published for its site, as it changes.
     Agent(Box<AgentArgs>),
@@ -520,7 +524,7 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Verify(args) => verify::run(&args),
         Command::History { site, json } => history::run(&site, json),
         Command::Undo(args) => undo::run(&args),
-        Command::Publish { site, json } => publish::run(&site, json),
+        Command::Publish { site, json, follow } => publish::run(&site, json, follow),
         Command::Agent(args) => agent::run(&args),
         Command::Resume { site, json } => resume::run(&site, json),
         Command::Init { dir } => init::run(&dir),

@@ -1,8 +1,10 @@
 //! Pull mode's policies between waves on a real etcd, agents as separate `deploy agent`
 //! processes on host directories of a `local` platform: a `canary` (its hosts alone, the rest
 //! only once they passed, none while a canary failed), `pause "confirm"` (a wave waits for
-//! `deploy resume SITE`, recorded in etcd) and a timed `pause`. Checked from the hooks' own
-//! start/end times and the agents' own words.
+//! `deploy resume SITE`, recorded in etcd) and a timed `pause`; and `deploy publish --follow`
+//! (the agents' progress from the store, as `apply`'s events, to the end, `apply`'s exit
+//! code). Checked from the hooks' own start/end times, the hosts' state files and the agents'
+//! own words.
 #![cfg(feature = "etcd")]
 
 use crate::support;
@@ -199,7 +201,7 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
     let gap = second[0].1.saturating_sub(first[0].2);
     assert!(
         gap >= 2_000_000_000,
-        "wave 2 started {} ms after wave 1 ended\n{logs}",
+        "wave 2 started {} ms after wave 1 ended: {first:?} {second:?}\n{logs}",
         gap / 1_000_000
     );
     assert!(
@@ -207,4 +209,175 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
         "{logs}"
     );
     assert!(started.elapsed() < Duration::from_secs(100));
+}
+
+/// `deploy publish site.kdl --follow --json` run to its end (at most `limit`): exit code,
+/// publish's own line, and the events.
+fn follow(
+    pull: &Pull,
+    limit: Duration,
+) -> (Option<i32>, serde_json::Value, Vec<serde_json::Value>) {
+    let mut child = support::cli::deploy_in(pull.dir.path())
+        .args(["publish", "site.kdl", "--follow", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("deploy publish --follow");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "publish --follow did not end within {limit:?}\n{}\n{}\n{}",
+                text(&out.stdout),
+                text(&out.stderr),
+                pull.agent_logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().expect("output");
+    let mut lines = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .collect::<Vec<_>>()
+        .into_iter();
+    let published = lines.next().expect("publish's own line");
+    (status.code(), published, lines.collect())
+}
+
+fn events<'a>(all: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    all.iter().filter(|e| e["event"] == kind).collect()
+}
+
+/// An event's time, in nanoseconds since the epoch.
+fn ns(event: &serde_json::Value) -> u128 {
+    let t = humantime::parse_rfc3339(event["time"].as_str().expect("time")).expect("RFC 3339");
+    t.duration_since(UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_nanos()
+}
+
+const TIERS: &str = r#"
+service "db" {
+    start "__DB__"
+}
+service "web" {
+    needs "db"
+    start "__WEB__"
+    check "test ! -e fail" timeout="5s"
+}
+"#;
+
+fn tiers() -> String {
+    let quote = |s: String| s.replace('\\', "\\\\").replace('"', "\\\"");
+    TIERS
+        .replace("__DB__", &quote(timed("0.3")))
+        .replace("__WEB__", &quote(timed("0.3")))
+}
+
+#[test]
+fn publish_follow_shows_the_agents_progress_and_ends_once_every_host_ended() {
+    let hosts = [("db1", "db"), ("web1", "web"), ("web2", "web")];
+    let mut pull = Pull::new(&hosts);
+    // The canary: web1 goes first, whichever agent asks first.
+    let policy = "policy \"one\" {\n    batch 1\n    canary 1\n    max-failed 0\n}\n";
+    pull.write_site("1.0", &tiers(), policy);
+    pull.publish();
+    for (h, _) in hosts {
+        pull.start_agent(h);
+    }
+    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
+        hosts
+            .iter()
+            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
+    });
+
+    // 2.0, followed to its end.
+    let marks: Vec<usize> = hosts.iter().map(|(h, _)| pull.intervals(h).len()).collect();
+    pull.write_site("2.0", &tiers(), policy);
+    let (code, published, all) = follow(&pull, Duration::from_secs(120));
+    let logs = pull.agent_logs();
+    assert_eq!(code, Some(0), "{all:?}\n{logs}");
+    assert_eq!(published["site"], "pull", "{published}");
+    assert_eq!(
+        all.first().map(|e| &e["event"]),
+        Some(&"run-started".into())
+    );
+    let finished = events(&all, "step-finished");
+    assert_eq!(finished.len(), 3, "{all:?}");
+    for ((h, c), mark) in hosts.iter().zip(&marks) {
+        // What the host itself records, and when its own hook ended: before the event.
+        assert_eq!(pull.recorded(h, c).as_deref(), Some("2.0"), "{h}");
+        let ran = pull.intervals(h);
+        assert_eq!(ran.len(), mark + 1, "{h}: {ran:?}");
+        let e = finished
+            .iter()
+            .find(|e| e["host"] == *h)
+            .unwrap_or_else(|| panic!("no step-finished of {h}: {all:?}"));
+        assert_eq!(e["service"], *c);
+        assert_eq!(e["ok"], true, "{e}");
+        assert!(
+            ns(e) >= ran[*mark].2,
+            "{h}: said to end before its hook ended"
+        );
+    }
+    let end = events(&all, "run-finished");
+    assert_eq!(end.len(), 1, "{all:?}");
+    assert_eq!(end[0]["converged"], true, "{}", end[0]);
+    assert_eq!(end[0]["succeeded"], 3, "{}", end[0]);
+    assert_eq!(end[0]["kinds"]["upgraded"], 3, "{}", end[0]);
+    let last_hook = hosts
+        .iter()
+        .map(|(h, _)| pull.intervals(h).last().map_or(0, |i| i.2))
+        .max()
+        .unwrap_or(0);
+    assert!(ns(end[0]) >= last_hook);
+    let services = events(&all, "service-finished");
+    assert_eq!(services.len(), 2, "{all:?}");
+    assert!(
+        services.iter().all(|s| s["outcome"] == "done"),
+        "{services:?}"
+    );
+
+    // 3.0 with web1's check failing: web's budget (0) is spent, web2 never starts; the
+    // follow ends, not converged, exit 1 as apply's.
+    std::fs::write(pull.host_dir("web1").join("fail"), "").expect("fail marker");
+    pull.write_site("3.0", &tiers(), policy);
+    let (code, _, all) = follow(&pull, Duration::from_secs(120));
+    let logs = pull.agent_logs();
+    assert_eq!(code, Some(1), "{all:?}\n{logs}");
+    let web = events(&all, "service-finished")
+        .into_iter()
+        .find(|e| e["service"] == "web")
+        .unwrap_or_else(|| panic!("{all:?}"))
+        .clone();
+    assert_eq!(web["outcome"], "halted", "{web}");
+    assert_eq!(
+        (web["failed"].as_u64(), web["not_started"].as_u64()),
+        (Some(1), Some(1)),
+        "{web}"
+    );
+    let end = events(&all, "run-finished");
+    assert_eq!(end[0]["converged"], false, "{}", end[0]);
+    // As the hosts record it: db1 at 3.0, web2 never ran 3.0.
+    assert_eq!(pull.recorded("db1", "db").as_deref(), Some("3.0"));
+    assert_eq!(pull.recorded("web2", "web").as_deref(), Some("2.0"));
+    assert_eq!(pull.intervals("web2").len(), marks[2] + 1, "{logs}");
+    let failed = events(&all, "step-finished")
+        .into_iter()
+        .find(|e| e["host"] == "web1")
+        .unwrap_or_else(|| panic!("{all:?}"))
+        .clone();
+    assert_eq!(failed["ok"], false, "{failed}");
+    let web1 = pull.recorded("web1", "web");
+    assert_eq!(
+        failed["rolled_back"],
+        web1.as_deref() != Some("3.0"),
+        "{failed}, web1 records {web1:?}"
+    );
 }
