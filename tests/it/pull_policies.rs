@@ -10,7 +10,7 @@
 use crate::support;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::pull::{text, timed, Pull};
+use support::pull::{text, timed, Pull, PREFIX, SITE};
 
 fn service(start: &str, check: &str) -> String {
     let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
@@ -161,6 +161,26 @@ fn a_pause_confirm_waits_for_deploy_resume_wave_by_wave() {
     assert!(
         pull.intervals("api3").is_empty(),
         "api3 ran on wave 2's resume"
+    );
+
+    // Fenced by the site's lock, as publish is: refused while another run holds it.
+    let lease = support::etcd::grant(&pull.etcd, 60);
+    let holder = r#"{"user":"ops","controller":"elsewhere","boot":"","pid":4242,"since":"2026-11-25T00:00:00Z","run":"r-elsewhere","site":"pull"}"#;
+    support::etcd::put(
+        &pull.etcd,
+        &format!("{PREFIX}/{SITE}/lock"),
+        holder,
+        lease.clone(),
+    );
+    let out = pull.deploy(&["resume", "site.kdl"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("r-elsewhere"), "{err}");
+    support::etcd::revoke(&pull.etcd, &lease);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        pull.intervals("api3").is_empty(),
+        "api3 ran on a refused resume"
     );
 
     let resumed_again = now_ns();
@@ -380,4 +400,27 @@ fn publish_follow_shows_the_agents_progress_and_ends_once_every_host_ended() {
         web1.as_deref() != Some("3.0"),
         "{failed}, web1 records {web1:?}"
     );
+
+    // 4.0 fixed, followed as plain lines (not a terminal): apply's lines, exit 0.
+    std::fs::remove_file(pull.host_dir("web1").join("fail")).expect("fail marker");
+    pull.write_site("4.0", &tiers(), policy);
+    let out = support::cli::deploy_in(pull.dir.path())
+        .args(["publish", "site.kdl", "--follow"])
+        .output()
+        .expect("deploy publish --follow");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}\n{}", pull.agent_logs());
+    assert!(err.starts_with("published pull snapshot "), "{err}");
+    for line in [
+        "db: db1 ok",
+        "web: web1 ok",
+        "web: web2 ok",
+        "web: done (2 ok, 0 failed",
+    ] {
+        assert!(err.contains(line), "{line:?} in {err}");
+    }
+    assert!(err.contains("run converged: 3 ok (3 upgraded)"), "{err}");
+    for (h, c) in hosts {
+        assert_eq!(pull.recorded(h, c).as_deref(), Some("4.0"), "{h}");
+    }
 }
