@@ -298,6 +298,119 @@ mod tests {
         assert_eq!(rollout(0, 2, 1, Pause::Confirm).waves(), 0);
     }
 
+    /// A view where each `(host, outcome, at)` ended at version 2 (published as the agent
+    /// publishes a step's record).
+    fn view(ended: &[(&str, Outcome, &str)]) -> View {
+        use crate::state::store::{Published, RunningValue, StatusValue};
+        use crate::state::Mark;
+        let mut v = View::default();
+        for (host, outcome, at) in ended {
+            let status = StatusValue {
+                schema: 1,
+                version: "2".into(),
+                mark: Mark {
+                    outcome: *outcome,
+                    at: (*at).into(),
+                    run: "r".into(),
+                    log: "l".into(),
+                    hook: None,
+                },
+            };
+            let running = RunningValue {
+                schema: 1,
+                version: if *outcome == Outcome::Success {
+                    "2"
+                } else {
+                    "1"
+                }
+                .into(),
+                address: "a".into(),
+                fingerprint: None,
+                run: "r".into(),
+                at: (*at).into(),
+            };
+            v.hosts.entry((*host).into()).or_default().services.insert(
+                "api".into(),
+                Published {
+                    running: Some(running),
+                    configured: Some(status.clone()),
+                    validated: Some(status),
+                },
+            );
+        }
+        v
+    }
+
+    const T: &str = "2026-01-01T00:00:00Z";
+
+    #[test]
+    fn after_a_canary_the_rest_wait_until_it_passed_and_a_failed_one_holds_them() {
+        let r = rollout(4, 2, 1, Pause::Wait(Duration::ZERO));
+        let now = SystemTime::now();
+        assert_eq!(r.held(&View::default(), 0, 0, now), None, "the canary goes");
+        let why = r.held(&View::default(), 3, 0, now).expect("held");
+        assert!(why.contains("canary has not passed at 2: h1"), "{why}");
+        let failed = view(&[("h1", Outcome::Failure, T)]);
+        assert!(
+            r.held(&failed, 1, 0, now).is_some(),
+            "a failed canary holds"
+        );
+        let passed = view(&[("h1", Outcome::Success, T)]);
+        // No pause: every other wave may go at once (the semaphore keeps the batch).
+        assert_eq!(r.held(&passed, 3, 0, now), None);
+    }
+
+    #[test]
+    fn a_confirmed_pause_lets_one_wave_go_once_the_one_before_ended() {
+        let r = rollout(3, 1, 0, Pause::Confirm);
+        let now = SystemTime::now();
+        let none = View::default();
+        assert_eq!(
+            r.awaiting_resume(&none, 0),
+            None,
+            "wave 1 runs: nothing waits"
+        );
+        let why = r.held(&none, 1, 1, now).expect("held");
+        assert!(why.contains("waves before it: h1 not ended"), "{why}");
+        let one = view(&[("h1", Outcome::Success, T)]);
+        assert_eq!(r.awaiting_resume(&one, 0), Some(1));
+        assert!(r
+            .held(&one, 1, 0, now)
+            .expect("held")
+            .contains("deploy resume"));
+        assert_eq!(r.held(&one, 1, 1, now), None, "resumed");
+        // Wave 3 waits for wave 2, then for a resume of its own.
+        assert!(r
+            .held(&one, 2, 1, now)
+            .expect("held")
+            .contains("h2 not ended"));
+        // A failure past the budget (0 here): no wave awaits a resume any more.
+        let spent = view(&[("h1", Outcome::Success, T), ("h2", Outcome::Failure, T)]);
+        assert_eq!(r.awaiting_resume(&spent, 1), None);
+        let two = view(&[("h1", Outcome::Success, T), ("h2", Outcome::Success, T)]);
+        assert_eq!(r.awaiting_resume(&two, 1), Some(2));
+        assert!(r.held(&two, 2, 1, now).is_some());
+        assert_eq!(r.held(&two, 2, 2, now), None);
+        let all = view(&[
+            ("h1", Outcome::Success, T),
+            ("h2", Outcome::Success, T),
+            ("h3", Outcome::Success, T),
+        ]);
+        assert_eq!(r.awaiting_resume(&all, 2), None, "every wave ended");
+    }
+
+    #[test]
+    fn a_timed_pause_runs_from_the_end_of_the_second_the_wave_before_ended() {
+        let r = rollout(2, 1, 0, Pause::Wait(Duration::from_secs(30)));
+        let ended = humantime::parse_rfc3339(T).unwrap();
+        let v = view(&[("h1", Outcome::Success, T)]);
+        assert!(r.held(&v, 1, 0, ended + Duration::from_secs(30)).is_some());
+        assert!(r
+            .held(&v, 1, 0, ended + Duration::from_millis(30_999))
+            .is_some());
+        assert_eq!(r.held(&v, 1, 0, ended + Duration::from_secs(31)), None);
+    }
+
     #[test]
     fn a_resume_of_another_snapshot_confirms_nothing() {
         let v = serde_json::to_vec(&Resumed {
