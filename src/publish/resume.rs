@@ -3,14 +3,17 @@
 //! the current snapshot waits for it (every wave before it ended, as the published status
 //! says), `resume/<service>` is set to that wave, at that snapshot ([`Resumed`]); the agents of
 //! that wave then go on. Written with the site's lock held (as `publish` writes), fenced by it.
-//! The site file given says the policies and versions: the file that was published.
+//! The site file given names the store; the policies and versions are the published
+//! snapshot's, as the agents act on them.
 
 use super::progress::{self, Resumed, Rollout, RESUME_SCHEMA};
 use super::{refusal, Manifest, PublishError, Unreadable};
+use crate::history::{shared, History};
 use crate::site::{Pause, Site};
+use crate::state::journal::CONTROLLER_DIR;
 use crate::state::lock::{Holder, Lock};
 use crate::state::store::{Etcd, Keys, LeaseLock, Store, StoreError, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// What `deploy resume` is asked.
@@ -61,7 +64,9 @@ pub fn resume(request: &ResumeRequest) -> Result<ResumeDone, PublishError> {
                     help: "publish the site again".into(),
                 },
             })?;
-        let waiting = waiting(&etcd, &keys, &site, &manifest, &digest).await?;
+        // The policies and versions the agents act on: the published snapshot's.
+        let published = published_site(&etcd, &keys, &manifest, &digest).await?;
+        let waiting = waiting(&etcd, &keys, &published, &manifest, &digest).await?;
         if waiting.is_empty() {
             return Err(PublishError::Refused {
                 reason: format!(
@@ -84,6 +89,36 @@ pub fn resume(request: &ResumeRequest) -> Result<ResumeDone, PublishError> {
             digest,
         })
     })
+}
+
+/// Snapshot `digest` loaded as a site: its contents fetched into the controller's history
+/// (`.drover/history/`, as `publish` keeps them), put back under `.drover/resume/<digest>/`
+/// for the site stage to read, then removed.
+async fn published_site(
+    etcd: &Etcd,
+    keys: &Keys,
+    manifest: &Manifest,
+    digest: &str,
+) -> Result<Site, PublishError> {
+    let blobs = History::default().blobs();
+    let digests: Vec<_> = manifest.snapshot.digests().collect();
+    shared::get_contents(etcd, keys, &blobs, digests.iter().copied()).await?;
+    let work = Path::new(CONTROLLER_DIR).join("resume").join(digest);
+    let io = |source| PublishError::Read {
+        path: work.clone(),
+        source,
+    };
+    if work.exists() {
+        std::fs::remove_dir_all(&work).map_err(io)?;
+    }
+    std::fs::create_dir_all(&work).map_err(io)?;
+    let loaded = manifest
+        .snapshot
+        .put_back(&blobs, &work)
+        .map_err(PublishError::from)
+        .and_then(|(file, _)| Ok(crate::site::load(&file)?));
+    let _ = std::fs::remove_dir_all(&work);
+    loaded
 }
 
 /// `(service, wave)` of every wave that waits for `deploy resume` now (waves from 0).

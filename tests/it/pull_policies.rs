@@ -163,6 +163,9 @@ fn a_pause_confirm_waits_for_deploy_resume_wave_by_wave() {
         "api3 ran on wave 2's resume"
     );
 
+    // The site file changed since (not published): resume goes by the published snapshot,
+    // as the agents do.
+    pull.write_site("9.9", &service(&timed("0.3"), "true"), policy);
     // Fenced by the site's lock, as publish is: refused while another run holds it.
     let lease = support::etcd::grant(&pull.etcd, 60);
     let holder = r#"{"user":"ops","controller":"elsewhere","boot":"","pid":4242,"since":"2026-11-25T00:00:00Z","run":"r-elsewhere","site":"pull"}"#;
