@@ -54,8 +54,18 @@ pub fn run(site: &Path, json: bool, follow: bool) -> Result<u8, Error> {
             outln!("{line}");
         }
     };
-    let (_, followed) =
+    let (p, followed) =
         publish::publish_and_follow(&request, &super::say(), sink.as_deref(), &said)?;
+    if let Some(f) = &followed {
+        if let Some(newer) = &f.superseded {
+            errln!(
+                "snapshot {} is no longer followed: {newer} was published since, and the agents converge on it",
+                p.digest
+            );
+        } else if f.interrupted {
+            errln!("interrupted: no longer followed; the agents carry on");
+        }
+    }
     Ok(followed.as_ref().map_or(code::OK, exit))
 }
 

@@ -60,6 +60,7 @@ pub async fn follow(
     sink: &dyn Sink,
 ) -> Result<Followed, StoreError> {
     let began = Instant::now();
+    let mut stop = Box::pin(stopped());
     // The watch first: no change between the read and the watch is missed.
     let mut watching = Some(etcd.watch(keys.root()).await?);
     let view = etcd.read(keys).await?;
@@ -98,7 +99,6 @@ pub async fn follow(
         log_dir: "each host's agent state directory (.drover/logs)".into(),
     }));
     let mut view = view;
-    let mut stop = Box::pin(stopped());
     loop {
         let current = etcd.value(&keys.current()).await?;
         let current = current.map(|v| String::from_utf8_lossy(&v).trim().to_string());
@@ -134,20 +134,24 @@ pub async fn follow(
     }
 }
 
-/// Resolves on SIGINT or SIGTERM (never, when they cannot be listened to).
-async fn stopped() {
+/// Listens to SIGINT and SIGTERM from now on: resolves on either (never, when they cannot be
+/// listened to).
+fn stopped() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match (
+    let signals = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
+    );
+    async move {
+        match signals {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
             }
+            _ => std::future::pending().await,
         }
-        _ => std::future::pending().await,
     }
 }
 

@@ -427,3 +427,73 @@ fn publish_follow_shows_the_agents_progress_and_ends_once_every_host_ended() {
         assert_eq!(pull.recorded(h, c).as_deref(), Some("4.0"), "{h}");
     }
 }
+
+/// How many snapshots are published (`snapshots/<digest>/<n>`).
+fn snapshots(pull: &Pull) -> usize {
+    let keys = pull.keys("snapshots/");
+    let digests: std::collections::BTreeSet<&str> =
+        keys.iter().filter_map(|k| k.rsplit('/').nth(1)).collect();
+    digests.len()
+}
+
+#[test]
+fn publish_follow_ends_when_a_newer_snapshot_is_published_or_on_sigint() {
+    let hosts = [("api1", "api")];
+    let mut pull = Pull::new(&hosts);
+    let policy = "policy \"one\" {\n    batch 1\n}\n";
+    pull.write_site("1.0", &service(&timed("3"), "true"), policy);
+    pull.publish();
+    pull.start_agent("api1");
+    said(&pull, "api1", "api: admitted, stepping");
+
+    // 2.0 followed; 3.0 published while the follow runs: it ends, not converged.
+    pull.write_site("2.0", &service(&timed("3"), "true"), policy);
+    let spawn = || {
+        support::cli::deploy_in(pull.dir.path())
+            .args(["publish", "site.kdl", "--follow", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("deploy publish --follow")
+    };
+    let child = spawn();
+    pull.wait("2.0 is published", Duration::from_secs(60), || {
+        snapshots(&pull) == 2
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    pull.write_site("3.0", &service(&timed("3"), "true"), policy);
+    pull.publish();
+    let out = child.wait_with_output().expect("follow's end");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was published since"),
+        "{}",
+        text(&out.stderr)
+    );
+    let last: serde_json::Value = text(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .expect("a last event");
+    assert_eq!(last["event"], "run-finished", "{last}");
+    assert_eq!(last["converged"], false, "{last}");
+
+    // SIGINT: the follow stops (the agents carry on), exit 130 as apply's.
+    pull.write_site("4.0", &service(&timed("3"), "true"), policy);
+    let child = spawn();
+    pull.wait("4.0 is published", Duration::from_secs(60), || {
+        snapshots(&pull) == 4
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    // SAFETY: kill has no memory effects.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("follow's end");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("the agents carry on"));
+    assert!(text(&out.stdout).contains("\"event\":\"run-finished\""));
+    pull.wait(
+        "api1 runs 4.0 all the same",
+        Duration::from_secs(60),
+        || pull.recorded("api1", "api").as_deref() == Some("4.0"),
+    );
+}
