@@ -24,35 +24,17 @@ impl Drop for Loaded {
     }
 }
 
-/// The manifest at `snapshots/<digest>/`, its parts in order, checked against the digest.
+/// The manifest at `snapshots/<digest>/`, checked against the digest.
 async fn manifest(agent: &Agent, digest: &str) -> Result<Manifest, AgentError> {
-    let prefix = agent.keys.snapshot(digest);
-    let keys: Vec<String> = agent
-        .etcd
-        .range(&prefix, true)
-        .await?
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
-    let damaged = |reason: String| AgentError::Snapshot {
-        digest: digest.to_string(),
-        reason,
-    };
-    if keys.is_empty() {
-        return Err(damaged(format!("nothing under {prefix}")));
-    }
-    let n = shared::chunk_count(&prefix, &keys).map_err(damaged)?;
-    let mut text = String::new();
-    for i in 0..n {
-        let key = format!("{prefix}{i}");
-        let part = agent
-            .etcd
-            .value(&key)
-            .await?
-            .ok_or_else(|| damaged(format!("{key} went while it was read")))?;
-        text.push_str(&String::from_utf8(part).map_err(|e| damaged(e.to_string()))?);
-    }
-    Manifest::decode(digest, &text).map_err(damaged)
+    crate::publish::read_manifest(&agent.etcd, &agent.keys, digest)
+        .await
+        .map_err(|e| match e {
+            crate::publish::Unreadable::Store(e) => AgentError::Store(e),
+            crate::publish::Unreadable::Damaged(reason) => AgentError::Snapshot {
+                digest: digest.to_string(),
+                reason,
+            },
+        })
 }
 
 /// Brings snapshot `digest` here and loads it (see the module's text).

@@ -4,10 +4,14 @@
 //! admitted once fewer than the capacity (the policy's batch of the service's hosts, as the
 //! plan computes it for push) were created before it (creation-revision order), and only while
 //! the service's failure budget holds and its runtime needs' `healthy=` thresholds are met, as
-//! the published status says.
+//! the published status says. Under a policy's `canary` or `pause`, a host first waits for its
+//! wave ([`crate::publish::Rollout`]: the canary passed, the waves before it ended, the pause
+//! over or confirmed by `deploy resume`) without a slot, so that a host held back by its wave
+//! never takes a place in the semaphore from one that may go.
 
 use super::{Agent, AgentError};
-use crate::site::{OnFailure, Quota, Round, ServiceId, Site};
+use crate::publish::{progress, Rollout};
+use crate::site::{OnFailure, Pause, Quota, Round, ServiceId, Site};
 use crate::state::lock::{Holder, Lock, LockError};
 use crate::state::store::{Fence, LeaseLock, Store, View};
 use crate::state::Outcome;
@@ -48,6 +52,9 @@ impl Slot {
 /// the agent is told to stop meanwhile, or a newer snapshot is published (the slot is given
 /// back: an agent waiting on a spent budget takes up a fixed snapshot).
 pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
+    if !wave(agent, a).await? {
+        return Ok(None);
+    }
     let name = &a.site.services[a.service].name;
     let key = agent.keys.slot(name, &agent.host);
     let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key.clone(), agent.ttl);
@@ -94,6 +101,54 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
     }
 }
 
+/// Waits until the host's wave may start (`true`), or until the agent is told to stop or a
+/// newer snapshot is published (`false`). At once without a canary or a pause.
+async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<bool, AgentError> {
+    let rollout = Rollout::new(a.site, a.hosts, a.service);
+    if rollout.canary == 0 && rollout.pause.is_none() {
+        return Ok(true);
+    }
+    let Some(position) = rollout.hosts.iter().position(|h| *h == agent.host) else {
+        return Ok(true);
+    };
+    let mut said = None;
+    loop {
+        if agent.stopping() || !current(agent, a).await? {
+            return Ok(false);
+        }
+        let view = agent.etcd.read(&agent.keys).await?;
+        let resumed = if rollout.pause == Pause::Confirm {
+            let value = agent.etcd.value(&agent.keys.resume(&rollout.name)).await?;
+            progress::resumed(value.as_deref(), a.digest)
+        } else {
+            0
+        };
+        match rollout.held(&view, position, resumed, std::time::SystemTime::now()) {
+            None => return Ok(true),
+            Some(why) => {
+                if said.as_ref() != Some(&why) {
+                    agent.say(&format!("{}: waiting: {why}", rollout.name));
+                    said = Some(why);
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Whether `desired/current` still names the snapshot admission is for (said when not).
+async fn current(agent: &Agent, a: &Admission<'_>) -> Result<bool, AgentError> {
+    let current = agent.etcd.value(&agent.keys.current()).await?;
+    if current.as_deref() == Some(a.digest.as_bytes()) {
+        return Ok(true);
+    }
+    agent.say(&format!(
+        "{}: a newer snapshot was published: the slot is given back",
+        a.site.services[a.service].name
+    ));
+    Ok(false)
+}
+
 /// Whether a slot's holder is this process (same machine, boot, pid and pid start).
 fn is_mine(h: &Holder, me: &Holder) -> bool {
     h.controller == me.controller
@@ -119,11 +174,7 @@ async fn admit(
         if agent.stopping() {
             return Ok(false);
         }
-        let current = agent.etcd.value(&agent.keys.current()).await?;
-        if current.as_deref() != Some(a.digest.as_bytes()) {
-            agent.say(&format!(
-                "{name}: a newer snapshot was published: the slot is given back"
-            ));
+        if !current(agent, a).await? {
             return Ok(false);
         }
         let ahead = agent

@@ -26,6 +26,7 @@ mod init;
 mod man;
 mod plan;
 mod publish;
+mod resume;
 mod status;
 mod undo;
 mod verify;
@@ -113,12 +114,24 @@ pub enum Command {
     Publish {
         /// The site file.
         site: PathBuf,
-        /// One JSON object instead of a line.
+        /// One JSON object instead of a line (with --follow, then the events as NDJSON).
         #[arg(long)]
         json: bool,
+        /// Then show the rollout's progress from the store, as `apply` shows it, until every
+        /// host ended at the snapshot or a failure budget stopped a service; exit as `apply`.
+        #[arg(long)]
+        follow: bool,
     },
     /// Pull mode: converge this host on the snapshot published for its site, as it changes.
     Agent(Box<AgentArgs>),
+    /// Pull mode: let the next wave of every service that waits at a `pause "confirm"` start.
+    Resume {
+        /// The site file (the one published: its policies say which waves wait).
+        site: PathBuf,
+        /// One JSON object instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print shell completions for `deploy` to standard output.
     Completions {
         /// The shell to complete for.
@@ -511,8 +524,9 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Verify(args) => verify::run(&args),
         Command::History { site, json } => history::run(&site, json),
         Command::Undo(args) => undo::run(&args),
-        Command::Publish { site, json } => publish::run(&site, json),
+        Command::Publish { site, json, follow } => publish::run(&site, json, follow),
         Command::Agent(args) => agent::run(&args),
+        Command::Resume { site, json } => resume::run(&site, json),
         Command::Init { dir } => init::run(&dir),
         Command::Completions { shell } => completions::run(shell),
         Command::Man { out_dir } => man::run(out_dir.as_deref()),

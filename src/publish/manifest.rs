@@ -5,7 +5,7 @@
 
 use crate::history::{shared::CHUNK, Digest, Snapshot};
 use crate::inventory::Hosts;
-use crate::site::{HostSpec, OnFailure, Pause, Site};
+use crate::site::{HostSpec, OnFailure, Site};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -100,6 +100,45 @@ impl Manifest {
     }
 }
 
+/// Why a published manifest cannot be read back.
+#[derive(Debug)]
+pub enum Unreadable {
+    Store(crate::state::store::StoreError),
+    /// Missing, damaged, or of another schema: why.
+    Damaged(String),
+}
+
+/// The manifest at `snapshots/<digest>/`, its parts in order, checked against the digest.
+pub async fn read(
+    etcd: &crate::state::store::Etcd,
+    keys: &crate::state::store::Keys,
+    digest: &str,
+) -> Result<Manifest, Unreadable> {
+    let prefix = keys.snapshot(digest);
+    let names: Vec<String> = etcd
+        .range(&prefix, true)
+        .await
+        .map_err(Unreadable::Store)?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    if names.is_empty() {
+        return Err(Unreadable::Damaged(format!("nothing under {prefix}")));
+    }
+    let n = crate::history::shared::chunk_count(&prefix, &names).map_err(Unreadable::Damaged)?;
+    let mut text = String::new();
+    for i in 0..n {
+        let key = format!("{prefix}{i}");
+        let part = etcd
+            .value(&key)
+            .await
+            .map_err(Unreadable::Store)?
+            .ok_or_else(|| Unreadable::Damaged(format!("{key} went while it was read")))?;
+        text.push_str(&String::from_utf8(part).map_err(|e| Unreadable::Damaged(e.to_string()))?);
+    }
+    Manifest::decode(digest, &text).map_err(Unreadable::Damaged)
+}
+
 /// `text` in parts of at most [`CHUNK`] bytes, each cut at a character boundary (at least one).
 pub fn parts(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -142,14 +181,6 @@ pub fn unsupported(site: &Site) -> Vec<String> {
                 s.name, p.name
             ))
         };
-        if p.canary > 0 {
-            no(format!("canary {}", p.canary));
-        }
-        match p.pause {
-            Pause::Confirm => no("pause \"confirm\" (deploy resume is not there yet)".into()),
-            Pause::Wait(d) if !d.is_zero() => no(format!("pause \"{}\" between waves", p.pause)),
-            Pause::Wait(_) => {}
-        }
         if let Some(tag) = &p.spread {
             no(format!("spread \"{tag}\" (waves by tag)"));
         }

@@ -7,9 +7,17 @@
 //! by the lock. Secrets are never in it: a snapshot names a secret's source, never its value.
 //! Above [`crate::history`] (whose snapshot and chunking it reuses); nothing here prints.
 
+mod follow;
 mod manifest;
+pub mod progress;
+mod resume;
 
-pub use manifest::{parts, unsupported, Manifest, PublishedHost, MANIFEST_SCHEMA};
+pub use follow::Followed;
+pub use manifest::{
+    parts, read as read_manifest, unsupported, Manifest, PublishedHost, Unreadable, MANIFEST_SCHEMA,
+};
+pub use progress::{Resumed, Rollout};
+pub use resume::{resume, ResumeDone, ResumeRequest};
 
 use crate::apply::{ApplyError, Say};
 use crate::history::{shared, Blobs, History, HistoryError, Snapshot};
@@ -108,6 +116,18 @@ pub enum PublishError {
 
 /// Checks and resolves the site, and publishes its snapshot (see the module's text).
 pub fn publish(request: &Request, say: &Say) -> Result<Published, PublishError> {
+    publish_and_follow(request, say, None, &|_| {}).map(|(p, _)| p)
+}
+
+/// As [`publish`], what it published given to `published`; then, given a `sink`, follows
+/// the snapshot to its end (`deploy publish --follow`: its progress from the store, as the
+/// rollout's events).
+pub fn publish_and_follow(
+    request: &Request,
+    say: &Say,
+    sink: Option<&dyn crate::rollout::Sink>,
+    published: &dyn Fn(&Published),
+) -> Result<(Published, Option<Followed>), PublishError> {
     let site = crate::site::load(&request.site)?;
     let Some(spec) = site.platform.store.clone() else {
         return Err(PublishError::NoStore {
@@ -131,7 +151,13 @@ pub fn publish(request: &Request, say: &Say) -> Result<Published, PublishError> 
     let keys = Keys::new(&spec.prefix, &site.name);
     runtime.block_on(async {
         let etcd = Arc::new(Etcd::connect(&spec, &site.platform.name).await?);
-        write(&etcd, &keys, &site, &blobs, &manifest, spec.lock_ttl, bytes).await
+        let done = write(&etcd, &keys, &site, &blobs, &manifest, spec.lock_ttl, bytes).await?;
+        published(&done);
+        let Some(sink) = sink else {
+            return Ok((done, None));
+        };
+        let followed = follow::follow(&etcd, &keys, &site, &manifest, &done.digest, sink).await?;
+        Ok((done, Some(followed)))
     })
 }
 

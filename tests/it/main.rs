@@ -36,6 +36,7 @@ mod plan_diff;
 mod progress_deadline;
 mod publish;
 mod pull;
+mod pull_policies;
 mod recovery;
 mod removal;
 mod repair;

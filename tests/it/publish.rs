@@ -109,15 +109,15 @@ fn publish_without_a_store_or_with_a_policy_pull_cannot_honour_is_refused() {
     assert!(err.contains("add to the platform: store \"etcd\""), "{err}");
 
     pull.write_platform(&pull.etcd.store_node(PREFIX, "2s"));
-    let canary = "policy \"c\" {\n    batch 1\n    canary 1\n    pause \"confirm\"\n}\n";
-    pull.write_site("1.0", "service \"web\" {\n    start \"true\"\n}\n", canary);
+    let spread = "policy \"c\" {\n    batch 1\n    spread \"zone\"\n    on-failure \"revert\"\n}\n";
+    pull.write_site("1.0", "service \"web\" {\n    start \"true\"\n}\n", spread);
     let out = pull.deploy(&["publish", "site.kdl"]);
     let err = flat(&text(&out.stderr));
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(
-        err.contains("service web: policy \"c\" has canary 1"),
+        err.contains("service web: policy \"c\" has spread \"zone\""),
         "{err}"
     );
-    assert!(err.contains("pause \"confirm\""), "{err}");
+    assert!(err.contains("on-failure \"revert\""), "{err}");
     assert!(pull.keys("").is_empty(), "nothing was written");
 }

@@ -27,7 +27,9 @@
 //! - Pull mode (`crate::publish`, `crate::agent`): `desired/current` (the digest of the snapshot
 //!   the fleet converges on), `snapshots/<digest>/<n>` (its manifest, in chunks; its contents
 //!   are kept as the history's are, under `history/blobs/`), and `slots/<service>/<host>` (a
-//!   counting semaphore per service, each slot attached to its agent's lease).
+//!   counting semaphore per service, each slot attached to its agent's lease), and
+//!   `resume/<service>` (the waves of a `pause "confirm"` policy `deploy resume` confirmed, at
+//!   which snapshot).
 //!
 //! Service and host names are escaped in keys (`%` → `%25`, `/` → `%2F`).
 
@@ -191,6 +193,12 @@ impl Keys {
     /// Pull mode: `slots/<service>/<host>`, one host's slot.
     pub fn slot(&self, service: &str, host: &str) -> String {
         format!("{}{}", self.slots(service), segment(host))
+    }
+
+    /// Pull mode: `resume/<service>`, the waves `deploy resume` confirmed of a service whose
+    /// policy pauses with `"confirm"` (`crate::publish::Resumed`).
+    pub fn resume(&self, service: &str) -> String {
+        format!("{}resume/{}", self.root, segment(service))
     }
 
     /// What `key` says of one service on one host (its `running/` or a `status/` key):

@@ -143,7 +143,7 @@ impl View {
             // Pull mode: the snapshot's digest (a service of that name has a JSON value),
             // the snapshots themselves and the slots: nothing a host runs.
             ["desired", "current"] if !value.starts_with(b"{") => {}
-            ["snapshots", _, _] | ["slots", _, _] => {}
+            ["snapshots", _, _] | ["slots", _, _] | ["resume", _] => {}
             ["desired", service] => {
                 self.desired
                     .insert(unsegment(service), typed(json(value)?)?);
