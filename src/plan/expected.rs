@@ -66,12 +66,16 @@ pub fn planned_from(site: &Site, hosts: &Hosts, service: ServiceId) -> Vec<HostI
 ///   (a host found converged at its step counts then), as for a host read first;
 /// - a dependent that needs it at runtime of every host may be left unread too; any other is
 ///   read before the run, its plan made from this service's hosts as placeholders (each
-///   counted as changing until its step ends).
+///   counted as changing until its step ends). Then it starts only once those steps have
+///   ended, after everything this service needs: a service needed by one read before the run
+///   is left unread only when no service upstream of it (what it needs, all the way down)
+///   has a need other than a plain runtime need, so that this later start closes no round of
+///   waits that the plan made from every host would not have.
 pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
     let runtime_of_all = |need: &crate::site::Need| {
         need.healthy == Some(crate::site::Quota::All) && need.addressable.is_none() && !need.drain
     };
-    let may: IdVec<ServiceId, bool> = site
+    let mut may: IdVec<ServiceId, bool> = site
         .services
         .enumerate()
         .map(|(sid, s)| {
@@ -85,6 +89,58 @@ pub fn deferrable(site: &Site, hosts: &Hosts) -> Vec<bool> {
                     .any(|d| d.needs.iter().any(|n| n.drain && n.service == sid))
         })
         .collect();
+    // Whether every service a service needs, all the way down, needs only plain runtime needs
+    // of every host: no step upstream of it waits for another host's step.
+    let mut plain: IdVec<ServiceId, bool> = site
+        .services
+        .iter()
+        .map(|s| s.needs.iter().all(runtime_of_all))
+        .collect();
+    loop {
+        let mut changed = false;
+        for (sid, s) in site.services.enumerate() {
+            if plain[sid] && s.needs.iter().any(|n| !plain[n.service]) {
+                plain[sid] = false;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    // A service read before the run that needs one left unread counts it healthy only as its
+    // placeholders' steps end, after everything that one needs: a start edge a plan made from
+    // every host would not have where it is converged. So that no such edge closes a round of
+    // waits the full plan does not have (the run would drop a wait it keeps), the service
+    // needed is left unread then only when nothing upstream of it waits for another host's
+    // step. Until nothing changes: a service read adds services read.
+    loop {
+        let class_may: IdVec<ClassId, bool> = site
+            .classes
+            .iter()
+            .map(|c| c.services.iter().all(|&s| may[s]))
+            .collect();
+        let unread: IdVec<ServiceId, bool> = site
+            .services
+            .iter()
+            .map(|s| s.classes.iter().all(|&c| class_may[c]))
+            .collect();
+        let mut changed = false;
+        for (did, d) in site.services.enumerate() {
+            if unread[did] {
+                continue;
+            }
+            for need in &d.needs {
+                if may[need.service] && !plain[need.service] {
+                    may[need.service] = false;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
     let class_may: IdVec<ClassId, bool> = site
         .classes
         .iter()
@@ -242,7 +298,10 @@ mod tests {
              host \"g1\" address=\"10.0.0.10\" class=\"gate\"\n\
              host \"r1\" address=\"10.0.0.11\" class=\"rev\"\n\
              host \"p1\" address=\"10.0.0.12\" class=\"edge2\"\n\
-             host \"b1\" address=\"10.0.0.13\" class=\"back\"\n} }",
+             host \"b1\" address=\"10.0.0.13\" class=\"back\"\n\
+             host \"t1\" address=\"10.0.0.14\" class=\"top\"\n\
+             host \"n1\" address=\"10.0.0.15\" class=\"mid\"\n\
+             host \"o1\" address=\"10.0.0.16\" class=\"low\"\n} }",
         );
         w("canary.kdl", "policy \"canary\" { canary 1 }\n");
         w("wave.kdl", "policy \"wave\" { wave-max-failed 1 }\n");
@@ -278,7 +337,13 @@ mod tests {
              class \"edge2\" { service \"proxy\" }\n\
              class \"back\" { service \"back\" }\n\
              service \"proxy\" { start \"run\"; needs \"back\" drain=#true }\n\
-             service \"back\" { port 83; start \"run\" }\n",
+             service \"back\" { port 83; start \"run\" }\n\
+             class \"top\" { service \"top\" }\n\
+             class \"mid\" { service \"mid\" }\n\
+             class \"low\" { service \"low\" }\n\
+             service \"top\" { start \"run\"; needs \"mid\" healthy=\"50%\" }\n\
+             service \"mid\" { start \"run\"; needs \"low\" }\n\
+             service \"low\" { start \"run\"; needs \"cache\" addressable=\"all\" }\n",
         );
         let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
         let hosts = crate::inventory::resolve(&site).expect("hosts");
@@ -308,6 +373,13 @@ mod tests {
         // dependents list, decided from its step.
         assert_eq!(want("p1"), Some(false));
         assert_eq!(want("b1"), Some(false));
+        // Needed by a service read before the run (top, a share of it), a service whose own
+        // needs are plain but something upstream waits for another host's steps (low is
+        // handed cache's addresses): read too, so that top's start does not wait for mid's
+        // placeholders, which wait for low's waits.
+        assert_eq!(want("t1"), Some(false));
+        assert_eq!(want("n1"), Some(false));
+        assert_eq!(want("o1"), Some(false));
         // Alone, but reverted as a whole on failure: its hosts' records before the run are
         // what a revert goes back to.
         assert_eq!(want("r1"), Some(false));
