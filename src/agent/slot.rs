@@ -52,22 +52,22 @@ impl Slot {
 /// the agent is told to stop meanwhile, or a newer snapshot is published (the slot is given
 /// back: an agent waiting on a spent budget takes up a fixed snapshot).
 pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
-    if !wave(agent, a).await? {
+    let Some(waiting) = wave(agent, a).await? else {
         return Ok(None);
+    };
+    let slot = slot_after_wave(agent, a).await;
+    if let Some(waiting) = waiting {
+        waiting.release().await;
     }
+    slot
+}
+
+/// Takes the slot once the host's wave may start, and waits for admission.
+async fn slot_after_wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
     let name = &a.site.services[a.service].name;
     let key = agent.keys.slot(name, &agent.host);
     let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key.clone(), agent.ttl);
     let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
-    let held = |e| match e {
-        LockError::Held { place, holder } => AgentError::SlotHeld {
-            place,
-            holder: holder.map_or_else(|| "a holder that cannot be read".into(), |h| h.describe()),
-        },
-        LockError::Failed { place, reason } => AgentError::Store(
-            crate::state::store::StoreError::Failed(format!("{place}: {reason}")),
-        ),
-    };
     match lock.acquire(&me, false).await {
         Ok(_) => {}
         // Left by this very process (a step that ended on an error before giving it back):
@@ -75,9 +75,9 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
         Err(LockError::Held {
             holder: Some(h), ..
         }) if is_mine(&h, &me) => {
-            lock.acquire(&me, true).await.map_err(held)?;
+            lock.acquire(&me, true).await.map_err(lock_error)?;
         }
-        Err(e) => return Err(held(e)),
+        Err(e) => return Err(lock_error(e)),
     }
     let Some(fence) = lock.fence() else {
         let _ = lock.release(&me).await;
@@ -101,16 +101,72 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
     }
 }
 
-/// Waits until the host's wave may start (`true`), or until the agent is told to stop or a
-/// newer snapshot is published (`false`). At once without a canary or a pause.
-async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<bool, AgentError> {
+/// The key an agent holds while it waits for its host's wave (`waiting/<service>/<host>`, on
+/// a lease of its own): given back once its slot is taken, so that `deploy apply` finds one
+/// or the other at every moment of a rollout held back by its policy.
+struct Waiting {
+    lock: LeaseLock,
+    me: Holder,
+}
+
+impl Waiting {
+    async fn release(self) {
+        let _ = self.lock.release(&self.me).await;
+    }
+}
+
+/// Waits until the host's wave may start (`Ok(Some(_))`, with the waiting key held when there
+/// was one to wait for), or until the agent is told to stop or a newer snapshot is published
+/// (`Ok(None)`). At once, holding nothing, without a canary or a pause.
+async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Option<Waiting>>, AgentError> {
     let rollout = Rollout::new(a.site, a.hosts, a.service);
     if rollout.canary == 0 && rollout.pause.is_none() {
-        return Ok(true);
+        return Ok(Some(None));
     }
     let Some(position) = rollout.hosts.iter().position(|h| *h == agent.host) else {
-        return Ok(true);
+        return Ok(Some(None));
     };
+    let key = agent.keys.waiting(&rollout.name, &agent.host);
+    let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key, agent.ttl);
+    let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
+    match lock.acquire(&me, false).await {
+        Ok(_) => {}
+        // Left by this very process (a wait that ended on an error): taken over.
+        Err(LockError::Held {
+            holder: Some(h), ..
+        }) if is_mine(&h, &me) => {
+            lock.acquire(&me, true).await.map_err(lock_error)?;
+        }
+        Err(e) => return Err(lock_error(e)),
+    }
+    let waiting = Waiting { lock, me };
+    match wait_for_wave(agent, a, &rollout, position).await {
+        Ok(true) => Ok(Some(Some(waiting))),
+        other => {
+            waiting.release().await;
+            other.map(|_| None)
+        }
+    }
+}
+
+fn lock_error(e: LockError) -> AgentError {
+    match e {
+        LockError::Held { place, holder } => AgentError::SlotHeld {
+            place,
+            holder: holder.map_or_else(|| "a holder that cannot be read".into(), |h| h.describe()),
+        },
+        LockError::Failed { place, reason } => AgentError::Store(
+            crate::state::store::StoreError::Failed(format!("{place}: {reason}")),
+        ),
+    }
+}
+
+async fn wait_for_wave(
+    agent: &Agent,
+    a: &Admission<'_>,
+    rollout: &Rollout,
+    position: usize,
+) -> Result<bool, AgentError> {
     let mut said = None;
     loop {
         if agent.stopping() || !current(agent, a).await? {

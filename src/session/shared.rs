@@ -43,23 +43,28 @@ fn now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
-/// Refused while pull agents converge the site: a slot under `slots/` is held.
+/// Refused while pull agents converge the site: a slot under `slots/` is held, or an agent
+/// waits for its host's wave under `waiting/` (a canary not passed, a pause not over).
 async fn converging(etcd: &Etcd, keys: &Keys, site: &str) -> Result<(), SessionError> {
-    let slots = etcd
+    let mut held = etcd
         .range(&keys.all_slots(), true)
         .await
         .map_err(SessionError::Store)?;
-    let Some((key, _)) = slots.first() else {
+    held.extend(
+        etcd.range(&keys.all_waiting(), true)
+            .await
+            .map_err(SessionError::Store)?,
+    );
+    let Some((key, _)) = held.first() else {
         return Ok(());
     };
     Err(SessionError::Refused {
         reason: format!(
-            "pull agents are converging site {site}: {key} is held ({} slot{} in all)",
-            slots.len(),
-            if slots.len() == 1 { "" } else { "s" }
+            "pull agents are converging site {site}: {key} is held ({} in all)",
+            held.len(),
         ),
-        help: "wait until they are done (`deploy status`), or stop them; a dead agent's slot \
-               goes with its lease"
+        help: "wait until they are done (`deploy status`; `deploy resume` for a pause \
+               \"confirm\"), or stop them; a dead agent's keys go with its lease"
             .into(),
     })
 }

@@ -141,6 +141,20 @@ fn a_pause_confirm_waits_for_deploy_resume_wave_by_wave() {
     for h in ["api2", "api3"] {
         assert!(pull.intervals(h).is_empty(), "{h} ran before a resume");
     }
+    // No agent holds a slot while its wave waits, but each holds its waiting key: a push is
+    // refused all the same, naming one, and changes nothing.
+    assert!(pull.keys("slots/").is_empty(), "{:?}", pull.keys("slots/"));
+    let out = pull.deploy(&["apply", "site.kdl", "--yes"]);
+    let err = text(&out.stderr)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("pull agents are converging site"), "{err}");
+    assert!(err.contains("waiting/api/api"), "{err}");
+    for h in ["api2", "api3"] {
+        assert!(pull.intervals(h).is_empty(), "{h} ran on a refused apply");
+    }
 
     let resumed_at = now_ns();
     let out = pull.deploy(&["resume", "site.kdl"]);

@@ -195,6 +195,22 @@ impl Keys {
         format!("{}{}", self.slots(service), segment(host))
     }
 
+    /// Pull mode: `waiting/`, every host whose agent waits for its wave (a canary not passed,
+    /// a pause not over) without a slot: `deploy apply` is refused while one is there.
+    pub fn all_waiting(&self) -> String {
+        format!("{}waiting/", self.root)
+    }
+    /// Pull mode: `waiting/<service>/<host>`, one agent waiting for its host's wave, on its
+    /// lease.
+    pub fn waiting(&self, service: &str, host: &str) -> String {
+        format!(
+            "{}waiting/{}/{}",
+            self.root,
+            segment(service),
+            segment(host)
+        )
+    }
+
     /// Pull mode: `resume/<service>`, the waves `deploy resume` confirmed of a service whose
     /// policy pauses with `"confirm"` (`crate::publish::Resumed`).
     pub fn resume(&self, service: &str) -> String {

@@ -141,9 +141,10 @@ impl View {
             // A run's count of its writes: nothing a host runs.
             ["writer", _] => {}
             // Pull mode: the snapshot's digest (a service of that name has a JSON value),
-            // the snapshots themselves and the slots: nothing a host runs.
+            // the snapshots themselves, the slots and the hosts waiting for their wave: nothing
+            // a host runs.
             ["desired", "current"] if !value.starts_with(b"{") => {}
-            ["snapshots", _, _] | ["slots", _, _] | ["resume", _] => {}
+            ["snapshots", _, _] | ["slots", _, _] | ["waiting", _, _] | ["resume", _] => {}
             ["desired", service] => {
                 self.desired
                     .insert(unsegment(service), typed(json(value)?)?);
