@@ -166,6 +166,7 @@ fn prepare(agent: &Agent, loaded: &Loaded, service: &str) -> Result<apply::Prepa
         // Locked and read before the plan is made, as an apply that asks first does.
         read_first: true,
         elsewhere: Some(elsewhere),
+        controller: Some(agent.controller()),
         ..Request::default()
     };
     Ok(apply::prepare_site(

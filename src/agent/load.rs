@@ -7,6 +7,7 @@ use super::{Agent, AgentError};
 use crate::history::{shared, Blobs, History};
 use crate::publish::Manifest;
 use crate::site::{InventorySpec, SecretSource, Site, Transport};
+use crate::state::store::{Etcd, Keys};
 use std::path::{Path, PathBuf};
 
 /// A snapshot loaded as a site, and where it was put back (removed when dropped).
@@ -25,10 +26,9 @@ impl Drop for Loaded {
 }
 
 /// The manifest at `snapshots/<digest>/`, its parts in order, checked against the digest.
-async fn manifest(agent: &Agent, digest: &str) -> Result<Manifest, AgentError> {
-    let prefix = agent.keys.snapshot(digest);
-    let keys: Vec<String> = agent
-        .etcd
+pub async fn manifest(etcd: &Etcd, keys: &Keys, digest: &str) -> Result<Manifest, AgentError> {
+    let prefix = keys.snapshot(digest);
+    let keys: Vec<String> = etcd
         .range(&prefix, true)
         .await?
         .into_iter()
@@ -45,8 +45,7 @@ async fn manifest(agent: &Agent, digest: &str) -> Result<Manifest, AgentError> {
     let mut text = String::new();
     for i in 0..n {
         let key = format!("{prefix}{i}");
-        let part = agent
-            .etcd
+        let part = etcd
             .value(&key)
             .await?
             .ok_or_else(|| damaged(format!("{key} went while it was read")))?;
@@ -57,8 +56,8 @@ async fn manifest(agent: &Agent, digest: &str) -> Result<Manifest, AgentError> {
 
 /// Brings snapshot `digest` here and loads it (see the module's text).
 pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError> {
-    let manifest = manifest(agent, digest).await?;
-    let history = History::at(&agent.state_dir.join(".drover"));
+    let manifest = manifest(&agent.etcd, &agent.keys, digest).await?;
+    let history = History::at(&agent.controller());
     let blobs: Blobs = history.blobs();
     let digests: Vec<_> = manifest.snapshot.digests().collect();
     shared::get_contents(&agent.etcd, &agent.keys, &blobs, digests.iter().copied()).await?;

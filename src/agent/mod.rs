@@ -8,10 +8,12 @@
 
 mod converge;
 mod load;
+mod simulate;
 mod slot;
 mod unit;
 
 pub use converge::Converged;
+pub use simulate::simulate;
 pub use unit::unit;
 
 use crate::apply::{ApplyError, Say};
@@ -108,7 +110,8 @@ impl AgentError {
 
 /// One agent, connected.
 pub struct Agent {
-    runtime: tokio::runtime::Runtime,
+    /// Shared by the agents of one process (`--simulate`), each on a thread of its own.
+    runtime: Arc<tokio::runtime::Runtime>,
     etcd: Arc<Etcd>,
     keys: Keys,
     host: String,
@@ -140,6 +143,12 @@ impl Agent {
     fn hosts_dir(&self) -> PathBuf {
         self.state_dir.join("hosts")
     }
+
+    /// The apply stage's controller directory (journal, locks, run logs): `.drover` under the
+    /// state directory.
+    fn controller(&self) -> PathBuf {
+        self.state_dir.join(crate::state::journal::CONTROLLER_DIR)
+    }
 }
 
 /// Connects, then converges the host on every snapshot published, until SIGINT or SIGTERM.
@@ -147,9 +156,38 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
     // Joined into paths under the state directory (a link replaced there): checked before
     // any file is touched.
     check_host(&request.host)?;
-    let state_dir = std::path::absolute(&request.state_dir)
-        .map_err(|e| AgentError::io(&request.state_dir, e))?;
-    let root = std::path::absolute(&request.root).map_err(|e| AgentError::io(&request.root, e))?;
+    let runtime =
+        Arc::new(crate::session::runtime().map_err(|e| AgentError::io(&request.state_dir, e))?);
+    let stop = Arc::new(AtomicBool::new(false));
+    runtime.block_on(signals(stop.clone()))?;
+    let at = Place {
+        host: request.host.clone(),
+        state_dir: request.state_dir.clone(),
+        root: request.root.clone(),
+    };
+    let agent = start(request, &at, runtime, stop, say)?;
+    watch(&agent)
+}
+
+/// Where one agent works: its host, state directory and the host's root.
+struct Place {
+    host: String,
+    state_dir: PathBuf,
+    root: PathBuf,
+}
+
+/// One agent for `at`, connected (a connection of its own), its state directory made and its
+/// host linked, not yet watching.
+fn start(
+    request: &Request,
+    at: &Place,
+    runtime: Arc<tokio::runtime::Runtime>,
+    stop: Arc<AtomicBool>,
+    say: Say,
+) -> Result<Agent, AgentError> {
+    let state_dir =
+        std::path::absolute(&at.state_dir).map_err(|e| AgentError::io(&at.state_dir, e))?;
+    let root = std::path::absolute(&at.root).map_err(|e| AgentError::io(&at.root, e))?;
     if !root.is_dir() {
         return Err(AgentError::Usage {
             reason: format!("--root {}: not a directory", root.display()),
@@ -161,9 +199,6 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
         None => state_dir.join("secrets"),
     };
     load::private_dir(&state_dir)?;
-    // The apply stage keeps its journal and locks under `.drover` of the working directory.
-    std::env::set_current_dir(&state_dir).map_err(|e| AgentError::io(&state_dir, e))?;
-    let runtime = crate::session::runtime().map_err(|e| AgentError::io(&state_dir, e))?;
     let spec = StoreSpec {
         endpoints: request.endpoints.clone(),
         prefix: request.prefix.clone(),
@@ -172,21 +207,19 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
         auth: request.auth.clone(),
     };
     let etcd = runtime.block_on(Etcd::connect(&spec, "agent"))?;
-    let stop = Arc::new(AtomicBool::new(false));
     let agent = Agent {
         etcd: Arc::new(etcd),
         keys: Keys::new(&request.prefix, &request.site),
-        host: request.host.clone(),
+        host: at.host.clone(),
         state_dir,
         secrets,
         ttl: request.ttl,
         say,
-        stop: stop.clone(),
+        stop,
         runtime,
     };
     link_host(&agent, &root)?;
-    agent.block_on(signals(stop))?;
-    watch(&agent)
+    Ok(agent)
 }
 
 /// A host name that is one plain path component: not empty, not `.` or `..`, no `/` (nor
