@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 pub struct Loaded {
     /// The snapshot's digest.
     pub digest: String,
+    /// The revision `desired/current` was last changed at when it named this snapshot: every
+    /// write of a step on it is conditioned on it.
+    pub revision: i64,
     pub site: Site,
     pub manifest: Manifest,
     work: PathBuf,
@@ -55,7 +58,7 @@ pub async fn manifest(etcd: &Etcd, keys: &Keys, digest: &str) -> Result<Manifest
 }
 
 /// Brings snapshot `digest` here and loads it (see the module's text).
-pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError> {
+pub async fn snapshot(agent: &Agent, digest: &str, revision: i64) -> Result<Loaded, AgentError> {
     let manifest = manifest(&agent.etcd, &agent.keys, digest).await?;
     let history = History::at(&agent.controller());
     let blobs: Blobs = history.blobs();
@@ -69,6 +72,7 @@ pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError>
     let (file, site_dir) = manifest.snapshot.put_back(&blobs, &work)?;
     let mut loaded = Loaded {
         digest: digest.to_string(),
+        revision,
         site: crate::site::load(&file)?,
         manifest,
         work,

@@ -19,11 +19,11 @@ pub use unit::unit;
 use crate::apply::{ApplyError, Say};
 use crate::history::HistoryError;
 use crate::site::StoreSpec;
-use crate::state::store::{Etcd, Keys, StoreError};
+use crate::state::store::{Etcd, Keys, StoreError, Write};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What an agent is asked to do (the flags of `deploy agent`).
@@ -122,9 +122,22 @@ pub struct Agent {
     ttl: Duration,
     say: Say,
     stop: Arc<AtomicBool>,
+    /// A step's records refused because a newer snapshot was published meanwhile (the
+    /// snapshot they were of, and the writes): the host records that step, so they are
+    /// published again under the snapshot the agent takes up next, before anything else.
+    unpublished: Mutex<Option<(String, Vec<Write>)>>,
 }
 
 impl Agent {
+    fn keep_unpublished(&self, digest: &str, writes: Vec<Write>) {
+        let mut kept = self.unpublished.lock().unwrap_or_else(|p| p.into_inner());
+        match kept.as_mut() {
+            // Records of an earlier refused step too: both go, the later last.
+            Some((_, earlier)) => earlier.extend(writes),
+            None => *kept = Some((digest.to_string(), writes)),
+        }
+    }
+
     fn say(&self, text: &str) {
         (self.say)(text)
     }
@@ -217,6 +230,7 @@ fn start(
         say,
         stop,
         runtime,
+        unpublished: Mutex::new(None),
     };
     link_host(&agent, &root)?;
     Ok(agent)
@@ -283,8 +297,8 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
                 }
             }
         }
-        let current = match agent.block_on(agent.etcd.value(&agent.keys.current())) {
-            Ok(v) => v.map(|v| String::from_utf8_lossy(&v).trim().to_string()),
+        let current = match agent.block_on(agent.etcd.value_at(&agent.keys.current())) {
+            Ok(v) => v.map(|(v, rev)| (String::from_utf8_lossy(&v).trim().to_string(), rev)),
             Err(e) => {
                 agent.say(&format!(
                     "warning: cannot read {}: {e}",
@@ -294,8 +308,15 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
                 continue;
             }
         };
-        if let Some(digest) = current.filter(|d| done.as_ref() != Some(d)) {
-            if once(agent, &digest) && !agent.stopping() {
+        if let Some((digest, revision)) = &current {
+            if !publish_again(agent, digest, *revision) {
+                // A newer snapshot again, or etcd did not answer: read it again.
+                agent.block_on(tokio::time::sleep(Duration::from_millis(200)));
+                continue;
+            }
+        }
+        if let Some((digest, revision)) = current.filter(|(d, _)| done.as_ref() != Some(d)) {
+            if once(agent, &digest, revision) && !agent.stopping() {
                 done = Some(digest);
             } else if !agent.stopping() {
                 // etcd did not answer: the same snapshot again, a little later.
@@ -326,15 +347,53 @@ async fn until(agent: &Agent) {
     }
 }
 
-/// Converges on snapshot `digest`, saying how it went; `false` when etcd failed it (to be
-/// tried again), `true` once the host went as far as it goes with it.
-fn once(agent: &Agent, digest: &str) -> bool {
+/// Publishes the records of a step that a newer snapshot's fence refused, if any, under the
+/// snapshot `digest` at `revision` (the one the agent is about to act on): they are what the
+/// host records, and the store says nothing the host does not. `false` when they could not be
+/// (a newer snapshot again, or etcd did not answer): kept for the next.
+fn publish_again(agent: &Agent, digest: &str, revision: i64) -> bool {
+    let kept = agent
+        .unpublished
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let Some((of, writes)) = kept else {
+        return true;
+    };
+    let key = agent.keys.current();
+    match agent.block_on(agent.etcd.write_if_unchanged(&key, revision, &writes)) {
+        Ok(()) => {
+            agent.say(&format!(
+                "snapshot {digest}: published what this host recorded of its step on snapshot {of}"
+            ));
+            true
+        }
+        Err(e) => {
+            if !matches!(e, StoreError::Superseded { .. }) {
+                agent.say(&format!(
+                    "warning: this host's records of its step on snapshot {of} are not in etcd yet: {e}"
+                ));
+            }
+            agent.keep_unpublished(&of, writes);
+            false
+        }
+    }
+}
+
+/// Converges on snapshot `digest` (named by `desired/current` at `revision`), saying how it
+/// went; `false` when etcd failed it (to be tried again), `true` once the host went as far as
+/// it goes with it, or a newer snapshot was published.
+fn once(agent: &Agent, digest: &str, revision: i64) -> bool {
     agent.say(&format!("snapshot {digest}: converging {}", agent.host));
     let result = agent
-        .block_on(load::snapshot(agent, digest))
+        .block_on(load::snapshot(agent, digest, revision))
         .and_then(|loaded| converge::converge(agent, &loaded));
     match result {
         Ok(c) if c.stopped => agent.say(&format!("snapshot {digest}: stopped")),
+        Ok(c) if c.superseded => agent.say(&format!(
+            "snapshot {digest}: left for the newer one ({} services stepped, {} failed)",
+            c.stepped, c.failed
+        )),
         Ok(c) => agent.say(&format!(
             "snapshot {digest}: converged ({} services stepped, {} failed)",
             c.stepped, c.failed

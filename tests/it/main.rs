@@ -35,6 +35,7 @@ mod plan_diff;
 mod progress_deadline;
 mod publish;
 mod pull;
+mod pull_fencing;
 mod pull_scale;
 mod recovery;
 mod removal;
