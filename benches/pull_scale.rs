@@ -207,6 +207,7 @@ fn main() {
     let ideal =
         drover::rollout::ideal_makespan(&plan, |_, h| by_name.get(h).copied().unwrap_or_default());
     let before = metrics(&etcd);
+    let agents_cpu_before = cpu_seconds(agents.id());
     let marks: Vec<usize> = hosts.iter().map(|h| intervals(dir, h).len()).collect();
     let publish_started = Instant::now();
     run(&["publish", "site.kdl"]);
@@ -228,6 +229,7 @@ fn main() {
         .expect("state files");
     let wall = last.duration_since(published).unwrap_or_default();
     let after = metrics(&etcd);
+    let agents_cpu = cpu_seconds(agents.id()) - agents_cpu_before;
     let load_after = stats::load1();
     let _ = Command::new("kill").arg(agents.id().to_string()).status();
     let _ = agents.wait();
@@ -276,10 +278,29 @@ fn main() {
         load_after,
     );
     println!(
-        "(first convergence from no state, agents starting: {:.1} s; publish of 2: {:.2} s)",
+        "(first convergence from no state, agents starting: {:.1} s; publish of 2: {:.2} s; \
+         CPU while converging on 2: agents {agents_cpu:.1} s, etcd {:.1} s; etcd bytes sent \
+         {:.0} MiB)",
         first.as_secs_f64(),
-        publish.as_secs_f64()
+        publish.as_secs_f64(),
+        d("process_cpu_seconds_total"),
+        d("etcd_network_client_grpc_sent_bytes_total") / 1048576.0,
     );
+}
+
+/// The CPU seconds process `pid` used so far (user and system, its threads included).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's `)`: state is field 3; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i).and_then(|f| f.parse::<f64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / hz.max(1.0)
 }
 
 /// The version `h` records for its service, from its own state file.

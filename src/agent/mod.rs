@@ -150,6 +150,12 @@ impl Agent {
         self.runtime.block_on(f)
     }
 
+    /// Waits `d` (the timer made inside the runtime: the agent's thread is not one of its
+    /// workers, and a timer made outside any runtime panics).
+    fn sleep(&self, d: Duration) {
+        sleep_on(&self.runtime, d)
+    }
+
     /// The local transport's root: the host's own directory is `<state-dir>/hosts/<host>`, a
     /// link to `--root` (the other hosts' are empty directories of the agent's own, never
     /// stepped).
@@ -292,7 +298,7 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
                 Ok(w) => watching = Some(w),
                 Err(e) => {
                     agent.say(&format!("warning: cannot watch etcd: {e}"));
-                    agent.block_on(tokio::time::sleep(Duration::from_secs(1)));
+                    agent.sleep(Duration::from_secs(1));
                     continue;
                 }
             }
@@ -311,7 +317,7 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
         if let Some((digest, revision)) = &current {
             if !publish_again(agent, digest, *revision) {
                 // A newer snapshot again, or etcd did not answer: read it again.
-                agent.block_on(tokio::time::sleep(Duration::from_millis(200)));
+                agent.sleep(Duration::from_millis(200));
                 continue;
             }
         }
@@ -320,7 +326,7 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
                 done = Some(digest);
             } else if !agent.stopping() {
                 // etcd did not answer: the same snapshot again, a little later.
-                agent.block_on(tokio::time::sleep(Duration::from_secs(2)));
+                agent.sleep(Duration::from_secs(2));
             }
             continue;
         }
@@ -338,6 +344,12 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
         }
     }
     Ok(())
+}
+
+/// Waits `d` on `runtime` from a thread that need not be in its context: the timer is made
+/// inside the future (`tokio::time::sleep` made outside any runtime panics).
+fn sleep_on(runtime: &tokio::runtime::Runtime, d: Duration) {
+    runtime.block_on(async move { tokio::time::sleep(d).await })
 }
 
 /// Resolves once the agent is told to stop.
@@ -408,6 +420,21 @@ fn once(agent: &Agent, digest: &str, revision: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_wait_on_a_thread_outside_the_runtime_does_not_panic() {
+        // A simulated agent's thread (`--simulate`) before it ever ran a step: no runtime's
+        // context. `block_on(tokio::time::sleep(d))` panicked there ("no reactor running").
+        let runtime = crate::session::runtime().expect("a runtime");
+        let waited = std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            super::sleep_on(&runtime, std::time::Duration::from_millis(20));
+            started.elapsed()
+        })
+        .join()
+        .expect("the wait did not panic");
+        assert!(waited >= std::time::Duration::from_millis(20));
+    }
+
     #[test]
     fn a_host_name_that_is_not_one_path_component_is_refused() {
         for bad in ["", ".", "..", "../etc", "a/b", "/", "a\0b"] {
