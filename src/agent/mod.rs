@@ -352,6 +352,15 @@ fn sleep_on(runtime: &tokio::runtime::Runtime, d: Duration) {
     runtime.block_on(async move { tokio::time::sleep(d).await })
 }
 
+/// Whether `e` is etcd failing (to be tried again), whichever stage met it: loading the
+/// snapshot's contents reports it through the history's error.
+fn from_etcd(e: &AgentError) -> bool {
+    matches!(
+        e,
+        AgentError::Store(_) | AgentError::History(HistoryError::Store(_))
+    )
+}
+
 /// Resolves once the agent is told to stop.
 async fn until(agent: &Agent) {
     while !agent.stopping() {
@@ -412,7 +421,7 @@ fn once(agent: &Agent, digest: &str, revision: i64) -> bool {
         )),
         Err(e) => {
             agent.say(&format!("error: snapshot {digest}: {e}"));
-            return !matches!(e, AgentError::Store(_));
+            return !from_etcd(&e);
         }
     }
     true
@@ -420,6 +429,24 @@ fn once(agent: &Agent, digest: &str, revision: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn etcd_failing_while_the_contents_load_is_tried_again() {
+        use super::{from_etcd, AgentError, HistoryError, StoreError};
+        let gone = || StoreError::Unavailable {
+            waited: "10.0 s".into(),
+            tried: String::new(),
+        };
+        // Loading the contents (history's blobs) met etcd not answering: the snapshot is
+        // tried again, not taken as converged (the agent then waited for the next publish).
+        assert!(from_etcd(&AgentError::History(HistoryError::Store(gone()))));
+        assert!(from_etcd(&AgentError::Store(gone())));
+        let damaged = AgentError::Snapshot {
+            digest: "d".into(),
+            reason: "nothing under it".into(),
+        };
+        assert!(!from_etcd(&damaged));
+    }
+
     #[test]
     fn a_wait_on_a_thread_outside_the_runtime_does_not_panic() {
         // A simulated agent's thread (`--simulate`) before it ever ran a step: no runtime's
