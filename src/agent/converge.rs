@@ -13,7 +13,7 @@ use crate::plan::Plan;
 use crate::rollout::{Event, EventKind, Gate, Sink, Summary};
 use crate::session::Elsewhere;
 use crate::site::ServiceId;
-use crate::state::store::{self, Store, Write};
+use crate::state::store::{self, Store, StoreError, Write};
 use crate::state::ServiceRecord;
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +26,8 @@ pub struct Converged {
     pub failed: usize,
     /// Told to stop before the end.
     pub stopped: bool,
+    /// Left before the end: a newer snapshot was published (a write refused by its fence).
+    pub superseded: bool,
 }
 
 /// Converges the agent's host on `loaded` (see the module's text).
@@ -70,6 +72,14 @@ pub fn converge(agent: &Agent, loaded: &Loaded) -> Result<Converged, AgentError>
                 done.stopped = true;
                 break;
             }
+            Step::Superseded { ran } => {
+                if let Some(ok) = ran {
+                    done.stepped += 1;
+                    done.failed += usize::from(!ok);
+                }
+                done.superseded = true;
+                break;
+            }
         }
     }
     Ok(done)
@@ -77,8 +87,15 @@ pub fn converge(agent: &Agent, loaded: &Loaded) -> Result<Converged, AgentError>
 
 enum Step {
     Nothing,
-    Ran { ok: bool },
+    Ran {
+        ok: bool,
+    },
     Stopped,
+    /// A write refused: the snapshot is no longer the desired one. `ran`: the step ran (and
+    /// passed or not) and its records wait to be published under the newer snapshot.
+    Superseded {
+        ran: Option<bool>,
+    },
 }
 
 /// One service of the host: planned, admitted, planned again (with what the other hosts
@@ -121,25 +138,56 @@ fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, Agent
         &format!("agent-{}", std::process::id()),
         &now(),
     );
-    if let Err(e) = agent.block_on(agent.etcd.write(&slot.fence, &[intent])) {
-        agent.block_on(slot.release());
-        return Err(e.into());
+    // Every write of the step is fenced by the slot and by the snapshot it acts on.
+    let fence = slot
+        .fence
+        .on_snapshot(agent.keys.current(), loaded.revision);
+    match agent.block_on(agent.etcd.write(&fence, &[intent])) {
+        Ok(()) => {}
+        Err(e @ StoreError::Superseded { .. }) => {
+            agent.block_on(slot.release());
+            agent.say(&format!("{name}: not stepped: {e}"));
+            return Ok(Step::Superseded { ran: None });
+        }
+        Err(e) => {
+            agent.block_on(slot.release());
+            return Err(e.into());
+        }
     }
     let recorder = Arc::new(Recorder::default());
     let ran = prepared.run(recorder.clone(), Arc::new(Unattended));
     let writes = recorder.writes(agent, loaded);
-    let published = agent.block_on(agent.etcd.write(&slot.fence, &writes));
+    let published = agent.block_on(agent.etcd.write(&fence, &writes));
     agent.block_on(slot.release());
-    if let Err(e) = published {
-        agent.say(&format!(
-            "warning: {name}'s step is recorded on this host, not in etcd: {e}"
-        ));
-    }
+    let superseded = match published {
+        Ok(()) => false,
+        Err(e @ StoreError::Superseded { .. }) => {
+            // The host records the step (its state file is the truth of the host): what it
+            // records is published under the newer snapshot, before anything of it is done.
+            agent.say(&format!(
+                "{name}: the step's records on snapshot {} were refused: {e}; they are published again under the newer snapshot",
+                loaded.digest
+            ));
+            agent.keep_unpublished(&loaded.digest, writes);
+            true
+        }
+        Err(e) => {
+            agent.say(&format!(
+                "warning: {name}'s step is recorded on this host, not in etcd: {e}"
+            ));
+            false
+        }
+    };
     Ok(match ran? {
         Outcome::Ended(_) => Step::Stopped,
-        outcome => Step::Ran {
-            ok: outcome.verdict() == apply::Verdict::Converged,
-        },
+        outcome => {
+            let ok = outcome.verdict() == apply::Verdict::Converged;
+            if superseded {
+                Step::Superseded { ran: Some(ok) }
+            } else {
+                Step::Ran { ok }
+            }
+        }
     })
 }
 
@@ -166,6 +214,7 @@ fn prepare(agent: &Agent, loaded: &Loaded, service: &str) -> Result<apply::Prepa
         // Locked and read before the plan is made, as an apply that asks first does.
         read_first: true,
         elsewhere: Some(elsewhere),
+        controller: Some(agent.controller()),
         ..Request::default()
     };
     Ok(apply::prepare_site(

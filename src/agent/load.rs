@@ -7,12 +7,16 @@ use super::{Agent, AgentError};
 use crate::history::{shared, Blobs, History};
 use crate::publish::Manifest;
 use crate::site::{InventorySpec, SecretSource, Site, Transport};
+use crate::state::store::{Etcd, Keys};
 use std::path::{Path, PathBuf};
 
 /// A snapshot loaded as a site, and where it was put back (removed when dropped).
 pub struct Loaded {
     /// The snapshot's digest.
     pub digest: String,
+    /// The revision `desired/current` was last changed at when it named this snapshot: every
+    /// write of a step on it is conditioned on it.
+    pub revision: i64,
     pub site: Site,
     pub manifest: Manifest,
     work: PathBuf,
@@ -25,8 +29,8 @@ impl Drop for Loaded {
 }
 
 /// The manifest at `snapshots/<digest>/`, checked against the digest.
-async fn manifest(agent: &Agent, digest: &str) -> Result<Manifest, AgentError> {
-    crate::publish::read_manifest(&agent.etcd, &agent.keys, digest)
+pub async fn manifest(etcd: &Etcd, keys: &Keys, digest: &str) -> Result<Manifest, AgentError> {
+    crate::publish::read_manifest(etcd, keys, digest)
         .await
         .map_err(|e| match e {
             crate::publish::Unreadable::Store(e) => AgentError::Store(e),
@@ -38,9 +42,9 @@ async fn manifest(agent: &Agent, digest: &str) -> Result<Manifest, AgentError> {
 }
 
 /// Brings snapshot `digest` here and loads it (see the module's text).
-pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError> {
-    let manifest = manifest(agent, digest).await?;
-    let history = History::at(&agent.state_dir.join(".drover"));
+pub async fn snapshot(agent: &Agent, digest: &str, revision: i64) -> Result<Loaded, AgentError> {
+    let manifest = manifest(&agent.etcd, &agent.keys, digest).await?;
+    let history = History::at(&agent.controller());
     let blobs: Blobs = history.blobs();
     let digests: Vec<_> = manifest.snapshot.digests().collect();
     shared::get_contents(&agent.etcd, &agent.keys, &blobs, digests.iter().copied()).await?;
@@ -52,6 +56,7 @@ pub async fn snapshot(agent: &Agent, digest: &str) -> Result<Loaded, AgentError>
     let (file, site_dir) = manifest.snapshot.put_back(&blobs, &work)?;
     let mut loaded = Loaded {
         digest: digest.to_string(),
+        revision,
         site: crate::site::load(&file)?,
         manifest,
         work,

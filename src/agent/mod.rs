@@ -8,20 +8,22 @@
 
 mod converge;
 mod load;
+mod simulate;
 mod slot;
 mod unit;
 
 pub use converge::Converged;
+pub use simulate::simulate;
 pub use unit::unit;
 
 use crate::apply::{ApplyError, Say};
 use crate::history::HistoryError;
 use crate::site::StoreSpec;
-use crate::state::store::{Etcd, Keys, StoreError};
+use crate::state::store::{Etcd, Keys, StoreError, Write};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What an agent is asked to do (the flags of `deploy agent`).
@@ -108,7 +110,8 @@ impl AgentError {
 
 /// One agent, connected.
 pub struct Agent {
-    runtime: tokio::runtime::Runtime,
+    /// Shared by the agents of one process (`--simulate`), each on a thread of its own.
+    runtime: Arc<tokio::runtime::Runtime>,
     etcd: Arc<Etcd>,
     keys: Keys,
     host: String,
@@ -119,9 +122,22 @@ pub struct Agent {
     ttl: Duration,
     say: Say,
     stop: Arc<AtomicBool>,
+    /// A step's records refused because a newer snapshot was published meanwhile (the
+    /// snapshot they were of, and the writes): the host records that step, so they are
+    /// published again under the snapshot the agent takes up next, before anything else.
+    unpublished: Mutex<Option<(String, Vec<Write>)>>,
 }
 
 impl Agent {
+    fn keep_unpublished(&self, digest: &str, writes: Vec<Write>) {
+        let mut kept = self.unpublished.lock().unwrap_or_else(|p| p.into_inner());
+        match kept.as_mut() {
+            // Records of an earlier refused step too: both go, the later last.
+            Some((_, earlier)) => earlier.extend(writes),
+            None => *kept = Some((digest.to_string(), writes)),
+        }
+    }
+
     fn say(&self, text: &str) {
         (self.say)(text)
     }
@@ -134,11 +150,23 @@ impl Agent {
         self.runtime.block_on(f)
     }
 
+    /// Waits `d` (the timer made inside the runtime: the agent's thread is not one of its
+    /// workers, and a timer made outside any runtime panics).
+    fn sleep(&self, d: Duration) {
+        sleep_on(&self.runtime, d)
+    }
+
     /// The local transport's root: the host's own directory is `<state-dir>/hosts/<host>`, a
     /// link to `--root` (the other hosts' are empty directories of the agent's own, never
     /// stepped).
     fn hosts_dir(&self) -> PathBuf {
         self.state_dir.join("hosts")
+    }
+
+    /// The apply stage's controller directory (journal, locks, run logs): `.drover` under the
+    /// state directory.
+    fn controller(&self) -> PathBuf {
+        self.state_dir.join(crate::state::journal::CONTROLLER_DIR)
     }
 }
 
@@ -147,9 +175,38 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
     // Joined into paths under the state directory (a link replaced there): checked before
     // any file is touched.
     check_host(&request.host)?;
-    let state_dir = std::path::absolute(&request.state_dir)
-        .map_err(|e| AgentError::io(&request.state_dir, e))?;
-    let root = std::path::absolute(&request.root).map_err(|e| AgentError::io(&request.root, e))?;
+    let runtime =
+        Arc::new(crate::session::runtime().map_err(|e| AgentError::io(&request.state_dir, e))?);
+    let stop = Arc::new(AtomicBool::new(false));
+    runtime.block_on(signals(stop.clone()))?;
+    let at = Place {
+        host: request.host.clone(),
+        state_dir: request.state_dir.clone(),
+        root: request.root.clone(),
+    };
+    let agent = start(request, &at, runtime, stop, say)?;
+    watch(&agent)
+}
+
+/// Where one agent works: its host, state directory and the host's root.
+struct Place {
+    host: String,
+    state_dir: PathBuf,
+    root: PathBuf,
+}
+
+/// One agent for `at`, connected (a connection of its own), its state directory made and its
+/// host linked, not yet watching.
+fn start(
+    request: &Request,
+    at: &Place,
+    runtime: Arc<tokio::runtime::Runtime>,
+    stop: Arc<AtomicBool>,
+    say: Say,
+) -> Result<Agent, AgentError> {
+    let state_dir =
+        std::path::absolute(&at.state_dir).map_err(|e| AgentError::io(&at.state_dir, e))?;
+    let root = std::path::absolute(&at.root).map_err(|e| AgentError::io(&at.root, e))?;
     if !root.is_dir() {
         return Err(AgentError::Usage {
             reason: format!("--root {}: not a directory", root.display()),
@@ -161,9 +218,6 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
         None => state_dir.join("secrets"),
     };
     load::private_dir(&state_dir)?;
-    // The apply stage keeps its journal and locks under `.drover` of the working directory.
-    std::env::set_current_dir(&state_dir).map_err(|e| AgentError::io(&state_dir, e))?;
-    let runtime = crate::session::runtime().map_err(|e| AgentError::io(&state_dir, e))?;
     let spec = StoreSpec {
         endpoints: request.endpoints.clone(),
         prefix: request.prefix.clone(),
@@ -172,21 +226,20 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
         auth: request.auth.clone(),
     };
     let etcd = runtime.block_on(Etcd::connect(&spec, "agent"))?;
-    let stop = Arc::new(AtomicBool::new(false));
     let agent = Agent {
         etcd: Arc::new(etcd),
         keys: Keys::new(&request.prefix, &request.site),
-        host: request.host.clone(),
+        host: at.host.clone(),
         state_dir,
         secrets,
         ttl: request.ttl,
         say,
-        stop: stop.clone(),
+        stop,
         runtime,
+        unpublished: Mutex::new(None),
     };
     link_host(&agent, &root)?;
-    agent.block_on(signals(stop))?;
-    watch(&agent)
+    Ok(agent)
 }
 
 /// A host name that is one plain path component: not empty, not `.` or `..`, no `/` (nor
@@ -245,13 +298,13 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
                 Ok(w) => watching = Some(w),
                 Err(e) => {
                     agent.say(&format!("warning: cannot watch etcd: {e}"));
-                    agent.block_on(tokio::time::sleep(Duration::from_secs(1)));
+                    agent.sleep(Duration::from_secs(1));
                     continue;
                 }
             }
         }
-        let current = match agent.block_on(agent.etcd.value(&agent.keys.current())) {
-            Ok(v) => v.map(|v| String::from_utf8_lossy(&v).trim().to_string()),
+        let current = match agent.block_on(agent.etcd.value_at(&agent.keys.current())) {
+            Ok(v) => v.map(|(v, rev)| (String::from_utf8_lossy(&v).trim().to_string(), rev)),
             Err(e) => {
                 agent.say(&format!(
                     "warning: cannot read {}: {e}",
@@ -261,12 +314,19 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
                 continue;
             }
         };
-        if let Some(digest) = current.filter(|d| done.as_ref() != Some(d)) {
-            if once(agent, &digest) && !agent.stopping() {
+        if let Some((digest, revision)) = &current {
+            if !publish_again(agent, digest, *revision) {
+                // A newer snapshot again, or etcd did not answer: read it again.
+                agent.sleep(Duration::from_millis(200));
+                continue;
+            }
+        }
+        if let Some((digest, revision)) = current.filter(|(d, _)| done.as_ref() != Some(d)) {
+            if once(agent, &digest, revision) && !agent.stopping() {
                 done = Some(digest);
             } else if !agent.stopping() {
                 // etcd did not answer: the same snapshot again, a little later.
-                agent.block_on(tokio::time::sleep(Duration::from_secs(2)));
+                agent.sleep(Duration::from_secs(2));
             }
             continue;
         }
@@ -286,6 +346,21 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// Waits `d` on `runtime` from a thread that need not be in its context: the timer is made
+/// inside the future (`tokio::time::sleep` made outside any runtime panics).
+fn sleep_on(runtime: &tokio::runtime::Runtime, d: Duration) {
+    runtime.block_on(async move { tokio::time::sleep(d).await })
+}
+
+/// Whether `e` is etcd failing (to be tried again), whichever stage met it: loading the
+/// snapshot's contents reports it through the history's error.
+fn from_etcd(e: &AgentError) -> bool {
+    matches!(
+        e,
+        AgentError::Store(_) | AgentError::History(HistoryError::Store(_))
+    )
+}
+
 /// Resolves once the agent is told to stop.
 async fn until(agent: &Agent) {
     while !agent.stopping() {
@@ -293,22 +368,60 @@ async fn until(agent: &Agent) {
     }
 }
 
-/// Converges on snapshot `digest`, saying how it went; `false` when etcd failed it (to be
-/// tried again), `true` once the host went as far as it goes with it.
-fn once(agent: &Agent, digest: &str) -> bool {
+/// Publishes the records of a step that a newer snapshot's fence refused, if any, under the
+/// snapshot `digest` at `revision` (the one the agent is about to act on): they are what the
+/// host records, and the store says nothing the host does not. `false` when they could not be
+/// (a newer snapshot again, or etcd did not answer): kept for the next.
+fn publish_again(agent: &Agent, digest: &str, revision: i64) -> bool {
+    let kept = agent
+        .unpublished
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let Some((of, writes)) = kept else {
+        return true;
+    };
+    let key = agent.keys.current();
+    match agent.block_on(agent.etcd.write_if_unchanged(&key, revision, &writes)) {
+        Ok(()) => {
+            agent.say(&format!(
+                "snapshot {digest}: published what this host recorded of its step on snapshot {of}"
+            ));
+            true
+        }
+        Err(e) => {
+            if !matches!(e, StoreError::Superseded { .. }) {
+                agent.say(&format!(
+                    "warning: this host's records of its step on snapshot {of} are not in etcd yet: {e}"
+                ));
+            }
+            agent.keep_unpublished(&of, writes);
+            false
+        }
+    }
+}
+
+/// Converges on snapshot `digest` (named by `desired/current` at `revision`), saying how it
+/// went; `false` when etcd failed it (to be tried again), `true` once the host went as far as
+/// it goes with it, or a newer snapshot was published.
+fn once(agent: &Agent, digest: &str, revision: i64) -> bool {
     agent.say(&format!("snapshot {digest}: converging {}", agent.host));
     let result = agent
-        .block_on(load::snapshot(agent, digest))
+        .block_on(load::snapshot(agent, digest, revision))
         .and_then(|loaded| converge::converge(agent, &loaded));
     match result {
         Ok(c) if c.stopped => agent.say(&format!("snapshot {digest}: stopped")),
+        Ok(c) if c.superseded => agent.say(&format!(
+            "snapshot {digest}: left for the newer one ({} services stepped, {} failed)",
+            c.stepped, c.failed
+        )),
         Ok(c) => agent.say(&format!(
             "snapshot {digest}: converged ({} services stepped, {} failed)",
             c.stepped, c.failed
         )),
         Err(e) => {
             agent.say(&format!("error: snapshot {digest}: {e}"));
-            return !matches!(e, AgentError::Store(_));
+            return !from_etcd(&e);
         }
     }
     true
@@ -316,6 +429,39 @@ fn once(agent: &Agent, digest: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn etcd_failing_while_the_contents_load_is_tried_again() {
+        use super::{from_etcd, AgentError, HistoryError, StoreError};
+        let gone = || StoreError::Unavailable {
+            waited: "10.0 s".into(),
+            tried: String::new(),
+        };
+        // Loading the contents (history's blobs) met etcd not answering: the snapshot is
+        // tried again, not taken as converged (the agent then waited for the next publish).
+        assert!(from_etcd(&AgentError::History(HistoryError::Store(gone()))));
+        assert!(from_etcd(&AgentError::Store(gone())));
+        let damaged = AgentError::Snapshot {
+            digest: "d".into(),
+            reason: "nothing under it".into(),
+        };
+        assert!(!from_etcd(&damaged));
+    }
+
+    #[test]
+    fn a_wait_on_a_thread_outside_the_runtime_does_not_panic() {
+        // A simulated agent's thread (`--simulate`) before it ever ran a step: no runtime's
+        // context. `block_on(tokio::time::sleep(d))` panicked there ("no reactor running").
+        let runtime = crate::session::runtime().expect("a runtime");
+        let waited = std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            super::sleep_on(&runtime, std::time::Duration::from_millis(20));
+            started.elapsed()
+        })
+        .join()
+        .expect("the wait did not panic");
+        assert!(waited >= std::time::Duration::from_millis(20));
+    }
+
     #[test]
     fn a_host_name_that_is_not_one_path_component_is_refused() {
         for bad in ["", ".", "..", "../etc", "a/b", "/", "a\0b"] {

@@ -26,7 +26,7 @@ use crate::session::{Ended, Locked, Session};
 pub use crate::session::{Say, SessionError};
 use crate::site::Site;
 use prepare::Ready;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// What an apply is asked to do (the flags of `deploy apply`).
@@ -55,6 +55,8 @@ pub struct Request {
     pub prune: bool,
     /// What hosts run as known elsewhere, neither locked nor read (the pull agent).
     pub elsewhere: Option<crate::session::Elsewhere>,
+    /// The controller's directory; `None`: `.drover` of the working directory.
+    pub controller: Option<PathBuf>,
 }
 
 impl Request {
@@ -223,6 +225,7 @@ fn prepare_with(request: Request, site: Option<Site>, say: Say) -> Result<Prepar
         // prunes: its removals are found from every host's record, read before the run.
         stream: request.yes && !request.read_first && !request.repair && !saved && !request.prune,
         elsewhere: request.elsewhere.clone(),
+        controller: request.controller.clone(),
     };
     let session = Session::begin(options, say)?;
     let (session, ready) = if saved {
@@ -328,7 +331,7 @@ impl Prepared {
         let planned_during = planning.is_some();
         let plan = Arc::new(plan);
         let run_id = session.run_id().to_string();
-        let log_dir = Path::new(".drover").join("runs").join(&run_id);
+        let log_dir = session.controller().join("runs").join(&run_id);
         let (session, sink) = session.journaled(sink, &site, &plan, &log_dir)?;
         let rollout = Rollout {
             transport,

@@ -29,7 +29,11 @@ pub fn run(args: &AgentArgs) -> Result<u8, Error> {
         endpoints,
         prefix: args.prefix.clone(),
         site: args.site.clone().ok_or_else(|| missing("--site SITE"))?,
-        host: args.host.clone().ok_or_else(|| missing("--host HOST"))?,
+        host: match (&args.host, args.simulate) {
+            (Some(h), _) => h.clone(),
+            (None, Some(_)) => String::new(),
+            (None, None) => return Err(missing("--host HOST")),
+        },
         state_dir: args.state_dir.clone(),
         root: args.root.clone(),
         ttl,
@@ -64,6 +68,15 @@ pub fn run(args: &AgentArgs) -> Result<u8, Error> {
         out!("{}", agent::unit(&binary, &request));
         return Ok(code::OK);
     }
-    agent::run(&request, super::say())?;
+    match args.simulate {
+        Some(0) => {
+            return Err(Error::Usage {
+                reason: "--simulate 0: no agent to run".into(),
+                help: "--simulate N runs agents for the first N hosts published".into(),
+            })
+        }
+        Some(n) => agent::simulate(&request, n, super::say())?,
+        None => agent::run(&request, super::say())?,
+    }
     Ok(code::OK)
 }

@@ -24,6 +24,7 @@ pub fn run(args: &ApplyArgs) -> Result<u8, Error> {
         repair: args.repair,
         prune: args.prune,
         elsewhere: None,
+        controller: None,
     };
     // What the session has to say (warnings, what it carried on, why it stopped): stderr.
     let say: apply::Say = Arc::new(|text: &str| errln!("{text}"));

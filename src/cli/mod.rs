@@ -276,6 +276,11 @@ pub struct AgentArgs {
     /// Print a systemd unit that runs this agent, and exit.
     #[arg(long)]
     pub print_unit: bool,
+    /// Benchmarks: run agents for the first N hosts of the published snapshot, as tasks of
+    /// this one process (each its own connection, watch, leases, `STATE-DIR/<host>` and host
+    /// directory `ROOT/<host>`); no --host.
+    #[arg(long, value_name = "N", conflicts_with_all = ["host", "print_unit"])]
+    pub simulate: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]

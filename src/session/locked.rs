@@ -47,6 +47,11 @@ impl Locked {
         &self.held.core.run_id
     }
 
+    /// The controller's directory (`.drover`, or the one [`super::Options::controller`] names).
+    pub fn controller(&self) -> &std::path::Path {
+        &self.held.core.root
+    }
+
     /// The handle a signal (or the lost lock) stops the run through.
     pub fn cancel(&self) -> &Cancel {
         &self.held.core.cancel

@@ -70,6 +70,10 @@ pub struct Options {
     /// Without a store of the session's own: what hosts run as known elsewhere (the pull
     /// agent: what the other hosts' agents published).
     pub elsewhere: Option<Elsewhere>,
+    /// The controller's directory (journal, locks, run logs); `None`: `.drover` of the working
+    /// directory. A pull agent names its own (`<state-dir>/.drover`): agents simulated in one
+    /// process share one working directory.
+    pub controller: Option<PathBuf>,
 }
 
 /// What each host runs as known elsewhere than on the host, for a driver that holds no store
@@ -238,7 +242,10 @@ impl Session {
                         .replace(':', ""),
                     std::process::id()
                 ),
-                root: PathBuf::from(CONTROLLER_DIR),
+                root: options
+                    .controller
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(CONTROLLER_DIR)),
                 options,
                 say,
             },

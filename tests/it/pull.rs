@@ -11,23 +11,7 @@ use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;
-use support::pull::{flat, text, timed, Pull, HALF, PREFIX, SITE};
-
-/// The most intervals open at one instant.
-fn most_at_once(intervals: &[(u128, u128)]) -> usize {
-    let mut edges: Vec<(u128, i32)> = intervals
-        .iter()
-        .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
-        .collect();
-    // An end before a start at the same instant.
-    edges.sort();
-    let (mut open, mut most) = (0i32, 0i32);
-    for (_, d) in edges {
-        open += d;
-        most = most.max(open);
-    }
-    usize::try_from(most).unwrap_or(0)
-}
+use support::pull::{flat, most_at_once, text, timed, Pull, HALF, PREFIX, SITE};
 
 const TWO_TIER: &str = r#"
 service "db" {

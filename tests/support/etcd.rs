@@ -315,6 +315,17 @@ impl Etcd {
         }
     }
 
+    /// What every member logged so far.
+    pub fn log(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                std::fs::read_to_string(self.dir.path().join(format!("{}.log", m.name)))
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     /// The client URLs, comma-separated (`endpoints=`).
     pub fn endpoints(&self) -> String {
         self.members

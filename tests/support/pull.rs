@@ -206,6 +206,36 @@ impl Pull {
         self.agents.push((host.to_string(), child));
     }
 
+    /// Starts `deploy agent --simulate n` (the first `n` hosts published, as tasks of one
+    /// process: state directories `agents/<host>`, host directories `hosts/<host>`), its
+    /// output in `agent-simulated.log`.
+    pub fn start_simulated(&mut self, n: usize) {
+        let log = std::fs::File::create(self.path("agent-simulated.log")).expect("log");
+        use std::os::unix::process::CommandExt as _;
+        let child = Command::new(env!("CARGO_BIN_EXE_deploy"))
+            .args([
+                "agent",
+                "--store",
+                &self.etcd.endpoints(),
+                "--prefix",
+                PREFIX,
+            ])
+            .args(["--site", SITE, "--simulate", &n.to_string()])
+            .args(["--ttl", &self.agent_ttl])
+            .arg("--state-dir")
+            .arg(self.path("agents"))
+            .arg("--root")
+            .arg(self.path("hosts"))
+            .args(&self.agent_args)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start the simulated agents");
+        self.agents.push(("simulated".to_string(), child));
+    }
+
     /// Waits until `f` holds, for at most `limit`; else fails, showing every agent's output.
     pub fn wait(&self, what: &str, limit: Duration, f: impl Fn() -> bool) -> Duration {
         let started = Instant::now();
@@ -223,7 +253,9 @@ impl Pull {
     pub fn agent_logs(&self) -> String {
         self.hosts
             .iter()
-            .map(|(h, _)| {
+            .map(|(h, _)| h.as_str())
+            .chain(["simulated"])
+            .map(|h| {
                 let log = std::fs::read_to_string(self.path(&format!("agent-{h}.log")))
                     .unwrap_or_default();
                 format!("--- {h}\n{log}")
@@ -275,6 +307,22 @@ impl Pull {
             .map(|(k, _)| k)
             .collect()
     }
+}
+
+/// The most intervals open at one instant.
+pub fn most_at_once(intervals: &[(u128, u128)]) -> usize {
+    let mut edges: Vec<(u128, i32)> = intervals
+        .iter()
+        .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
+        .collect();
+    // An end before a start at the same instant.
+    edges.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        open += d;
+        most = most.max(open);
+    }
+    usize::try_from(most).unwrap_or(0)
 }
 
 pub fn text(b: &[u8]) -> String {

@@ -49,6 +49,17 @@ impl Etcd {
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         match *self {}
     }
+    pub async fn value_at(&self, _key: &str) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
+        match *self {}
+    }
+    pub async fn write_if_unchanged(
+        &self,
+        _key: &str,
+        _revision: i64,
+        _writes: &[Write],
+    ) -> Result<(), StoreError> {
+        match *self {}
+    }
     pub async fn created(&self, _prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
         match *self {}
     }

@@ -524,8 +524,9 @@ impl Store for Etcd {
             if !r.succeeded() {
                 // Either the lock is no longer this run's, or a copy of this very transaction
                 // sent before (an attempt cut short, another member asked beside it) was
-                // taken: its count is already `done + 1`.
-                let (mut lock, mut count) = (None, None);
+                // taken: its count is already `done + 1`; or (a pull agent's) the snapshot it
+                // acts on is no longer the desired one.
+                let (mut lock, mut count, mut snapshot) = (None, None, 0);
                 for op in r.op_responses() {
                     if let TxnOpResponse::Get(g) = op {
                         for kv in g.kvs() {
@@ -533,6 +534,12 @@ impl Store for Etcd {
                                 lock = Some(kv.create_revision());
                             } else if kv.key() == fence.counter.as_bytes() {
                                 count = kv.value_str().ok().and_then(|v| v.parse::<u64>().ok());
+                            } else if fence
+                                .snapshot
+                                .as_ref()
+                                .is_some_and(|(k, _)| kv.key() == k.as_bytes())
+                            {
+                                snapshot = kv.mod_revision();
                             }
                         }
                     }
@@ -544,6 +551,15 @@ impl Store for Etcd {
                     )));
                 }
                 if count != Some(done + 1) {
+                    if let Some((key, revision)) = &fence.snapshot {
+                        if snapshot != *revision {
+                            return Err(StoreError::Superseded {
+                                key: key.clone(),
+                                revision: *revision,
+                                now: snapshot,
+                            });
+                        }
+                    }
                     return Err(StoreError::Fenced(format!(
                         "{} counts {} writes where this run made {done}: another copy of this run writes too",
                         fence.counter,
@@ -582,16 +598,23 @@ pub fn fenced_txn(fence: &Fence, done: u64, writes: &[&Write]) -> Txn {
         (done + 1).to_string(),
         Some(PutOptions::new().with_lease(fence.lease)),
     ));
-    Txn::new()
-        .when([
-            Compare::create_revision(fence.key.as_str(), CompareOp::Equal, fence.revision),
-            count,
-        ])
-        .and_then(ops)
-        .or_else([
-            TxnOp::get(fence.key.as_str(), None),
-            TxnOp::get(fence.counter.as_str(), None),
-        ])
+    let mut when = vec![
+        Compare::create_revision(fence.key.as_str(), CompareOp::Equal, fence.revision),
+        count,
+    ];
+    let mut otherwise = vec![
+        TxnOp::get(fence.key.as_str(), None),
+        TxnOp::get(fence.counter.as_str(), None),
+    ];
+    if let Some((key, revision)) = &fence.snapshot {
+        when.push(Compare::mod_revision(
+            key.as_str(),
+            CompareOp::Equal,
+            *revision,
+        ));
+        otherwise.push(TxnOp::get(key.as_str(), None));
+    }
+    Txn::new().when(when).and_then(ops).or_else(otherwise)
 }
 
 /// `d` as a person reads it: `1.5 s`.

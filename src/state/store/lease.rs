@@ -30,6 +30,21 @@ pub struct Fence {
     pub lease: i64,
     /// `writer/<revision>`: how many transactions the run has written, attached to `lease`.
     pub counter: String,
+    /// A pull agent's writes: the snapshot they act on, as `desired/current` and the revision
+    /// it was last changed at when the agent read it. A write is taken only while that key is
+    /// still at that revision: once a newer snapshot is published, a step of the older one
+    /// writes nothing ([`StoreError::Superseded`]).
+    pub snapshot: Option<(String, i64)>,
+}
+
+impl Fence {
+    /// This fence, also conditioned on `key` being still at `revision` (see [`Fence::snapshot`]).
+    pub fn on_snapshot(&self, key: String, revision: i64) -> Fence {
+        Fence {
+            snapshot: Some((key, revision)),
+            ..self.clone()
+        }
+    }
 }
 
 /// The lease lock of one site.
@@ -100,6 +115,7 @@ impl LeaseLock {
                 revision,
                 lease: id,
                 counter: self.keys.writer(revision),
+                snapshot: None,
             },
             keeper,
         });

@@ -37,6 +37,8 @@ mod clock;
 #[cfg_attr(not(feature = "etcd"), path = "absent.rs")]
 mod etcd;
 mod lease;
+#[cfg(feature = "etcd")]
+mod snapshot_fence;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -90,6 +92,14 @@ pub enum StoreError {
     #[error("the site's lock in etcd is no longer this run's: {0}")]
     #[diagnostic(code(drover::store::fenced))]
     Fenced(String),
+    /// A pull agent's write of a snapshot that is no longer the desired one: nothing written.
+    #[error("{key} was changed at revision {now}, after snapshot {revision} this write acts on: nothing written, a newer snapshot is published")]
+    #[diagnostic(code(drover::store::superseded))]
+    Superseded {
+        key: String,
+        revision: i64,
+        now: i64,
+    },
     /// etcd answered with an error.
     #[error("etcd: {0}")]
     #[diagnostic(code(drover::store::failed))]
