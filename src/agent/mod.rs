@@ -119,6 +119,9 @@ pub struct Agent {
     ttl: Duration,
     say: Say,
     stop: Arc<AtomicBool>,
+    /// Per (service, wave): when this agent first saw every wave before it ended, on its own
+    /// clock (a timed pause is counted from then; see [`crate::publish::Rollout::held`]).
+    waves_seen: std::sync::Mutex<std::collections::HashMap<(String, usize), std::time::Instant>>,
 }
 
 impl Agent {
@@ -183,6 +186,7 @@ pub fn run(request: &Request, say: Say) -> Result<(), AgentError> {
         say,
         stop: stop.clone(),
         runtime,
+        waves_seen: Default::default(),
     };
     link_host(&agent, &root)?;
     agent.block_on(signals(stop))?;

@@ -206,7 +206,9 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
     let hosts = [("api1", "api"), ("api2", "api")];
     let mut pull = Pull::new(&hosts);
     let policy = "policy \"slow\" {\n    batch 1\n    pause \"2s\"\n}\n";
-    pull.write_site("1.0", &service(&timed("0.2"), "true"), policy);
+    // The check is long and logged too: a pause counted from a stamp taken when the check
+    // was sent would end before the check does plus the pause.
+    pull.write_site("1.0", &service(&timed("0.2"), &timed("1.5")), policy);
     pull.publish();
     let started = Instant::now();
     for (h, _) in hosts {
@@ -220,8 +222,15 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
     let logs = pull.agent_logs();
     let first = pull.intervals("api1");
     let second = pull.intervals("api2");
-    assert_eq!((first.len(), second.len()), (1, 1), "{logs}");
-    let gap = second[0].1.saturating_sub(first[0].2);
+    assert_eq!(
+        (first.len(), second.len()),
+        (2, 2),
+        "start and check\n{logs}"
+    );
+    // From wave 1's last hook's end to wave 2's first hook's start.
+    let ended = first.iter().map(|i| i.2).max().expect("wave 1's hooks");
+    let began = second.iter().map(|i| i.1).min().expect("wave 2's hooks");
+    let gap = began.saturating_sub(ended);
     assert!(
         gap >= 2_000_000_000,
         "wave 2 started {} ms after wave 1 ended: {first:?} {second:?}\n{logs}",
