@@ -126,6 +126,9 @@ pub struct Agent {
     /// snapshot they were of, and the writes): the host records that step, so they are
     /// published again under the snapshot the agent takes up next, before anything else.
     unpublished: Mutex<Option<(String, Vec<Write>)>>,
+    /// Per (service, wave): when this agent first saw every wave before it ended, on its own
+    /// clock (a timed pause is counted from then; see [`crate::publish::Rollout::held`]).
+    waves_seen: std::sync::Mutex<std::collections::HashMap<(String, usize), std::time::Instant>>,
 }
 
 impl Agent {
@@ -237,6 +240,7 @@ fn start(
         stop,
         runtime,
         unpublished: Mutex::new(None),
+        waves_seen: Default::default(),
     };
     link_host(&agent, &root)?;
     Ok(agent)

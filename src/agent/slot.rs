@@ -179,7 +179,19 @@ async fn wait_for_wave(
         } else {
             0
         };
-        match rollout.held(&view, position, resumed, std::time::SystemTime::now()) {
+        // A timed pause runs from when this agent first saw the waves before ended.
+        let now = std::time::Instant::now();
+        let seen = {
+            let mut seen = agent.waves_seen.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (rollout.name.clone(), rollout.wave_of(position));
+            if rollout.waves_before_ended(&view, position) {
+                Some(*seen.entry(key).or_insert(now))
+            } else {
+                seen.remove(&key);
+                None
+            }
+        };
+        match rollout.held(&view, position, resumed, seen, now) {
             None => return Ok(true),
             Some(why) => {
                 if said.as_ref() != Some(&why) {

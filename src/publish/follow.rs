@@ -4,8 +4,10 @@
 //! site's state, turned into events: a host's `busy/` intent for the service's version is its
 //! step starting, its published status at that version its step ending. It ends once every
 //! service of the snapshot ended: each of its hosts ended at the version, or its failure budget
-//! is spent (halted), or a runtime need it waits on halted (blocked), with none of its hosts
-//! stepping; or when a newer snapshot is published, or on SIGINT/SIGTERM.
+//! is spent or its canary failed (halted), or a service it needs at runtime ended (failed,
+//! halted, blocked) short of the need's `healthy=` (blocked), with none of its hosts stepping;
+//! or when a newer snapshot is published, or on SIGINT/SIGTERM. Following a snapshot that was
+//! current already, a host that had failed at it has ended (its agent never steps to it again).
 
 use super::progress::{Ended, Rollout};
 use super::Manifest;
@@ -48,6 +50,9 @@ struct Followed1 {
     last: Vec<Ended>,
     announced: bool,
     finished: Option<ServiceOutcome>,
+    /// Per host: it had failed at the version of a snapshot that was current already (the
+    /// agent never retries it): ended, failed, from the start.
+    failed_before: Vec<bool>,
 }
 
 /// Follows snapshot `digest` of `site` to its end (see the module's text), its events to `sink`.
@@ -57,6 +62,7 @@ pub async fn follow(
     site: &Site,
     manifest: &Manifest,
     digest: &str,
+    unchanged: bool,
     sink: &dyn Sink,
 ) -> Result<Followed, StoreError> {
     let began = Instant::now();
@@ -64,30 +70,7 @@ pub async fn follow(
     // The watch first: no change between the read and the watch is missed.
     let mut watching = Some(etcd.watch(keys.root()).await?);
     let view = etcd.read(keys).await?;
-    let mut services: Vec<Followed1> = site
-        .order
-        .iter()
-        .map(|&sid| {
-            let rollout = Rollout::new(site, manifest, sid);
-            let initial = rollout
-                .hosts
-                .iter()
-                .zip(rollout.ended(&view))
-                .map(|(h, e)| (e, stamp(&view, h, &rollout.name)))
-                .collect();
-            let n = rollout.hosts.len();
-            Followed1 {
-                rollout,
-                initial,
-                started: vec![false; n],
-                reported: vec![false; n],
-                kinds: vec![None; n],
-                last: vec![Ended::Not; n],
-                announced: false,
-                finished: None,
-            }
-        })
-        .collect();
+    let mut services = followed(site, manifest, &view, unchanged);
     let steps: usize = services.iter().map(|s| todo(s).count()).sum();
     sink.emit(Event::now(EventKind::RunStarted {
         schema: EVENT_SCHEMA,
@@ -132,6 +115,41 @@ pub async fn follow(
         }
         view = etcd.read(keys).await?;
     }
+}
+
+/// Each service of `site` as the follow begins, from `view` (`unchanged`: the snapshot was
+/// current already when published).
+fn followed(site: &Site, manifest: &Manifest, view: &View, unchanged: bool) -> Vec<Followed1> {
+    site.order
+        .iter()
+        .map(|&sid| {
+            let rollout = Rollout::new(site, manifest, sid);
+            let ended = rollout.ended(view);
+            let initial = rollout
+                .hosts
+                .iter()
+                .zip(&ended)
+                .map(|(h, e)| (*e, stamp(view, h, &rollout.name)))
+                .collect();
+            let n = rollout.hosts.len();
+            Followed1 {
+                // An agent does not step again to an unchanged snapshot a host failed at:
+                // that failure is this snapshot's end for the host.
+                failed_before: ended
+                    .iter()
+                    .map(|e| unchanged && *e == Ended::Failed)
+                    .collect(),
+                rollout,
+                initial,
+                started: vec![false; n],
+                reported: vec![false; n],
+                kinds: vec![None; n],
+                last: vec![Ended::Not; n],
+                announced: false,
+                finished: None,
+            }
+        })
+        .collect()
 }
 
 /// Listens to SIGINT and SIGTERM from now on: resolves on either (never, when they cannot be
@@ -191,8 +209,9 @@ fn step(site: &Site, view: &View, services: &mut [Followed1], sink: &dyn Sink) {
                 .and_then(|e| e.busy.as_ref())
                 .is_some_and(|b| b.service == name && b.to == version);
             busy_any |= busy;
-            let new_end =
-                ended[j] != Ended::Not && (ended[j], stamp(view, &host, &name)) != s.initial[j];
+            let new_end = ended[j] != Ended::Not
+                && ((ended[j], stamp(view, &host, &name)) != s.initial[j]
+                    || (s.failed_before[j] && ended[j] == Ended::Failed));
             let from = entry
                 .and_then(|e| e.services.get(&name))
                 .and_then(|p| p.running.as_ref())
@@ -286,6 +305,8 @@ fn step(site: &Site, view: &View, services: &mut [Followed1], sink: &dyn Sink) {
                     s.rollout.budget
                 )),
             )
+        } else if let Some(why) = canary_failed(&s.rollout, &ended) {
+            (ServiceOutcome::Halted, Some(why))
         } else if let Some(why) = blocked {
             (ServiceOutcome::Blocked, Some(why))
         } else {
@@ -303,12 +324,34 @@ fn step(site: &Site, view: &View, services: &mut [Followed1], sink: &dyn Sink) {
     }
 }
 
+/// Why the hosts after the canary never start: every canary host ended, one failed (within
+/// the failure budget, agents hold the others until the canary passed).
+fn canary_failed(rollout: &Rollout, ended: &[Ended]) -> Option<String> {
+    let canary = &ended[..rollout.canary];
+    if canary.is_empty()
+        || canary.len() == rollout.hosts.len()
+        || canary.contains(&Ended::Not)
+        || !canary.contains(&Ended::Failed)
+    {
+        return None;
+    }
+    let failed: Vec<&str> = (0..rollout.canary)
+        .filter(|i| ended[*i] == Ended::Failed)
+        .map(|i| rollout.hosts[i].as_str())
+        .collect();
+    Some(format!(
+        "the canary failed at {}: {}",
+        rollout.version,
+        failed.join(", ")
+    ))
+}
+
 fn todo_vec(s: &Followed1) -> Vec<usize> {
     todo(s).collect()
 }
 
-/// Why `service` can no longer start: a service it needs at runtime ended halted or blocked
-/// with fewer of its hosts healthy than the need asks.
+/// Why `service` can no longer start: a service it needs at runtime ended (failed, halted or
+/// blocked) with fewer of its hosts healthy than the need asks.
 fn blocked_by(
     site: &Site,
     view: &View,
@@ -322,12 +365,9 @@ fn blocked_by(
         let Some(x) = services.iter().find(|s| s.rollout.service == need.service) else {
             continue;
         };
-        if !matches!(
-            x.finished,
-            Some(ServiceOutcome::Halted | ServiceOutcome::Blocked)
-        ) {
+        let Some(outcome) = x.finished else {
             continue;
-        }
+        };
         let of = x.rollout.hosts.len();
         let wanted = need
             .healthy
@@ -341,8 +381,13 @@ fn blocked_by(
             .count();
         if healthy < wanted {
             return Some(format!(
-                "needs {} healthy on {wanted} of {of} hosts, {healthy} are, and it stopped",
-                x.rollout.name
+                "needs {} healthy on {wanted} of {of} hosts, {healthy} are, and it ended {}",
+                x.rollout.name,
+                match outcome {
+                    ServiceOutcome::Halted => "halted",
+                    ServiceOutcome::Blocked => "blocked",
+                    _ => "failed",
+                }
             ));
         }
     }
@@ -405,4 +450,168 @@ fn finish(
         ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
     }));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{History, Snapshot};
+    use crate::rollout::Event;
+    use crate::state::store::{Published, RunningValue, StatusValue};
+    use crate::state::{Mark, Outcome};
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<EventKind>>);
+
+    impl Sink for Collect {
+        fn emit(&self, event: Event) {
+            self.0.lock().unwrap().push(event.kind);
+        }
+    }
+
+    impl Collect {
+        /// `service-finished` events: (service, outcome, reason, failed, not started).
+        fn finished(&self) -> Vec<(String, ServiceOutcome, Option<String>, usize, usize)> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|k| match k {
+                    EventKind::ServiceFinished {
+                        service,
+                        outcome,
+                        reason,
+                        failed,
+                        not_started,
+                        ..
+                    } => Some((
+                        service.clone(),
+                        *outcome,
+                        reason.clone(),
+                        *failed,
+                        *not_started,
+                    )),
+                    _ => None,
+                })
+                .collect()
+        }
+    }
+
+    /// `db` on d1 and d2 (`on-failure "continue"`, batch 1), `web` on w1, needing `db`
+    /// healthy on all its hosts.
+    fn site() -> (tempfile::TempDir, Site, Manifest) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w =
+            |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        w(
+            "platform.kdl",
+            "platform \"p\" { transport \"local\"; inventory \"static\" {\n\
+             host \"d1\" address=\"10.0.0.1\" class=\"db\"\n\
+             host \"d2\" address=\"10.0.0.2\" class=\"db\"\n\
+             host \"w1\" address=\"10.0.0.3\" class=\"web\"\n} }",
+        );
+        w(
+            "cont.kdl",
+            "policy \"cont\" { batch 1; on-failure \"continue\"; }\n",
+        );
+        w(
+            "site.kdl",
+            "site \"shop\" { version \"2\"; platform \"platform.kdl\" }\n\
+             class \"db\" { service \"db\" }\n\
+             class \"web\" { service \"web\" }\n\
+             service \"db\" { port 82; start \"run\"; policy \"cont.kdl\" }\n\
+             service \"web\" { port 80; start \"run\"; needs \"db\" healthy=\"all\" }\n",
+        );
+        let site = crate::site::load(&dir.path().join("site.kdl")).expect("site");
+        let hosts = crate::inventory::resolve(&site).expect("hosts");
+        let snapshot = Snapshot::take(&site, &History::default().blobs()).expect("snapshot");
+        let manifest = Manifest::new(&site, &hosts, snapshot);
+        (dir, site, manifest)
+    }
+
+    /// `view` with `service` on `host` ended at version 2 with `outcome`.
+    fn end(view: &mut View, host: &str, service: &str, outcome: Outcome) {
+        let status = StatusValue {
+            schema: 1,
+            version: "2".into(),
+            mark: Mark {
+                outcome,
+                at: "2026-01-01T00:00:00Z".into(),
+                run: "r".into(),
+                log: "l".into(),
+                hook: Some("check".into()),
+            },
+        };
+        let running = RunningValue {
+            schema: 1,
+            version: if outcome == Outcome::Success {
+                "2"
+            } else {
+                "1"
+            }
+            .into(),
+            address: "a".into(),
+            fingerprint: None,
+            run: "r".into(),
+            at: "2026-01-01T00:00:00Z".into(),
+        };
+        view.hosts.entry(host.into()).or_default().services.insert(
+            service.into(),
+            Published {
+                running: Some(running),
+                configured: Some(status.clone()),
+                validated: Some(status),
+            },
+        );
+    }
+
+    #[test]
+    fn a_dependent_of_a_service_that_ended_failed_below_its_threshold_ends_blocked() {
+        let (_dir, site, manifest) = site();
+        let mut services = followed(&site, &manifest, &View::default(), false);
+        let sink = Collect::default();
+        let mut view = View::default();
+        end(&mut view, "d1", "db", Outcome::Success);
+        end(&mut view, "d2", "db", Outcome::Failure);
+        step(&site, &view, &mut services, &sink);
+        assert!(services.iter().all(|s| s.finished.is_some()), "ended");
+        let finished = sink.finished();
+        assert_eq!(finished[0].1, ServiceOutcome::Failed, "{finished:?}");
+        let web = &finished[1];
+        assert_eq!((web.0.as_str(), web.1), ("web", ServiceOutcome::Blocked));
+        let why = web.2.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("needs db healthy on 2 of 2 hosts, 1 are, and it ended failed"),
+            "{why}"
+        );
+        assert_eq!(web.4, 1, "web1 never started");
+    }
+
+    #[test]
+    fn a_host_failed_at_an_unchanged_snapshot_has_ended() {
+        let (_dir, site, manifest) = site();
+        let mut view = View::default();
+        end(&mut view, "d1", "db", Outcome::Success);
+        end(&mut view, "d2", "db", Outcome::Failure);
+        end(&mut view, "w1", "web", Outcome::Success);
+        // A snapshot published anew: d2's agent steps again, its end is still to come.
+        let mut services = followed(&site, &manifest, &view, false);
+        let sink = Collect::default();
+        step(&site, &view, &mut services, &sink);
+        assert!(services[0].finished.is_none());
+        // Unchanged: d2's agent never steps to it again; its failure is its end.
+        let mut services = followed(&site, &manifest, &view, true);
+        let sink = Collect::default();
+        step(&site, &view, &mut services, &sink);
+        assert!(services.iter().all(|s| s.finished.is_some()), "ended");
+        let finished = sink.finished();
+        assert_eq!(
+            (finished[0].1, finished[0].3, finished[0].4),
+            (ServiceOutcome::Failed, 1, 0),
+            "{finished:?}"
+        );
+        let out = finish(&services, &sink, Instant::now(), false, None);
+        assert_eq!((out.failed, out.converged), (1, false));
+    }
 }

@@ -156,7 +156,16 @@ pub fn publish_and_follow(
         let Some(sink) = sink else {
             return Ok((done, None));
         };
-        let followed = follow::follow(&etcd, &keys, &site, &manifest, &done.digest, sink).await?;
+        let followed = follow::follow(
+            &etcd,
+            &keys,
+            &site,
+            &manifest,
+            &done.digest,
+            done.unchanged,
+            sink,
+        )
+        .await?;
         Ok((done, Some(followed)))
     })
 }

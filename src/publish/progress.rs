@@ -9,7 +9,7 @@ use crate::site::{OnFailure, Pause, Round, ServiceId, Site};
 use crate::state::store::View;
 use crate::state::Outcome;
 use serde::{Deserialize, Serialize};
-use std::time::{Duration, SystemTime};
+use std::time::Instant;
 
 /// Version of the value at `resume/<service>`.
 pub const RESUME_SCHEMA: u32 = 1;
@@ -133,17 +133,35 @@ impl Rollout {
             .min()
     }
 
+    /// Whether every wave before the one of the host at `position` ended (the canary's
+    /// hosts passed): the moment an agent first sees this is when a timed pause starts.
+    pub fn waves_before_ended(&self, view: &View, position: usize) -> bool {
+        let wave = self.wave_of(position);
+        let ended = self.ended(view);
+        (0..self.hosts.len())
+            .filter(|i| self.wave_of(*i) < wave)
+            .all(|i| match ended[i] {
+                Ended::Not => false,
+                Ended::Failed => self.canary == 0 || self.wave_of(i) > 0,
+                Ended::Passed => true,
+            })
+    }
+
     /// Why the host at `position` may not start yet by the waves (`None`: it may): under a
     /// canary, a host after it waits until every canary host passed; under a pause, a wave
     /// waits until every wave before it ended, then for the pause (`resumed`: the waves
-    /// `deploy resume` confirmed at this snapshot; `now`, to count a timed pause from the end
-    /// of the wave before, as its hosts' statuses stamp it).
+    /// `deploy resume` confirmed at this snapshot). A timed pause is counted on the waiting
+    /// agent's own clock, from `seen`: when it first saw every wave before ended
+    /// ([`Rollout::waves_before_ended`]), never from another host's stamps (taken when a
+    /// step's command was sent, on another clock). Without `seen` the wave waits (fails
+    /// closed).
     pub fn held(
         &self,
         view: &View,
         position: usize,
         resumed: usize,
-        now: SystemTime,
+        seen: Option<Instant>,
+        now: Instant,
     ) -> Option<String> {
         let wave = self.wave_of(position);
         if wave == 0 {
@@ -187,14 +205,8 @@ impl Rollout {
             )),
             Pause::Confirm => None,
             Pause::Wait(d) => {
-                let last = before
-                    .iter()
-                    .filter(|i| self.wave_of(**i) + 1 == wave)
-                    .filter_map(|i| ended_at(view, &self.hosts[*i], &self.name, &self.version))
-                    .max()?;
-                // Stamps are to the second: counted from the end of that second.
-                let until = last + Duration::from_secs(1) + d;
-                (now < until).then(|| {
+                let over = seen.is_some_and(|seen| now >= seen + d);
+                (!over).then(|| {
                     format!(
                         "wave {} waits for the pause of {} after wave {wave}",
                         wave + 1,
@@ -249,17 +261,6 @@ pub fn ended(view: &View, host: &str, service: &str, version: &str) -> Ended {
     }
 }
 
-/// When the host's step to `version` ended, as its published status stamps it.
-fn ended_at(view: &View, host: &str, service: &str, version: &str) -> Option<SystemTime> {
-    let p = view.hosts.get(host)?.services.get(service)?;
-    [&p.configured, &p.validated]
-        .into_iter()
-        .flatten()
-        .filter(|s| s.version == version)
-        .filter_map(|s| humantime::parse_rfc3339_weak(&s.mark.at).ok())
-        .max()
-}
-
 /// The waves `resume/<service>` confirms at snapshot `digest` (0 when none, or another
 /// snapshot's, or a value this deploy cannot read).
 pub fn resumed(value: Option<&[u8]>, digest: &str) -> usize {
@@ -272,6 +273,7 @@ pub fn resumed(value: Option<&[u8]>, digest: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn rollout(hosts: usize, batch: usize, canary: usize, pause: Pause) -> Rollout {
         Rollout {
@@ -346,42 +348,46 @@ mod tests {
     #[test]
     fn after_a_canary_the_rest_wait_until_it_passed_and_a_failed_one_holds_them() {
         let r = rollout(4, 2, 1, Pause::Wait(Duration::ZERO));
-        let now = SystemTime::now();
-        assert_eq!(r.held(&View::default(), 0, 0, now), None, "the canary goes");
-        let why = r.held(&View::default(), 3, 0, now).expect("held");
+        let now = Instant::now();
+        assert_eq!(
+            r.held(&View::default(), 0, 0, None, now),
+            None,
+            "the canary goes"
+        );
+        let why = r.held(&View::default(), 3, 0, None, now).expect("held");
         assert!(why.contains("canary has not passed at 2: h1"), "{why}");
         let failed = view(&[("h1", Outcome::Failure, T)]);
         assert!(
-            r.held(&failed, 1, 0, now).is_some(),
+            r.held(&failed, 1, 0, None, now).is_some(),
             "a failed canary holds"
         );
         let passed = view(&[("h1", Outcome::Success, T)]);
         // No pause: every other wave may go at once (the semaphore keeps the batch).
-        assert_eq!(r.held(&passed, 3, 0, now), None);
+        assert_eq!(r.held(&passed, 3, 0, None, now), None);
     }
 
     #[test]
     fn a_confirmed_pause_lets_one_wave_go_once_the_one_before_ended() {
         let r = rollout(3, 1, 0, Pause::Confirm);
-        let now = SystemTime::now();
+        let now = Instant::now();
         let none = View::default();
         assert_eq!(
             r.awaiting_resume(&none, 0),
             None,
             "wave 1 runs: nothing waits"
         );
-        let why = r.held(&none, 1, 1, now).expect("held");
+        let why = r.held(&none, 1, 1, None, now).expect("held");
         assert!(why.contains("waves before it: h1 not ended"), "{why}");
         let one = view(&[("h1", Outcome::Success, T)]);
         assert_eq!(r.awaiting_resume(&one, 0), Some(1));
         assert!(r
-            .held(&one, 1, 0, now)
+            .held(&one, 1, 0, None, now)
             .expect("held")
             .contains("deploy resume"));
-        assert_eq!(r.held(&one, 1, 1, now), None, "resumed");
+        assert_eq!(r.held(&one, 1, 1, None, now), None, "resumed");
         // Wave 3 waits for wave 2, then for a resume of its own.
         assert!(r
-            .held(&one, 2, 1, now)
+            .held(&one, 2, 1, None, now)
             .expect("held")
             .contains("h2 not ended"));
         // A failure past the budget (0 here): no wave awaits a resume any more.
@@ -389,8 +395,8 @@ mod tests {
         assert_eq!(r.awaiting_resume(&spent, 1), None);
         let two = view(&[("h1", Outcome::Success, T), ("h2", Outcome::Success, T)]);
         assert_eq!(r.awaiting_resume(&two, 1), Some(2));
-        assert!(r.held(&two, 2, 1, now).is_some());
-        assert_eq!(r.held(&two, 2, 2, now), None);
+        assert!(r.held(&two, 2, 1, None, now).is_some());
+        assert_eq!(r.held(&two, 2, 2, None, now), None);
         let all = view(&[
             ("h1", Outcome::Success, T),
             ("h2", Outcome::Success, T),
@@ -400,15 +406,35 @@ mod tests {
     }
 
     #[test]
-    fn a_timed_pause_runs_from_the_end_of_the_second_the_wave_before_ended() {
+    fn a_timed_pause_runs_from_when_the_waiting_agent_first_saw_the_wave_before_ended() {
         let r = rollout(2, 1, 0, Pause::Wait(Duration::from_secs(30)));
-        let ended = humantime::parse_rfc3339(T).unwrap();
+        // h1's stamp is long past: stamps (another host's, taken when a command was sent)
+        // count for nothing.
         let v = view(&[("h1", Outcome::Success, T)]);
-        assert!(r.held(&v, 1, 0, ended + Duration::from_secs(30)).is_some());
+        let seen = Instant::now();
+        assert!(r.waves_before_ended(&v, 1));
+        assert!(!r.waves_before_ended(&View::default(), 1));
+        assert!(r.held(&v, 1, 0, Some(seen), seen).is_some());
         assert!(r
-            .held(&v, 1, 0, ended + Duration::from_millis(30_999))
+            .held(&v, 1, 0, Some(seen), seen + Duration::from_millis(29_999))
             .is_some());
-        assert_eq!(r.held(&v, 1, 0, ended + Duration::from_secs(31)), None);
+        assert_eq!(
+            r.held(&v, 1, 0, Some(seen), seen + Duration::from_secs(30)),
+            None
+        );
+        // Not seen ended yet (or no parsable stamp at all): the wave waits.
+        let unstamped = view(&[("h1", Outcome::Success, "not a time")]);
+        let why = r
+            .held(&unstamped, 1, 0, None, seen + Duration::from_secs(3600))
+            .expect("held");
+        assert!(why.contains("pause of 30s after wave 1"), "{why}");
+    }
+
+    #[test]
+    fn a_failed_canary_is_not_the_wave_before_ended() {
+        let r = rollout(3, 1, 1, Pause::Wait(Duration::from_secs(1)));
+        assert!(!r.waves_before_ended(&view(&[("h1", Outcome::Failure, T)]), 1));
+        assert!(r.waves_before_ended(&view(&[("h1", Outcome::Success, T)]), 1));
     }
 
     #[test]

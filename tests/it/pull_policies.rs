@@ -220,7 +220,9 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
     let hosts = [("api1", "api"), ("api2", "api")];
     let mut pull = Pull::new(&hosts);
     let policy = "policy \"slow\" {\n    batch 1\n    pause \"2s\"\n}\n";
-    pull.write_site("1.0", &service(&timed("0.2"), "true"), policy);
+    // The check is long and logged too: a pause counted from a stamp taken when the check
+    // was sent would end before the check does plus the pause.
+    pull.write_site("1.0", &service(&timed("0.2"), &timed("1.5")), policy);
     pull.publish();
     let started = Instant::now();
     for (h, _) in hosts {
@@ -234,8 +236,15 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
     let logs = pull.agent_logs();
     let first = pull.intervals("api1");
     let second = pull.intervals("api2");
-    assert_eq!((first.len(), second.len()), (1, 1), "{logs}");
-    let gap = second[0].1.saturating_sub(first[0].2);
+    assert_eq!(
+        (first.len(), second.len()),
+        (2, 2),
+        "start and check\n{logs}"
+    );
+    // From wave 1's last hook's end to wave 2's first hook's start.
+    let ended = first.iter().map(|i| i.2).max().expect("wave 1's hooks");
+    let began = second.iter().map(|i| i.1).min().expect("wave 2's hooks");
+    let gap = began.saturating_sub(ended);
     assert!(
         gap >= 2_000_000_000,
         "wave 2 started {} ms after wave 1 ended: {first:?} {second:?}\n{logs}",
@@ -510,4 +519,58 @@ fn publish_follow_ends_when_a_newer_snapshot_is_published_or_on_sigint() {
         Duration::from_secs(60),
         || pull.recorded("api1", "api").as_deref() == Some("4.0"),
     );
+}
+
+#[test]
+fn publish_follow_ends_a_service_whose_canary_failed_within_its_budget_as_halted() {
+    let hosts = [("api1", "api"), ("api2", "api"), ("api3", "api")];
+    let mut pull = Pull::new(&hosts);
+    // max-failed 1: the failed canary leaves the budget whole, but the agents hold the rest
+    // until a canary passes, which never comes at this snapshot.
+    let policy = "policy \"c\" {\n    batch 1\n    canary 1\n    max-failed 1\n}\n";
+    pull.write_site("1.0", &service(&timed("0.2"), "test ! -e fail"), policy);
+    pull.publish();
+    for (h, _) in hosts {
+        pull.start_agent(h);
+    }
+    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
+        hosts
+            .iter()
+            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
+    });
+
+    std::fs::write(pull.host_dir("api1").join("fail"), "").expect("fail marker");
+    pull.write_site("2.0", &service(&timed("0.2"), "test ! -e fail"), policy);
+    let (code, _, all) = follow(&pull, Duration::from_secs(120));
+    let logs = pull.agent_logs();
+    assert_eq!(code, Some(1), "{all:?}\n{logs}");
+    let api = events(&all, "service-finished");
+    assert_eq!(api.len(), 1, "{all:?}");
+    assert_eq!(api[0]["outcome"], "halted", "{}", api[0]);
+    assert!(
+        api[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("the canary failed at 2.0: api1")),
+        "{}",
+        api[0]
+    );
+    assert_eq!(
+        (api[0]["failed"].as_u64(), api[0]["not_started"].as_u64()),
+        (Some(1), Some(2)),
+        "{}",
+        api[0]
+    );
+    let end = events(&all, "run-finished");
+    assert_eq!(end[0]["converged"], false, "{}", end[0]);
+
+    // Followed again, the snapshot unchanged: api1's agent never steps to it again, so its
+    // failure is the end of api1's step, counted as such.
+    let (code, published, all) = follow(&pull, Duration::from_secs(60));
+    assert_eq!(published["unchanged"], true, "{published}");
+    assert_eq!(code, Some(1), "{all:?}\n{}", pull.agent_logs());
+    let api = events(&all, "service-finished");
+    assert_eq!(api[0]["outcome"], "halted", "{}", api[0]);
+    assert_eq!(api[0]["failed"].as_u64(), Some(1), "{}", api[0]);
+    let end = events(&all, "run-finished");
+    assert_eq!(end[0]["failed"].as_u64(), Some(1), "{}", end[0]);
 }
