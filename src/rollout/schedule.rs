@@ -152,11 +152,10 @@ pub struct Scheduler<T: Transport> {
     /// (`(service, host)`) it waits for, found once.
     unread_waits: HashMap<(usize, usize), Vec<(usize, usize)>>,
     /// Pool waits dropped because they would go round: the plan's, and those found as hosts
-    /// are read during the run ([`Self::drop_rounds`]).
-    dropped: HashSet<crate::plan::WaitKey>,
-    /// Per dropped wait, the services (by index) of the round it would go: when one of them is
-    /// planned during the run, the round may be gone ([`Self::replan`]).
-    dropped_by: HashMap<crate::plan::WaitKey, Vec<usize>>,
+    /// are read during the run ([`Self::drop_rounds`]); each with the services (by index) of
+    /// the round it would go: when one of them is planned during the run, the round may be
+    /// gone ([`Self::replan`]).
+    dropped: HashMap<crate::plan::WaitKey, Vec<usize>>,
     /// The dropped waits said already (the plan's, and each found during the run once).
     said_drops: HashSet<crate::plan::WaitKey>,
     /// Waits may have come to light since they were last looked at.
@@ -281,8 +280,7 @@ impl<T: Transport> Scheduler<T> {
             early,
             closure,
             unread_waits: HashMap::new(),
-            dropped: HashSet::new(),
-            dropped_by: HashMap::new(),
+            dropped: HashMap::new(),
             said_drops: HashSet::new(),
             rounds_due: true,
             dependents,
@@ -290,9 +288,8 @@ impl<T: Transport> Scheduler<T> {
             removals: removing::Removals::default(),
             reverts,
         };
-        scheduler.dropped_by = scheduler.plan_drops();
-        scheduler.dropped = scheduler.dropped_by.keys().copied().collect();
-        scheduler.said_drops = scheduler.dropped.clone();
+        scheduler.dropped = scheduler.plan_drops();
+        scheduler.said_drops = scheduler.dropped.keys().copied().collect();
         for h in 0..scheduler.hosts.len() {
             if scheduler.may_repoint(h) {
                 scheduler.hosts[h].steps_left += 1;

@@ -6,7 +6,7 @@
 use super::super::event::EventKind;
 use super::super::{record_of, Planned};
 use super::{job_of, Scheduler};
-use crate::plan::{Plan, StepKind, WaitKey};
+use crate::plan::{Plan, StepKind};
 use crate::state::Observed;
 use crate::transport::Transport;
 use std::collections::{HashMap, HashSet};
@@ -264,23 +264,7 @@ impl<T: Transport> Scheduler<T> {
         merged.dropped_waits = old
             .dropped_waits
             .iter()
-            .filter(|d| {
-                let key = (
-                    self.service_index.get(&*d.service),
-                    self.host_index.get(&d.host),
-                    self.service_index.get(&*d.waits_for.service),
-                    self.host_index.get(&d.waits_for.host),
-                );
-                let (Some(&service), Some(&host), Some(&on), Some(&on_host)) = key else {
-                    return true;
-                };
-                !undone.contains(&WaitKey {
-                    service,
-                    host,
-                    on,
-                    on_host,
-                })
-            })
+            .filter(|d| self.key_of(d).is_none_or(|k| !undone.contains(&k)))
             .cloned()
             .collect();
         self.rounds_due = true;

@@ -46,21 +46,24 @@ impl<T: Transport> Scheduler<T> {
     /// The plan's dropped waits, by index, each with the services of its round: none of them
     /// is waited for.
     pub(super) fn plan_drops(&self) -> HashMap<WaitKey, Vec<usize>> {
-        let plan = &self.r.plan;
+        self.r
+            .plan
+            .dropped_waits
+            .iter()
+            .filter_map(|d| Some((self.key_of(d)?, self.round_services(d))))
+            .collect()
+    }
+
+    /// A dropped wait by the plan's names, by index (`None`: a name not of this run).
+    pub(super) fn key_of(&self, d: &crate::plan::DroppedWait) -> Option<WaitKey> {
         let service = |n: &str| self.service_index.get(n).copied();
         let host = |n: &str| self.host_index.get(n).copied();
-        plan.dropped_waits
-            .iter()
-            .filter_map(|d| {
-                let key = WaitKey {
-                    service: service(&d.service)?,
-                    host: host(&d.host)?,
-                    on: service(&d.waits_for.service)?,
-                    on_host: host(&d.waits_for.host)?,
-                };
-                Some((key, self.round_services(d)))
-            })
-            .collect()
+        Some(WaitKey {
+            service: service(&d.service)?,
+            host: host(&d.host)?,
+            on: service(&d.waits_for.service)?,
+            on_host: host(&d.waits_for.host)?,
+        })
     }
 
     /// The services (by index) a dropped wait's round goes through, its two ends among them.
@@ -82,21 +85,20 @@ impl<T: Transport> Scheduler<T> {
     /// that are kept are given back. Rounds through the others stand as they were.
     pub(super) fn undrop_rounds_through(&mut self, newly: &[usize]) -> HashSet<WaitKey> {
         let undone: HashSet<WaitKey> = self
-            .dropped_by
+            .dropped
             .iter()
             .filter(|(_, services)| services.iter().any(|s| newly.contains(s)))
             .map(|(k, _)| *k)
             .collect();
         for key in &undone {
             self.dropped.remove(key);
-            self.dropped_by.remove(key);
         }
         undone
     }
 
     /// Whether the step of service `s` on host `h` no longer waits for that of `t` on `n`.
     pub(super) fn wait_dropped(&self, s: usize, h: usize, t: usize, n: usize) -> bool {
-        self.dropped.contains(&WaitKey {
+        self.dropped.contains_key(&WaitKey {
             service: s,
             host: h,
             on: t,
@@ -146,12 +148,12 @@ impl<T: Transport> Scheduler<T> {
                 .collect(),
             more,
         };
-        let found = crate::plan::go_round(&plan, &now, &self.dropped);
+        let dropped: HashSet<WaitKey> = self.dropped.keys().copied().collect();
+        let found = crate::plan::go_round(&plan, &now, &dropped);
         for (key, round) in found {
-            self.dropped.insert(key);
             let d = crate::plan::said(&plan, key, &round);
             let services = self.round_services(&d);
-            self.dropped_by.insert(key, services);
+            self.dropped.insert(key, services);
             if !self.said_drops.insert(key) {
                 continue;
             }
