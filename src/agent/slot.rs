@@ -66,19 +66,7 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
 async fn slot_after_wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
     let name = &a.site.services[a.service].name;
     let key = agent.keys.slot(name, &agent.host);
-    let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key.clone(), agent.ttl);
-    let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
-    match lock.acquire(&me, false).await {
-        Ok(_) => {}
-        // Left by this very process (a step that ended on an error before giving it back):
-        // it is ours, taken over.
-        Err(LockError::Held {
-            holder: Some(h), ..
-        }) if is_mine(&h, &me) => {
-            lock.acquire(&me, true).await.map_err(lock_error)?;
-        }
-        Err(e) => return Err(lock_error(e)),
-    }
+    let (lock, me) = take_key(agent, a, key.clone()).await?;
     let Some(fence) = lock.fence() else {
         let _ = lock.release(&me).await;
         return Err(AgentError::Store(crate::state::store::StoreError::Failed(
@@ -127,18 +115,7 @@ async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Option<Waiting>
         return Ok(Some(None));
     };
     let key = agent.keys.waiting(&rollout.name, &agent.host);
-    let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key, agent.ttl);
-    let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
-    match lock.acquire(&me, false).await {
-        Ok(_) => {}
-        // Left by this very process (a wait that ended on an error): taken over.
-        Err(LockError::Held {
-            holder: Some(h), ..
-        }) if is_mine(&h, &me) => {
-            lock.acquire(&me, true).await.map_err(lock_error)?;
-        }
-        Err(e) => return Err(lock_error(e)),
-    }
+    let (lock, me) = take_key(agent, a, key).await?;
     let waiting = Waiting { lock, me };
     match wait_for_wave(agent, a, &rollout, position).await {
         Ok(true) => Ok(Some(Some(waiting))),
@@ -147,6 +124,28 @@ async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Option<Waiting>
             other.map(|_| None)
         }
     }
+}
+
+/// Takes `key` on a lease of the agent's own (a slot, or its waiting key); one left by this
+/// very process (a step or a wait that ended on an error before giving it back) is ours,
+/// taken over.
+async fn take_key(
+    agent: &Agent,
+    a: &Admission<'_>,
+    key: String,
+) -> Result<(LeaseLock, Holder), AgentError> {
+    let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key, agent.ttl);
+    let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
+    match lock.acquire(&me, false).await {
+        Ok(_) => {}
+        Err(LockError::Held {
+            holder: Some(h), ..
+        }) if is_mine(&h, &me) => {
+            lock.acquire(&me, true).await.map_err(lock_error)?;
+        }
+        Err(e) => return Err(lock_error(e)),
+    }
+    Ok((lock, me))
 }
 
 fn lock_error(e: LockError) -> AgentError {
