@@ -53,22 +53,13 @@ fn agents_converge_a_two_tier_site_a_batch_at_a_time_and_status_agrees() {
     for (h, _) in hosts {
         pull.start_agent(h);
     }
-    let converged = |pull: &Pull, version: &str| {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some(version))
-    };
-    pull.wait("every host runs 1.0", Duration::from_secs(300), || {
-        converged(&pull, "1.0")
-    });
+    pull.wait_every(&hosts, "1.0", Duration::from_secs(300));
 
     // A new version, published while the agents run: they converge on it.
     let marks: Vec<usize> = hosts.iter().map(|(h, _)| pull.intervals(h).len()).collect();
     pull.write_site("2.0", &two_tier_services(), HALF);
     pull.publish();
-    pull.wait("every host runs 2.0", Duration::from_secs(300), || {
-        converged(&pull, "2.0")
-    });
+    pull.wait_every(&hosts, "2.0", Duration::from_secs(300));
     let logs = pull.agent_logs();
     for round in 0..2 {
         let mut by_service: std::collections::BTreeMap<String, Vec<(u128, u128)>> =
@@ -238,11 +229,7 @@ fn once_the_failure_budget_is_spent_no_host_is_admitted_anywhere() {
     );
     pull.write_site("1.1", &fixed, one);
     pull.publish();
-    pull.wait("every host runs 1.1", Duration::from_secs(180), || {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.1"))
-    });
+    pull.wait_every(&hosts, "1.1", Duration::from_secs(180));
     assert!(
         pull.agent_logs()
             .contains("web: a newer snapshot was published: the slot is given back"),
@@ -401,11 +388,7 @@ fn a_killed_agents_slot_frees_within_its_ttl_and_another_host_is_admitted() {
     // Restarted, the killed agent carries its host on: every host converges.
     pull.agents.retain(|(h, _)| *h != victim);
     pull.start_agent(&victim);
-    pull.wait("every host runs 1.0", Duration::from_secs(240), || {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
-    });
+    pull.wait_every(&hosts, "1.0", Duration::from_secs(240));
     pull.wait(
         "every slot and intent is gone",
         Duration::from_secs(10),

@@ -18,13 +18,7 @@ fn a_write_on_an_older_snapshot_is_refused_once_a_newer_one_is_published() {
     use std::sync::Arc;
 
     let etcd = Etcd::start();
-    let spec = drover::site::StoreSpec {
-        endpoints: etcd.endpoints().split(',').map(str::to_string).collect(),
-        prefix: PREFIX.into(),
-        lock_ttl: Duration::from_secs(10),
-        tls: None,
-        auth: None,
-    };
+    let spec = etcd.spec(PREFIX, Duration::from_secs(10));
     let keys = Keys::new(PREFIX, "fenced");
     let key = keys.running("db", "db1");
     let put = |v: &str| {
@@ -33,12 +27,7 @@ fn a_write_on_an_older_snapshot_is_refused_once_a_newer_one_is_published() {
             value: v.to_string(),
         }]
     };
-    let value_of = |k: &str| {
-        etcd.keys(k)
-            .into_iter()
-            .find(|(name, _)| name == k)
-            .map(|(_, v)| v)
-    };
+    let value_of = |k: &str| etcd.value(k);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let client = Arc::new(store::Etcd::connect(&spec, "lab").await.expect("connect"));

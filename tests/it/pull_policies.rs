@@ -66,11 +66,7 @@ fn a_canary_goes_alone_and_the_rest_only_once_it_passed() {
         assert!(pull.intervals(h).is_empty(), "{h} ran before the canary");
     }
     pull.start_agent("api1");
-    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
-    });
+    pull.wait_every(&hosts, "1.0", Duration::from_secs(120));
     let logs = pull.agent_logs();
     let canary = pull.intervals("api1");
     assert_eq!(canary.len(), 1, "{canary:?}\n{logs}");
@@ -228,11 +224,7 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
     for (h, _) in hosts {
         pull.start_agent(h);
     }
-    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
-    });
+    pull.wait_every(&hosts, "1.0", Duration::from_secs(120));
     let logs = pull.agent_logs();
     let first = pull.intervals("api1");
     let second = pull.intervals("api2");
@@ -337,11 +329,7 @@ fn publish_follow_shows_the_agents_progress_and_ends_once_every_host_ended() {
     for (h, _) in hosts {
         pull.start_agent(h);
     }
-    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
-    });
+    pull.wait_every(&hosts, "1.0", Duration::from_secs(120));
 
     // 2.0, followed to its end.
     let marks: Vec<usize> = hosts.iter().map(|(h, _)| pull.intervals(h).len()).collect();
@@ -533,11 +521,7 @@ fn publish_follow_ends_a_service_whose_canary_failed_within_its_budget_as_halted
     for (h, _) in hosts {
         pull.start_agent(h);
     }
-    pull.wait("every host runs 1.0", Duration::from_secs(120), || {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some("1.0"))
-    });
+    pull.wait_every(&hosts, "1.0", Duration::from_secs(120));
 
     std::fs::write(pull.host_dir("api1").join("fail"), "").expect("fail marker");
     pull.write_site("2.0", &service(&timed("0.2"), "test ! -e fail"), policy);

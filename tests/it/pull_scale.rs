@@ -47,20 +47,11 @@ fn simulated_agents_converge_a_three_tier_site_a_batch_at_a_time() {
     pull.write_site("1.0", &three_tier(), THIRTY);
     pull.publish();
     pull.start_simulated(hosts.len());
-    let converged = |pull: &Pull, version: &str| {
-        hosts
-            .iter()
-            .all(|(h, c)| pull.recorded(h, c).as_deref() == Some(version))
-    };
-    pull.wait("every host runs 1.0", Duration::from_secs(300), || {
-        converged(&pull, "1.0")
-    });
+    pull.wait_every(&named, "1.0", Duration::from_secs(300));
     let marks: Vec<usize> = hosts.iter().map(|(h, _)| pull.intervals(h).len()).collect();
     pull.write_site("2.0", &three_tier(), THIRTY);
     pull.publish();
-    pull.wait("every host runs 2.0", Duration::from_secs(300), || {
-        converged(&pull, "2.0")
-    });
+    pull.wait_every(&named, "2.0", Duration::from_secs(300));
     let logs = pull.agent_logs();
     // One process ran them all, and said so.
     assert_eq!(pull.agents.len(), 1);

@@ -274,13 +274,7 @@ fn a_late_copy_of_a_write_does_not_undo_the_next_one() {
     use std::sync::Arc;
 
     let etcd = Etcd::start();
-    let spec = drover::site::StoreSpec {
-        endpoints: etcd.endpoints().split(',').map(str::to_string).collect(),
-        prefix: PREFIX.into(),
-        lock_ttl: Duration::from_secs(5),
-        tls: None,
-        auth: None,
-    };
+    let spec = etcd.spec(PREFIX, Duration::from_secs(5));
     let keys = Keys::new(PREFIX, "late");
     let key = keys.running("api", "app1");
     let put = |v: &str| {
@@ -289,12 +283,7 @@ fn a_late_copy_of_a_write_does_not_undo_the_next_one() {
             value: v.to_string(),
         }]
     };
-    let value_of = |k: &str| {
-        etcd.keys(k)
-            .into_iter()
-            .find(|(name, _)| name == k)
-            .map(|(_, v)| v)
-    };
+    let value_of = |k: &str| etcd.value(k);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let client = Arc::new(store::Etcd::connect(&spec, "fleet").await.expect("connect"));

@@ -412,6 +412,26 @@ impl Etcd {
         self.wait_ready(Duration::from_secs(30));
     }
 
+    /// A platform's `store` for this etcd (plain HTTP, no auth): keys under `prefix`, the lock's
+    /// lease of `lock_ttl`.
+    pub fn spec(&self, prefix: &str, lock_ttl: Duration) -> drover::site::StoreSpec {
+        drover::site::StoreSpec {
+            endpoints: self.endpoints().split(',').map(str::to_string).collect(),
+            prefix: prefix.into(),
+            lock_ttl,
+            tls: None,
+            auth: None,
+        }
+    }
+
+    /// The value of `key` itself (not of the keys it is a prefix of), if it is there.
+    pub fn value(&self, key: &str) -> Option<String> {
+        self.keys(key)
+            .into_iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, v)| v)
+    }
+
     /// Every key under `prefix` with its value, through etcd's JSON gateway (plain HTTP only).
     pub fn keys(&self, prefix: &str) -> Vec<(String, String)> {
         use base64::Engine as _;

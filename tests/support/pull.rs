@@ -250,6 +250,15 @@ impl Pull {
         started.elapsed()
     }
 
+    /// Waits up to `limit` until every one of `hosts` (host, service) records `version`.
+    pub fn wait_every(&self, hosts: &[(&str, &str)], version: &str, limit: Duration) -> Duration {
+        self.wait(&format!("every host runs {version}"), limit, || {
+            hosts
+                .iter()
+                .all(|(h, c)| self.recorded(h, c).as_deref() == Some(version))
+        })
+    }
+
     pub fn agent_logs(&self) -> String {
         self.hosts
             .iter()
