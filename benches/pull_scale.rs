@@ -18,6 +18,8 @@ mod etcd;
 #[path = "common/stats.rs"]
 #[allow(dead_code)]
 mod stats;
+#[path = "common/tiers_fleet.rs"]
+mod tiers_fleet;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -25,45 +27,16 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
+use tiers_fleet::{layout, waits};
 
 const PREFIX: &str = "/drover";
 const SITE: &str = "tiers";
 const TIERS: [&str; 3] = ["db", "api", "web"];
-// The compare harness's waits (benches/compare/tiers.rs): the same fleet, host for host.
-const SEED: u64 = 16;
-const WAIT_MIN_MS: u64 = 200;
-const WAIT_SPAN_MS: u64 = 400;
-const STRAGGLER_P: f64 = 0.05;
-const STRAGGLER_FACTOR: u64 = 8;
-
-/// Hosts per tier for a fleet of `n`: 5 % db, 20 % web (at least one of each), the rest api.
-fn layout(n: usize) -> [usize; 3] {
-    let db = (n / 20).max(1);
-    let web = (n / 5).max(1);
-    [db, n.saturating_sub(db + web).max(1), web]
-}
-
-/// A number in [0, 1) from (seed, i): splitmix64.
-fn draw(seed: u64, i: u64) -> f64 {
-    let mut z = seed
-        .wrapping_add(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// The work of the host numbered `i` (install and ready waits, as the harness draws them).
+/// The work of the host numbered `i` (its install and ready waits, as the compare harness
+/// draws them: the same fleet, host for host).
 fn work(i: usize) -> Duration {
-    let i = i as u64 * 3;
-    let ms = |k: u64| WAIT_MIN_MS + (draw(SEED, i + k) * WAIT_SPAN_MS as f64) as u64;
-    let factor = if draw(SEED, i + 2) < STRAGGLER_P {
-        STRAGGLER_FACTOR
-    } else {
-        1
-    };
-    Duration::from_millis((ms(0) + ms(1)) * factor)
+    let (install, ready, _) = waits(i);
+    Duration::from_millis(install + ready)
 }
 
 struct Host {

@@ -34,6 +34,8 @@ mod fleet;
 #[path = "../common/stats.rs"]
 mod stats;
 mod tiers;
+#[path = "../common/tiers_fleet.rs"]
+mod tiers_fleet;
 mod tool;
 
 use fleet::{Fleet, FleetHost};

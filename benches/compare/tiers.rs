@@ -14,6 +14,7 @@
 
 use super::fleet::{self, Fleet, FleetHost};
 use super::stats::load1;
+use super::tiers_fleet::{layout, waits};
 use super::tool::{sshd_lines, ACCEPTED, SESSION};
 use super::{http_version, machine_cpu, Args, Machine, Relay, Tools};
 use drover::plan::Plan;
@@ -38,15 +39,6 @@ const TIERS: [&str; 3] = ["db", "api", "web"];
 /// Each tier's server listens on this port, on its host's address (one service per host).
 const PORT: u16 = 8000;
 const STEPS: [&str; 4] = ["stop", "install", "start", "check"];
-/// The seed of the waits: the same fleet, host for host, on every run and every machine.
-const SEED: u64 = 16;
-/// A wait is uniform in [`WAIT_MIN_MS`, `WAIT_MIN_MS + WAIT_SPAN_MS`) …
-const WAIT_MIN_MS: u64 = 200;
-const WAIT_SPAN_MS: u64 = 400;
-/// … and a host is a straggler with this probability: both its waits `STRAGGLER_FACTOR` times
-/// longer.
-const STRAGGLER_P: f64 = 0.05;
-const STRAGGLER_FACTOR: u64 = 8;
 
 /// One way of rolling the upgrade out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,34 +123,6 @@ impl TierHost {
     fn work(&self) -> Duration {
         Duration::from_millis(self.install_ms + self.ready_ms)
     }
-}
-
-/// Hosts per tier for a fleet of `n`: 5 % db, 20 % web (at least one of each), the rest api;
-/// 10, 150 and 40 at N = 200.
-fn layout(n: usize) -> [usize; 3] {
-    let db = (n / 20).max(1);
-    let web = (n / 5).max(1);
-    [db, n.saturating_sub(db + web).max(1), web]
-}
-
-/// A number in [0, 1) from (seed, i): splitmix64.
-fn draw(seed: u64, i: u64) -> f64 {
-    let mut z = seed
-        .wrapping_add(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// The waits of the host numbered `i` (from 0 across the fleet): install, ready, straggler.
-fn waits(i: usize) -> (u64, u64, bool) {
-    let i = i as u64 * 3;
-    let ms = |k: u64| WAIT_MIN_MS + (draw(SEED, i + k) * WAIT_SPAN_MS as f64) as u64;
-    let straggler = draw(SEED, i + 2) < STRAGGLER_P;
-    let factor = if straggler { STRAGGLER_FACTOR } else { 1 };
-    (ms(0) * factor, ms(1) * factor, straggler)
 }
 
 /// One timed run.

@@ -2,11 +2,9 @@
 //! targets as ratios of medians, and where Drover's time went.
 
 use super::super::stats::median;
+use super::super::tiers_fleet::{SEED, STRAGGLER_FACTOR, STRAGGLER_P, WAIT_MIN_MS, WAIT_SPAN_MS};
 use super::super::{Args, Machine};
-use super::{
-    Ideals, Mode, Sample, Size, MODES, SEED, STRAGGLER_FACTOR, STRAGGLER_P, WAIT_MIN_MS,
-    WAIT_SPAN_MS,
-};
+use super::{Ideals, Mode, Sample, Size, MODES};
 use std::fmt::Write as _;
 
 /// The report: the medians, the ideals and the targets, per fleet size.
