@@ -54,8 +54,8 @@ fn main() {
     let deploy = PathBuf::from(env!("CARGO_BIN_EXE_deploy"));
     let load_before = stats::load1();
     let etcd = etcd::Etcd::start_durable();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dir = dir.path();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
     let mut hosts = Vec::new();
     for (t, count) in layout(n).into_iter().enumerate() {
         for k in 0..count {
@@ -181,6 +181,7 @@ fn main() {
         drover::rollout::ideal_makespan(&plan, |_, h| by_name.get(h).copied().unwrap_or_default());
     let before = metrics(&etcd);
     let agents_cpu_before = cpu_seconds(agents.id());
+    let hosts_cpu_before = children_cpu_seconds(agents.id());
     let marks: Vec<usize> = hosts.iter().map(|h| intervals(dir, h).len()).collect();
     let publish_started = Instant::now();
     run(&["publish", "site.kdl"]);
@@ -203,6 +204,7 @@ fn main() {
     let wall = last.duration_since(published).unwrap_or_default();
     let after = metrics(&etcd);
     let agents_cpu = cpu_seconds(agents.id()) - agents_cpu_before;
+    let hosts_cpu = children_cpu_seconds(agents.id()) - hosts_cpu_before;
     let load_after = stats::load1();
     let _ = Command::new("kill").arg(agents.id().to_string()).status();
     let _ = agents.wait();
@@ -224,6 +226,46 @@ fn main() {
             TIERS[t]
         );
         write!(most, "{} {at_once}/{batch} ", TIERS[t]).unwrap();
+    }
+    // Per tier: its window from the publish, and how long a freed place in the batch stood
+    // empty (the k-th start after the first batch against the (k − batch)-th end: the slot's
+    // hand-over, from one hook's end to the next host's hook starting).
+    let since = published
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let mut windows = String::new();
+    for (t, count) in layout(n).into_iter().enumerate() {
+        let batch = (count * 3 / 10).max(1);
+        let ran = &by_tier[TIERS[t]];
+        let mut starts: Vec<u128> = ran.iter().map(|r| r.0).collect();
+        let mut ends: Vec<u128> = ran.iter().map(|r| r.1).collect();
+        starts.sort_unstable();
+        ends.sort_unstable();
+        let mut handover: Vec<f64> = starts
+            .iter()
+            .skip(batch)
+            .zip(&ends)
+            .map(|(s, e)| s.saturating_sub(*e) as f64 / 1e6)
+            .collect();
+        handover.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            handover
+                .get(((handover.len() as f64 - 1.0) * p).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let at = |ns: u128| ns.saturating_sub(since) as f64 / 1e9;
+        write!(
+            windows,
+            "{} {:.2}→{:.2} s, hand-over {:.0}/{:.0} ms; ",
+            TIERS[t],
+            at(starts.first().copied().unwrap_or(since)),
+            at(ends.last().copied().unwrap_or(since)),
+            q(0.5),
+            q(0.9),
+        )
+        .unwrap();
     }
     let agents_log = std::fs::read_to_string(dir.join("agents.log")).unwrap_or_default();
     let agent_errors = agents_log
@@ -252,22 +294,39 @@ fn main() {
     );
     println!(
         "(first convergence from no state, agents starting: {:.1} s; publish of 2: {:.2} s; \
-         CPU while converging on 2: agents {agents_cpu:.1} s, etcd {:.1} s; etcd bytes sent \
-         {:.0} MiB)",
+         CPU while converging on 2: agents {agents_cpu:.1} s, the hosts' hooks and scripts \
+         {hosts_cpu:.1} s, etcd {:.1} s; etcd bytes sent \
+         {:.0} MiB)\n(tiers from the publish, hand-over median/p90: {})",
         first.as_secs_f64(),
         publish.as_secs_f64(),
         d("process_cpu_seconds_total"),
         d("etcd_network_client_grpc_sent_bytes_total") / 1048576.0,
+        windows.trim_end_matches("; "),
     );
+    // `DROVER_BENCH_KEEP=1`: the hosts' directories and the agents' log stay, for a look after.
+    if std::env::var_os("DROVER_BENCH_KEEP").is_some() {
+        println!("(kept: {})", tmp.keep().display());
+    }
 }
 
 /// The CPU seconds process `pid` used so far (user and system, its threads included).
 fn cpu_seconds(pid: u32) -> f64 {
+    stat_seconds(pid, [11, 12])
+}
+
+/// The CPU seconds of the children process `pid` waited for so far (the hosts' hooks and the
+/// `local` transport's scripts, with what they waited for in turn).
+fn children_cpu_seconds(pid: u32) -> f64 {
+    stat_seconds(pid, [13, 14])
+}
+
+/// Two tick counts of `/proc/<pid>/stat` (numbered after the command's `)`), in seconds.
+fn stat_seconds(pid: u32, at: [usize; 2]) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // After the command's `)`: state is field 3; utime and stime are fields 14 and 15.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = [11, 12]
+    let ticks: f64 = at
         .iter()
         .filter_map(|i| fields.get(*i).and_then(|f| f.parse::<f64>().ok()))
         .sum();

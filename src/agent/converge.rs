@@ -13,7 +13,7 @@ use crate::plan::Plan;
 use crate::rollout::{Event, EventKind, Gate, Sink, Summary};
 use crate::session::Elsewhere;
 use crate::site::ServiceId;
-use crate::state::store::{self, Store, StoreError, Write};
+use crate::state::store::{self, Store, StoreError, View, Write};
 use crate::state::ServiceRecord;
 use std::sync::{Arc, Mutex};
 
@@ -103,12 +103,13 @@ enum Step {
 fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, AgentError> {
     let site = &loaded.site;
     let name = &site.services[sid].name;
-    let first = prepare(agent, loaded, name)?;
-    let Some((capacity, max_failed)) = limits(first.plan(), name) else {
+    // The site's keys, read once and watched: both plans and the waits decide on them.
+    let mut mirror = agent.block_on(agent.etcd.mirror(&agent.keys))?;
+    // The host's lock goes back (the plan dropped) while the agent waits for its slot.
+    let room = limits(prepare(agent, loaded, name, mirror.view())?.plan(), name);
+    let Some((capacity, max_failed)) = room else {
         return Ok(Step::Nothing);
     };
-    // The host's lock goes back while the agent waits for its slot.
-    drop(first);
     let admission = Admission {
         site,
         service: sid,
@@ -117,10 +118,11 @@ fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, Agent
         capacity,
         max_failed,
     };
-    let Some(slot) = agent.block_on(slot::take(agent, &admission))? else {
+    let Some(slot) = agent.block_on(slot::take(agent, &admission, &mut mirror))? else {
         return Ok(Step::Stopped);
     };
-    let prepared = match prepare(agent, loaded, name) {
+    // Planned again with what admitted it: a need met, addresses published meanwhile.
+    let prepared = match prepare(agent, loaded, name, mirror.view()) {
         Ok(p) if limits(p.plan(), name).is_some() => p,
         other => {
             agent.block_on(slot.release());
@@ -192,9 +194,15 @@ fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, Agent
 }
 
 /// The apply stage prepared for `service` on the agent's host only: the other hosts as their
-/// agents published them (read from etcd now), only this one locked and read.
-fn prepare(agent: &Agent, loaded: &Loaded, service: &str) -> Result<apply::Prepared, AgentError> {
-    let view = Arc::new(agent.block_on(agent.etcd.read(&agent.keys))?);
+/// agents published them (`view`: the site's keys as the agent's mirror has them now), only
+/// this one locked and read.
+fn prepare(
+    agent: &Agent,
+    loaded: &Loaded,
+    service: &str,
+    view: &View,
+) -> Result<apply::Prepared, AgentError> {
+    let view = Arc::new(view.clone());
     let own = agent.host.clone();
     let elsewhere = Elsewhere(Arc::new(move |site, hosts, desired| {
         let said = store::observed(&view, site, hosts, desired);

@@ -296,6 +296,8 @@ async fn signals(stop: Arc<AtomicBool>) -> Result<(), AgentError> {
 fn watch(agent: &Agent) -> Result<(), AgentError> {
     let mut done: Option<String> = None;
     let mut watching = None;
+    // Snapshots that etcd failed in a row: each waits longer before the next try.
+    let mut failed = 0u32;
     while !agent.stopping() {
         if watching.is_none() {
             match agent.block_on(agent.etcd.watch(&agent.keys.desired_prefix())) {
@@ -328,9 +330,12 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
         if let Some((digest, revision)) = current.filter(|(d, _)| done.as_ref() != Some(d)) {
             if once(agent, &digest, revision) && !agent.stopping() {
                 done = Some(digest);
+                failed = 0;
             } else if !agent.stopping() {
-                // etcd did not answer: the same snapshot again, a little later.
-                agent.sleep(Duration::from_secs(2));
+                // etcd did not answer: the same snapshot again, later each time, and not all
+                // agents at once (a thousand loading a snapshot together is what failed).
+                agent.sleep(backoff(failed));
+                failed = failed.saturating_add(1);
             }
             continue;
         }
@@ -348,6 +353,22 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
         }
     }
     Ok(())
+}
+
+/// How long to wait before loading a snapshot again after `failed` tries etcd failed in a
+/// row: 2 s, doubled each time up to a minute, each drawn between half and one and a half of
+/// that, so that agents failed together do not come back together.
+fn backoff(failed: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let base = Duration::from_secs(2)
+        .saturating_mul(1 << failed.min(5))
+        .min(Duration::from_secs(60));
+    // A random draw: std's hasher keys are random per process and per call.
+    let draw = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let spread = (draw % 1000) as f64 / 1000.0;
+    base.mul_f64(0.5 + spread)
 }
 
 /// Waits `d` on `runtime` from a thread that need not be in its context: the timer is made
@@ -464,6 +485,26 @@ mod tests {
         .join()
         .expect("the wait did not panic");
         assert!(waited >= std::time::Duration::from_millis(20));
+    }
+
+    #[test]
+    fn a_snapshot_etcd_failed_is_tried_again_later_each_time_and_spread() {
+        use std::time::Duration;
+        for failed in 0..10 {
+            let base = Duration::from_secs(2 << failed.min(5)).min(Duration::from_secs(60));
+            let draws: Vec<Duration> = (0..50).map(|_| super::backoff(failed)).collect();
+            assert!(
+                draws
+                    .iter()
+                    .all(|d| *d >= base / 2 && *d <= base.mul_f64(1.5)),
+                "{failed}: {draws:?}"
+            );
+            // Agents failed together come back apart.
+            let mut distinct = draws.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert!(distinct.len() > 25, "{failed}: {draws:?}");
+        }
     }
 
     #[test]

@@ -13,11 +13,12 @@ use super::{Agent, AgentError};
 use crate::publish::{progress, Rollout};
 use crate::site::{OnFailure, Pause, Quota, Round, ServiceId, Site};
 use crate::state::lock::{Holder, Lock, LockError};
-use crate::state::store::{Fence, LeaseLock, Store, View};
+use crate::state::store::{Fence, LeaseLock, Mirror, View};
 use crate::state::Outcome;
 use std::time::Duration;
 
-/// How often a waiting agent looks at the semaphore and the published status again.
+/// How often a timed pause is looked at again, and how long a waiting agent lets etcd be
+/// before it opens a watch that ended again.
 const POLL: Duration = Duration::from_millis(200);
 
 /// A slot taken and admitted; given back with [`Slot::release`] (or with the lease, when the
@@ -51,11 +52,15 @@ impl Slot {
 /// Takes the service's slot for the agent's host and waits until it is admitted; `None` when
 /// the agent is told to stop meanwhile, or a newer snapshot is published (the slot is given
 /// back: an agent waiting on a spent budget takes up a fixed snapshot).
-pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
-    let Some(waiting) = wave(agent, a).await? else {
+pub async fn take(
+    agent: &Agent,
+    a: &Admission<'_>,
+    mirror: &mut Mirror,
+) -> Result<Option<Slot>, AgentError> {
+    let Some(waiting) = wave(agent, a, mirror).await? else {
         return Ok(None);
     };
-    let slot = slot_after_wave(agent, a).await;
+    let slot = slot_after_wave(agent, a, mirror).await;
     if let Some(waiting) = waiting {
         waiting.release().await;
     }
@@ -63,10 +68,14 @@ pub async fn take(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, Agen
 }
 
 /// Takes the slot once the host's wave may start, and waits for admission.
-async fn slot_after_wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot>, AgentError> {
+async fn slot_after_wave(
+    agent: &Agent,
+    a: &Admission<'_>,
+    mirror: &mut Mirror,
+) -> Result<Option<Slot>, AgentError> {
     let name = &a.site.services[a.service].name;
     let key = agent.keys.slot(name, &agent.host);
-    let (lock, me) = take_key(agent, a, key.clone()).await?;
+    let (lock, me) = take_key(agent, &a.site.name, key.clone()).await?;
     let Some(fence) = lock.fence() else {
         let _ = lock.release(&me).await;
         return Err(AgentError::Store(crate::state::store::StoreError::Failed(
@@ -76,7 +85,7 @@ async fn slot_after_wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Slot
     let slot = Slot { lock, me, fence };
     // Given back on every way out but admission, an error included (a slot kept would hold
     // a place in the semaphore, and refuse `deploy apply`, for as long as the agent runs).
-    match admit(agent, a, &slot, &key).await {
+    match admit(agent, a, &slot, &key, mirror).await {
         Ok(true) => Ok(Some(slot)),
         Ok(false) => {
             slot.release().await;
@@ -106,7 +115,11 @@ impl Waiting {
 /// Waits until the host's wave may start (`Ok(Some(_))`, with the waiting key held when there
 /// was one to wait for), or until the agent is told to stop or a newer snapshot is published
 /// (`Ok(None)`). At once, holding nothing, without a canary or a pause.
-async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Option<Waiting>>, AgentError> {
+async fn wave(
+    agent: &Agent,
+    a: &Admission<'_>,
+    mirror: &mut Mirror,
+) -> Result<Option<Option<Waiting>>, AgentError> {
     let rollout = Rollout::new(a.site, a.hosts, a.service);
     if rollout.canary == 0 && rollout.pause.is_none() {
         return Ok(Some(None));
@@ -115,9 +128,9 @@ async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Option<Waiting>
         return Ok(Some(None));
     };
     let key = agent.keys.waiting(&rollout.name, &agent.host);
-    let (lock, me) = take_key(agent, a, key).await?;
+    let (lock, me) = take_key(agent, &a.site.name, key).await?;
     let waiting = Waiting { lock, me };
-    match wait_for_wave(agent, a, &rollout, position).await {
+    match wait_for_wave(agent, a, &rollout, position, mirror).await {
         Ok(true) => Ok(Some(Some(waiting))),
         other => {
             waiting.release().await;
@@ -131,11 +144,11 @@ async fn wave(agent: &Agent, a: &Admission<'_>) -> Result<Option<Option<Waiting>
 /// taken over.
 async fn take_key(
     agent: &Agent,
-    a: &Admission<'_>,
+    site: &str,
     key: String,
 ) -> Result<(LeaseLock, Holder), AgentError> {
     let lock = LeaseLock::at(agent.etcd.clone(), &agent.keys, key, agent.ttl);
-    let me = Holder::me(&a.site.name, &format!("agent-{}", std::process::id()));
+    let me = Holder::me(site, &format!("agent-{}", std::process::id()));
     match lock.acquire(&me, false).await {
         Ok(_) => {}
         Err(LockError::Held {
@@ -165,32 +178,33 @@ async fn wait_for_wave(
     a: &Admission<'_>,
     rollout: &Rollout,
     position: usize,
+    mirror: &mut Mirror,
 ) -> Result<bool, AgentError> {
     let mut said = None;
+    let resume_key = agent.keys.resume(&rollout.name);
     loop {
-        if agent.stopping() || !current(agent, a).await? {
+        if agent.stopping() || !current(agent, a, mirror) {
             return Ok(false);
         }
-        let view = agent.etcd.read(&agent.keys).await?;
         let resumed = if rollout.pause == Pause::Confirm {
-            let value = agent.etcd.value(&agent.keys.resume(&rollout.name)).await?;
-            progress::resumed(value.as_deref(), a.digest)
+            progress::resumed(mirror.value(&resume_key), a.digest)
         } else {
             0
         };
+        let view = mirror.view();
         // A timed pause runs from when this agent first saw the waves before ended.
         let now = std::time::Instant::now();
         let seen = {
             let mut seen = agent.waves_seen.lock().unwrap_or_else(|e| e.into_inner());
             let key = (rollout.name.clone(), rollout.wave_of(position));
-            if rollout.waves_before_ended(&view, position) {
+            if rollout.waves_before_ended(view, position) {
                 Some(*seen.entry(key).or_insert(now))
             } else {
                 seen.remove(&key);
                 None
             }
         };
-        match rollout.held(&view, position, resumed, seen, now) {
+        match rollout.held(view, position, resumed, seen, now) {
             None => return Ok(true),
             Some(why) => {
                 if said.as_ref() != Some(&why) {
@@ -199,21 +213,43 @@ async fn wait_for_wave(
                 }
             }
         }
-        tokio::time::sleep(POLL).await;
+        // A timed pause ends with no key changing: looked at again every `POLL` meanwhile.
+        next_change(agent, mirror, Some(POLL), &[agent.keys.root().to_string()]).await?;
     }
 }
 
+/// Waits until a key under one of `relevant` changes (every change taken into `mirror`), the
+/// agent is told to stop, or `at_most` has passed; a watch that ended is opened again (the
+/// site read again).
+async fn next_change(
+    agent: &Agent,
+    mirror: &mut Mirror,
+    at_most: Option<Duration>,
+    relevant: &[String],
+) -> Result<(), AgentError> {
+    let changed = tokio::select! {
+        changed = mirror.changed_under(relevant) => changed,
+        () = super::until(agent) => true,
+        () = tokio::time::sleep(at_most.unwrap_or(POLL)), if at_most.is_some() => true,
+    };
+    if !changed {
+        // Not at once again: etcd may be going away.
+        tokio::time::sleep(POLL).await;
+        *mirror = agent.etcd.mirror(&agent.keys).await?;
+    }
+    Ok(())
+}
+
 /// Whether `desired/current` still names the snapshot admission is for (said when not).
-async fn current(agent: &Agent, a: &Admission<'_>) -> Result<bool, AgentError> {
-    let current = agent.etcd.value(&agent.keys.current()).await?;
-    if current.as_deref() == Some(a.digest.as_bytes()) {
-        return Ok(true);
+fn current(agent: &Agent, a: &Admission<'_>, mirror: &Mirror) -> bool {
+    if mirror.value(&agent.keys.current()) == Some(a.digest.as_bytes()) {
+        return true;
     }
     agent.say(&format!(
         "{}: a newer snapshot was published: the slot is given back",
         a.site.services[a.service].name
     ));
-    Ok(false)
+    false
 }
 
 /// Whether a slot's holder is this process (same machine, boot, pid and pid start).
@@ -227,29 +263,42 @@ fn is_mine(h: &Holder, me: &Holder) -> bool {
 }
 
 /// Waits until `slot` is admitted (`true`), or until the agent is told to stop or a newer
-/// snapshot is published (`false`).
+/// snapshot is published (`false`). Decided again on each change of the site's keys, from a
+/// [`Mirror`] of them: no read of etcd while it waits.
 async fn admit(
     agent: &Agent,
     a: &Admission<'_>,
     slot: &Slot,
     key: &str,
+    mirror: &mut Mirror,
 ) -> Result<bool, AgentError> {
     let name = &a.site.services[a.service].name;
     let slots = agent.keys.slots(name);
     let mut said = None;
-    loop {
+    let members = Members::of(a.site, a.hosts, a.service);
+    // What admission is decided on: decided again only when one of these changes.
+    let mut relevant = vec![slots.clone(), agent.keys.lock(), agent.keys.current()];
+    for sid in
+        std::iter::once(a.service).chain(a.site.services[a.service].needs.iter().map(|n| n.service))
+    {
+        let service = &a.site.services[sid].name;
+        relevant.push(agent.keys.status_of(service));
+        relevant.push(agent.keys.running_of(service));
+    }
+    // The slot just taken, in the mirror before anything is counted ahead of it.
+    while !mirror.created_under(&slots).any(|(k, _)| k == key) {
+        next_change(agent, mirror, Some(POLL), &relevant).await?;
         if agent.stopping() {
             return Ok(false);
         }
-        if !current(agent, a).await? {
+    }
+    loop {
+        if agent.stopping() || !current(agent, a, mirror) {
             return Ok(false);
         }
-        let ahead = agent
-            .etcd
-            .created(&slots)
-            .await?
-            .into_iter()
-            .filter(|(k, rev)| *rev < slot.fence.revision && k != key)
+        let ahead = mirror
+            .created_under(&slots)
+            .filter(|(k, rev)| *rev < slot.fence.revision && *k != key)
             .count();
         let waiting = if ahead >= a.capacity {
             Some(format!(
@@ -257,8 +306,7 @@ async fn admit(
                 a.capacity
             ))
         } else {
-            let view = agent.etcd.read(&agent.keys).await?;
-            unmet(&view, a)
+            unmet(mirror.view(), a, &members)
         };
         match waiting {
             None => return Ok(true),
@@ -269,14 +317,14 @@ async fn admit(
                 }
             }
         }
-        tokio::time::sleep(POLL).await;
+        next_change(agent, mirror, None, &relevant).await?;
     }
 }
 
 /// Why the service may not start a step now, from the store: the site's lock is held (a push,
 /// or a publish writing), its failure budget is spent, or a runtime need's `healthy=` is not
 /// met.
-fn unmet(view: &View, a: &Admission<'_>) -> Option<String> {
+fn unmet(view: &View, a: &Admission<'_>, members: &Members<'_>) -> Option<String> {
     let site = a.site;
     let s = &site.services[a.service];
     // Push and pull exclude each other: no step while an apply (or a publish) holds the lock.
@@ -293,7 +341,8 @@ fn unmet(view: &View, a: &Admission<'_>) -> Option<String> {
         OnFailure::Stop => 0,
         OnFailure::Rollback | OnFailure::Revert => a.max_failed,
     };
-    let failed = hosts_of(a, a.service)
+    let failed = members
+        .of_service(a.service)
         .filter(|h| failed_at(view, h, &s.name, &s.version))
         .count();
     if failed > budget {
@@ -302,15 +351,26 @@ fn unmet(view: &View, a: &Admission<'_>) -> Option<String> {
             s.version
         ));
     }
-    for need in &s.needs {
+    needs_unmet(view, site, a.service, members)
+}
+
+/// Which runtime need of `service` has its `healthy=` unmet, as the store says.
+fn needs_unmet(
+    view: &View,
+    site: &Site,
+    service: ServiceId,
+    members: &Members<'_>,
+) -> Option<String> {
+    for need in &site.services[service].needs {
         // Data only: no ordering.
         if need.healthy.is_none() && need.addressable.is_some() {
             continue;
         }
         let x = &site.services[need.service];
-        let of = hosts_of(a, need.service).count();
+        let of = members.of_service(need.service).count();
         let wanted = need.healthy.unwrap_or(Quota::All).of(of, Round::Up);
-        let healthy = hosts_of(a, need.service)
+        let healthy = members
+            .of_service(need.service)
             .filter(|h| healthy_at(view, h, &x.name, &x.version))
             .count();
         if healthy < wanted {
@@ -323,15 +383,41 @@ fn unmet(view: &View, a: &Admission<'_>) -> Option<String> {
     None
 }
 
+/// The published hosts of the service admitted and of its needs, listed once.
+struct Members<'a>(std::collections::HashMap<ServiceId, Vec<&'a str>>);
+
+impl<'a> Members<'a> {
+    fn of(
+        site: &'a Site,
+        manifest: &'a crate::publish::Manifest,
+        service: ServiceId,
+    ) -> Members<'a> {
+        let s = &site.services[service];
+        let ids = std::iter::once(service).chain(s.needs.iter().map(|n| n.service));
+        Members(
+            ids.map(|sid| (sid, hosts_of(site, manifest, sid).collect()))
+                .collect(),
+        )
+    }
+
+    fn of_service(&self, service: ServiceId) -> impl Iterator<Item = &'a str> + '_ {
+        self.0.get(&service).into_iter().flatten().copied()
+    }
+}
+
 /// The published hosts that run `service`.
-fn hosts_of<'a>(a: &'a Admission<'_>, service: ServiceId) -> impl Iterator<Item = &'a str> + 'a {
-    let s = &a.site.services[service];
+fn hosts_of<'a>(
+    site: &'a Site,
+    manifest: &'a crate::publish::Manifest,
+    service: ServiceId,
+) -> impl Iterator<Item = &'a str> + 'a {
+    let s = &site.services[service];
     let classes: Vec<&str> = s
         .classes
         .iter()
-        .map(|c| a.site.classes[*c].name.as_str())
+        .map(|c| site.classes[*c].name.as_str())
         .collect();
-    a.hosts
+    manifest
         .hosts
         .iter()
         .filter(move |h| h.classes.iter().any(|c| classes.contains(&c.as_str())))

@@ -71,6 +71,35 @@ impl Etcd {
     }
 }
 
+/// No mirror without etcd.
+pub enum Mirror {}
+
+impl Etcd {
+    pub async fn mirror(&self, _keys: &Keys) -> Result<Mirror, StoreError> {
+        match *self {}
+    }
+}
+
+impl Mirror {
+    pub fn view(&mut self) -> &View {
+        match *self {}
+    }
+    pub fn value(&self, _key: &str) -> Option<&[u8]> {
+        match *self {}
+    }
+    pub fn created_under<'a>(
+        &'a self,
+        _prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a str, i64)> + use<'a> {
+        match *self {}
+        #[allow(unreachable_code)]
+        std::iter::empty()
+    }
+    pub async fn changed_under(&mut self, _prefixes: &[String]) -> bool {
+        match *self {}
+    }
+}
+
 /// No watch without etcd.
 pub enum Watching {}
 

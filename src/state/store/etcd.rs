@@ -444,28 +444,10 @@ impl Etcd {
         .map(Watching)
     }
 
-    /// The endpoints, as the platform names them.
-    pub fn endpoints(&self) -> String {
-        self.endpoints.join(",")
-    }
-}
-
-/// A watch on a prefix ([`Etcd::watch`]).
-pub struct Watching(WatchStream);
-
-impl Watching {
-    /// Waits until something under the prefix changes (or the watch is confirmed); `false`
-    /// once the watch has ended or failed (open another).
-    pub async fn changed(&mut self) -> bool {
-        matches!(self.0.message().await, Ok(Some(_)))
-    }
-}
-
-impl Store for Etcd {
-    /// Three range reads at one revision: the site's keys but those under `history/` and
-    /// `snapshots/`. The history (runs' snapshots, contents of any size) is no host's state,
-    /// and is read only by `deploy history` and `deploy undo`; nor are pull mode's snapshots.
-    async fn read(&self, keys: &Keys) -> Result<View, StoreError> {
+    /// The site's keys but those under `history/` and `snapshots/` (what [`Store::read`]
+    /// parses), as `(key, value, create revision)`, and the revision they were read at: three
+    /// range reads at one revision.
+    pub async fn site_keys(&self, keys: &Keys) -> Result<(Vec<SiteKey>, i64), StoreError> {
         let root = keys.root().to_string();
         let history = format!("{root}history/");
         // Past every key under `history/`, and the end of the site's keys (`/` + 1 is `0`).
@@ -500,9 +482,43 @@ impl Store for Etcd {
             .chain(middle.take_kvs())
             .chain(rest.take_kvs())
             .collect();
-        let triples = kvs
-            .iter()
-            .filter_map(|kv| Some((kv.key_str().ok()?, kv.value(), kv.create_revision())));
+        let kvs = kvs
+            .into_iter()
+            .filter_map(|kv| {
+                let key = kv.key_str().ok()?.to_string();
+                Some((key, kv.value().to_vec(), kv.create_revision()))
+            })
+            .collect();
+        Ok((kvs, revision))
+    }
+
+    /// The endpoints, as the platform names them.
+    pub fn endpoints(&self) -> String {
+        self.endpoints.join(",")
+    }
+}
+
+/// One key of a site: its name, value and create revision.
+pub type SiteKey = (String, Vec<u8>, i64);
+
+/// A watch on a prefix ([`Etcd::watch`]).
+pub struct Watching(WatchStream);
+
+impl Watching {
+    /// Waits until something under the prefix changes (or the watch is confirmed); `false`
+    /// once the watch has ended or failed (open another).
+    pub async fn changed(&mut self) -> bool {
+        matches!(self.0.message().await, Ok(Some(_)))
+    }
+}
+
+impl Store for Etcd {
+    /// Three range reads at one revision: the site's keys but those under `history/` and
+    /// `snapshots/`. The history (runs' snapshots, contents of any size) is no host's state,
+    /// and is read only by `deploy history` and `deploy undo`; nor are pull mode's snapshots.
+    async fn read(&self, keys: &Keys) -> Result<View, StoreError> {
+        let (kvs, _) = self.site_keys(keys).await?;
+        let triples = kvs.iter().map(|(k, v, c)| (k.as_str(), v.as_slice(), *c));
         Ok(View::parse(keys, triples))
     }
 

@@ -38,6 +38,8 @@ mod clock;
 mod etcd;
 mod lease;
 #[cfg(feature = "etcd")]
+mod mirror;
+#[cfg(feature = "etcd")]
 mod snapshot_fence;
 #[cfg(test)]
 mod tests;
@@ -45,8 +47,12 @@ mod view;
 
 #[cfg(feature = "etcd")]
 pub use etcd::fenced_txn;
+#[cfg(not(feature = "etcd"))]
+pub use etcd::Mirror;
 pub use etcd::{Etcd, Watching};
 pub use lease::{Fence, LeaseLock};
+#[cfg(feature = "etcd")]
+pub use mirror::Mirror;
 pub use view::{
     converged, disagreements, merge, observed, replaced, same_address, to_read, with_port,
     Disagreement, Fingerprints, HostEntry, Published, Said, View,
@@ -158,6 +164,14 @@ impl Keys {
             segment(host),
             category.name()
         )
+    }
+    /// `running/<service>/`: every host's running version of one service.
+    pub fn running_of(&self, service: &str) -> String {
+        format!("{}running/{}/", self.root, segment(service))
+    }
+    /// `status/<service>/`: every host's status of one service.
+    pub fn status_of(&self, service: &str) -> String {
+        format!("{}status/{}/", self.root, segment(service))
     }
     pub fn host(&self, host: &str) -> String {
         format!("{}hosts/{}", self.root, segment(host))

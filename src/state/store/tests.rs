@@ -719,3 +719,66 @@ fn a_host_of_many_services_publishes_its_intent_last_and_each_service_whole() {
         );
     }
 }
+
+/// One change a watch can bring: a step's records, an intent put or cleared, the lock taken
+/// or given back, a slot, a digest, a record deleted.
+fn change(kind: u8, host: u8, version: u8) -> Vec<Write> {
+    let host = format!("app{}", host % 3 + 1);
+    let version = format!("{}.0", version % 3 + 1);
+    let k = keys();
+    let put = |key: String, value: String| vec![Write::Put { key, value }];
+    let delete = |key: String| vec![Write::Delete { key }];
+    match kind % 9 {
+        0 | 1 => step(&host, &healthy(&version)),
+        2 => vec![busy(
+            &k,
+            &host,
+            "api",
+            &version,
+            "agent-1",
+            "2026-11-25T00:00:00Z",
+        )],
+        3 => delete(k.busy(&host)),
+        4 => put(k.lock(), crate::state::lock::Holder::me("shop", "x").json()),
+        5 => delete(k.lock()),
+        6 => put(k.slot("api", &host), "{}".into()),
+        7 => put(k.current(), version),
+        _ => delete(k.running("api", &host)),
+    }
+}
+
+proptest! {
+    /// A mirror's view, kept key by key from a watch's events (`View::put`, `View::forget`,
+    /// parsed again only when a deletion cannot be taken back alone), is the view a range
+    /// read after the same changes gives.
+    #[test]
+    fn a_view_kept_by_puts_and_deletions_is_the_one_read_after_them(
+        changes in proptest::collection::vec((0u8..9, 0u8..3, 0u8..3), 0..40),
+    ) {
+        let k = keys();
+        let mut kv = std::collections::BTreeMap::new();
+        let mut kept = View::default();
+        let mut all = Vec::new();
+        for (kind, host, version) in changes {
+            for w in change(kind, host, version) {
+                match &w {
+                    Write::Put { key, value } => {
+                        kv.insert(key.clone(), value.clone());
+                        kept.put(&k, key, value.as_bytes(), 7);
+                    }
+                    Write::Delete { key } => {
+                        kv.remove(key);
+                        if !kept.forget(&k, key) {
+                            kept = View::parse(
+                                &k,
+                                kv.iter().map(|(k, v)| (k.as_str(), v.as_bytes(), 7)),
+                            );
+                        }
+                    }
+                }
+                all.push(w);
+            }
+        }
+        prop_assert_eq!(format!("{kept:?}"), format!("{:?}", view_of(&all)));
+    }
+}

@@ -120,6 +120,50 @@ impl View {
         view
     }
 
+    /// Takes one key put after the view was read (a watch's event): as [`View::parse`] would
+    /// have, had it been there.
+    pub fn put(&mut self, keys: &Keys, key: &str, value: &[u8], created: i64) {
+        let Some(rest) = key.strip_prefix(keys.root()) else {
+            return;
+        };
+        if let Err(why) = self.take(rest, value, created) {
+            self.problems.push(format!("{key}: {why}"));
+        }
+    }
+
+    /// Forgets one key deleted after the view was read (a watch's event); `false` when this
+    /// view cannot tell what the key's deletion leaves (a service's record or status, a host's
+    /// entry: parse the keys again).
+    pub fn forget(&mut self, keys: &Keys, key: &str) -> bool {
+        let Some(rest) = key.strip_prefix(keys.root()) else {
+            return true;
+        };
+        match rest.split('/').collect::<Vec<_>>().as_slice() {
+            ["lock"] => self.lock = None,
+            ["busy", host] => {
+                let host = unsegment(host);
+                if let Some(entry) = self.hosts.get_mut(&host) {
+                    entry.busy = None;
+                    // As a read finds it: no entry for a host with no key left.
+                    if entry.value.is_none() && entry.services.is_empty() {
+                        self.hosts.remove(&host);
+                    }
+                }
+            }
+            ["writer", _]
+            | ["snapshots", _, _]
+            | ["slots", _, _]
+            | ["waiting", _, _]
+            | ["resume", _]
+            | ["history", ..] => {}
+            ["desired", service] => {
+                self.desired.remove(&unsegment(service));
+            }
+            _ => return false,
+        }
+        true
+    }
+
     fn take(&mut self, rest: &str, value: &[u8], created: i64) -> Result<(), String> {
         let parts: Vec<&str> = rest.split('/').collect();
         let json = |v: &[u8]| -> Result<serde_json::Value, String> {
