@@ -103,31 +103,10 @@ enum Step {
 fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, AgentError> {
     let site = &loaded.site;
     let name = &site.services[sid].name;
-    // The site's keys, read once and watched: both plans and the waits decide on them.
-    let mut mirror = agent.block_on(agent.etcd.mirror(&agent.keys))?;
-    // The host's lock goes back (the plan dropped) while the agent waits for its slot.
-    let room = limits(prepare(agent, loaded, name, mirror.view())?.plan(), name);
-    let Some((capacity, max_failed)) = room else {
-        return Ok(Step::Nothing);
-    };
-    let admission = Admission {
-        site,
-        service: sid,
-        hosts: &loaded.manifest,
-        digest: &loaded.digest,
-        capacity,
-        max_failed,
-    };
-    let Some(slot) = agent.block_on(slot::take(agent, &admission, &mut mirror))? else {
-        return Ok(Step::Stopped);
-    };
-    // Planned again with what admitted it: a need met, addresses published meanwhile.
-    let prepared = match prepare(agent, loaded, name, mirror.view()) {
-        Ok(p) if limits(p.plan(), name).is_some() => p,
-        other => {
-            agent.block_on(slot.release());
-            return other.map(|_| Step::Nothing);
-        }
+    let (slot, prepared) = match admitted(agent, loaded, sid)? {
+        None => return Ok(Step::Nothing),
+        Some(Admitted::Stopped) => return Ok(Step::Stopped),
+        Some(Admitted::Stepping(both)) => *both,
     };
     agent.say(&format!("{name}: admitted, stepping"));
     // The step's intent, in etcd before its first command (as push writes it): an agent that
@@ -191,6 +170,60 @@ fn service(agent: &Agent, loaded: &Loaded, sid: ServiceId) -> Result<Step, Agent
             }
         }
     })
+}
+
+/// How a service's wait for its slot ended (`None` from [`admitted`]: nothing to step).
+enum Admitted {
+    Stopped,
+    Stepping(Box<(slot::Slot, apply::Prepared)>),
+}
+
+/// Plans the step, waits for its slot and plans it again, on a copy of the site's keys read
+/// once and watched (both plans and the waits decide on it) for as long as that lasts, not
+/// while the step runs.
+fn admitted(
+    agent: &Agent,
+    loaded: &Loaded,
+    sid: ServiceId,
+) -> Result<Option<Admitted>, AgentError> {
+    let site = &loaded.site;
+    let name = &site.services[sid].name;
+    let mut mirror = agent.block_on(agent.etcd.mirror(&agent.keys))?;
+    // The host's lock goes back (the plan dropped) while the agent waits for its slot.
+    let room = limits(prepare(agent, loaded, name, mirror.view())?.plan(), name);
+    let Some((capacity, max_failed)) = room else {
+        return Ok(None);
+    };
+    let admission = Admission {
+        site,
+        service: sid,
+        hosts: &loaded.manifest,
+        digest: &loaded.digest,
+        capacity,
+        max_failed,
+    };
+    let Some(slot) = agent.block_on(slot::take(agent, &admission, &mut mirror))? else {
+        return Ok(Some(Admitted::Stopped));
+    };
+    // Planned again with what admitted it and what came since (a need met, addresses
+    // published meanwhile): the changes already received taken first.
+    if !agent.block_on(mirror.catch_up()) {
+        match agent.block_on(agent.etcd.mirror(&agent.keys)) {
+            Ok(m) => mirror = m,
+            Err(e) => {
+                agent.block_on(slot.release());
+                return Err(e.into());
+            }
+        }
+    }
+    let prepared = match prepare(agent, loaded, name, mirror.view()) {
+        Ok(p) if limits(p.plan(), name).is_some() => p,
+        other => {
+            agent.block_on(slot.release());
+            return other.map(|_| None);
+        }
+    };
+    Ok(Some(Admitted::Stepping(Box::new((slot, prepared)))))
 }
 
 /// The apply stage prepared for `service` on the agent's host only: the other hosts as their

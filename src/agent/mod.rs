@@ -334,7 +334,13 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
             } else if !agent.stopping() {
                 // etcd did not answer: the same snapshot again, later each time, and not all
                 // agents at once (a thousand loading a snapshot together is what failed).
-                agent.sleep(backoff(failed));
+                let wait = backoff(failed);
+                agent.block_on(async {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = until(agent) => {}
+                    }
+                });
                 failed = failed.saturating_add(1);
             }
             continue;
@@ -356,19 +362,20 @@ fn watch(agent: &Agent) -> Result<(), AgentError> {
 }
 
 /// How long to wait before loading a snapshot again after `failed` tries etcd failed in a
-/// row: 2 s, doubled each time up to a minute, each drawn between half and one and a half of
+/// row: 2 s, doubled each time up to 32 s, each drawn between half and one and a half of
 /// that, so that agents failed together do not come back together.
 fn backoff(failed: u32) -> Duration {
+    spread(Duration::from_secs(2).saturating_mul(1 << failed.min(4)))
+}
+
+/// `d` drawn between half and one and a half of it.
+fn spread(d: Duration) -> Duration {
     use std::hash::{BuildHasher, Hasher};
-    let base = Duration::from_secs(2)
-        .saturating_mul(1 << failed.min(5))
-        .min(Duration::from_secs(60));
     // A random draw: std's hasher keys are random per process and per call.
     let draw = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
-    let spread = (draw % 1000) as f64 / 1000.0;
-    base.mul_f64(0.5 + spread)
+    d.mul_f64(0.5 + (draw % 1000) as f64 / 1000.0)
 }
 
 /// Waits `d` on `runtime` from a thread that need not be in its context: the timer is made
@@ -491,7 +498,7 @@ mod tests {
     fn a_snapshot_etcd_failed_is_tried_again_later_each_time_and_spread() {
         use std::time::Duration;
         for failed in 0..10 {
-            let base = Duration::from_secs(2 << failed.min(5)).min(Duration::from_secs(60));
+            let base = Duration::from_secs(2 << failed.min(4));
             let draws: Vec<Duration> = (0..50).map(|_| super::backoff(failed)).collect();
             assert!(
                 draws

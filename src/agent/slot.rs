@@ -228,13 +228,14 @@ async fn next_change(
     relevant: &[String],
 ) -> Result<(), AgentError> {
     let changed = tokio::select! {
-        changed = mirror.changed_under(relevant) => changed,
+        changed = mirror.changed_under(&agent.etcd, relevant) => changed,
         () = super::until(agent) => true,
         () = tokio::time::sleep(at_most.unwrap_or(POLL)), if at_most.is_some() => true,
     };
     if !changed {
-        // Not at once again: etcd may be going away.
-        tokio::time::sleep(POLL).await;
+        // Not at once again (etcd may be going away), and not every agent together (a
+        // cancelled watch may be every agent's).
+        tokio::time::sleep(super::spread(POLL * 2)).await;
         *mirror = agent.etcd.mirror(&agent.keys).await?;
     }
     Ok(())
@@ -285,8 +286,14 @@ async fn admit(
         relevant.push(agent.keys.status_of(service));
         relevant.push(agent.keys.running_of(service));
     }
-    // The slot just taken, in the mirror before anything is counted ahead of it.
-    while !mirror.created_under(&slots).any(|(k, _)| k == key) {
+    // The slot just taken (this very key, at its create revision: not one this process left
+    // before under the same name), in the mirror before anything is counted ahead of it: the
+    // watch brings keys in revision order, so every slot created before it is there too.
+    let mine = slot.fence.revision;
+    while !mirror
+        .created_under(&slots)
+        .any(|(k, created)| k == key && created == mine)
+    {
         next_change(agent, mirror, Some(POLL), &relevant).await?;
         if agent.stopping() {
             return Ok(false);

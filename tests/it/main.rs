@@ -52,6 +52,7 @@ mod store;
 mod store_cluster;
 mod store_faults;
 mod store_intents;
+mod store_mirror;
 mod store_takeover;
 mod templates;
 mod undo;

@@ -95,7 +95,10 @@ impl Mirror {
         #[allow(unreachable_code)]
         std::iter::empty()
     }
-    pub async fn changed_under(&mut self, _prefixes: &[String]) -> bool {
+    pub async fn changed_under(&mut self, _etcd: &Etcd, _prefixes: &[String]) -> bool {
+        match *self {}
+    }
+    pub async fn catch_up(&mut self) -> bool {
         match *self {}
     }
 }

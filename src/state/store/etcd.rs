@@ -26,7 +26,7 @@ use tokio::sync::Mutex;
 
 /// Replies as large as a site's whole state (10,000 hosts is about 6.5 MiB): far above gRPC's
 /// default of 4 MiB.
-const MAX_REPLY: usize = 256 * 1024 * 1024;
+pub(super) const MAX_REPLY: usize = 256 * 1024 * 1024;
 
 /// A connection to an etcd cluster.
 pub struct Etcd {
@@ -382,6 +382,17 @@ impl Etcd {
             .into_iter()
             .next()
             .map(|kv| kv.value().to_vec()))
+    }
+
+    /// The revision etcd's quorum is at now (a linearizable read of `key`'s count).
+    pub async fn revision(&self, key: &str) -> Result<i64, StoreError> {
+        let r = self
+            .call(|mut c| {
+                let key = key.to_string();
+                async move { c.get(key, Some(GetOptions::new().with_count_only())).await }
+            })
+            .await?;
+        Ok(r.header().map_or(0, |h| h.revision()))
     }
 
     /// Every key under `prefix` with its value (keys only, values empty, with `keys_only`),

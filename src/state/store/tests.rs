@@ -728,7 +728,7 @@ fn change(kind: u8, host: u8, version: u8) -> Vec<Write> {
     let k = keys();
     let put = |key: String, value: String| vec![Write::Put { key, value }];
     let delete = |key: String| vec![Write::Delete { key }];
-    match kind % 9 {
+    match kind % 13 {
         0 | 1 => step(&host, &healthy(&version)),
         2 => vec![busy(
             &k,
@@ -743,7 +743,15 @@ fn change(kind: u8, host: u8, version: u8) -> Vec<Write> {
         5 => delete(k.lock()),
         6 => put(k.slot("api", &host), "{}".into()),
         7 => put(k.current(), version),
-        _ => delete(k.running("api", &host)),
+        8 => delete(k.running("api", &host)),
+        // A value of another schema where a good one was: a problem, not the value before.
+        9 => put(
+            k.status("api", &host, Category::Validated),
+            "{\"schema\":99}".into(),
+        ),
+        10 => vec![seen(&host, version.starts_with('1'))],
+        11 => delete(k.host(&host)),
+        _ => delete(k.status("api", &host, Category::Configured)),
     }
 }
 
@@ -753,7 +761,7 @@ proptest! {
     /// read after the same changes gives.
     #[test]
     fn a_view_kept_by_puts_and_deletions_is_the_one_read_after_them(
-        changes in proptest::collection::vec((0u8..9, 0u8..3, 0u8..3), 0..40),
+        changes in proptest::collection::vec((0u8..13, 0u8..3, 0u8..3), 0..40),
     ) {
         let k = keys();
         let mut kv = std::collections::BTreeMap::new();
@@ -764,7 +772,12 @@ proptest! {
                 match &w {
                     Write::Put { key, value } => {
                         kv.insert(key.clone(), value.clone());
-                        kept.put(&k, key, value.as_bytes(), 7);
+                        if !kept.put(&k, key, value.as_bytes(), 7) {
+                            kept = View::parse(
+                                &k,
+                                kv.iter().map(|(k, v)| (k.as_str(), v.as_bytes(), 7)),
+                            );
+                        }
                     }
                     Write::Delete { key } => {
                         kv.remove(key);

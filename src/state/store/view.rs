@@ -120,15 +120,17 @@ impl View {
         view
     }
 
-    /// Takes one key put after the view was read (a watch's event): as [`View::parse`] would
-    /// have, had it been there.
-    pub fn put(&mut self, keys: &Keys, key: &str, value: &[u8], created: i64) {
+    /// Takes one key put after the view was read (a watch's event) as [`View::parse`] would
+    /// have, had it been there; `false` when this view cannot tell what it leaves (a value it
+    /// cannot read, which a parse would leave out instead of the one before, or a view with
+    /// problems: parse the keys again).
+    pub fn put(&mut self, keys: &Keys, key: &str, value: &[u8], created: i64) -> bool {
         let Some(rest) = key.strip_prefix(keys.root()) else {
-            return;
+            return true;
         };
-        if let Err(why) = self.take(rest, value, created) {
-            self.problems.push(format!("{key}: {why}"));
-        }
+        // A view with problems says which keys: parsed again, so that a key fixed since
+        // is not still said.
+        self.take(rest, value, created).is_ok() && self.problems.is_empty()
     }
 
     /// Forgets one key deleted after the view was read (a watch's event); `false` when this
@@ -138,6 +140,9 @@ impl View {
         let Some(rest) = key.strip_prefix(keys.root()) else {
             return true;
         };
+        if !self.problems.is_empty() {
+            return false;
+        }
         match rest.split('/').collect::<Vec<_>>().as_slice() {
             ["lock"] => self.lock = None,
             ["busy", host] => {
@@ -187,7 +192,10 @@ impl View {
             // Pull mode: the snapshot's digest (a service of that name has a JSON value),
             // the snapshots themselves, the slots and the hosts waiting for their wave: nothing
             // a host runs.
-            ["desired", "current"] if !value.starts_with(b"{") => {}
+            ["desired", "current"] if !value.starts_with(b"{") => {
+                // A digest where a service's value was (kept key by key): not a service.
+                self.desired.remove("current");
+            }
             ["snapshots", _, _] | ["slots", _, _] | ["waiting", _, _] | ["resume", _] => {}
             ["desired", service] => {
                 self.desired
