@@ -235,13 +235,7 @@ impl Session {
             core: Core {
                 runtime,
                 cancel,
-                run_id: format!(
-                    "{}-{}",
-                    humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-                        .to_string()
-                        .replace(':', ""),
-                    std::process::id()
-                ),
+                run_id: run_id(std::time::SystemTime::now(), next_run()),
                 root: options
                     .controller
                     .clone()
@@ -301,6 +295,26 @@ pub fn plan_digest(plan: &Plan) -> String {
         .collect()
 }
 
+/// How many sessions this process began before this one.
+fn next_run() -> u64 {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A run's id (`.drover/runs/<run>`): its start to the second and this process's id, then,
+/// for the process's second session and later, their number. A long-lived process (a pull
+/// agent) begins a run per step, two of them sometimes within one second: each has a
+/// directory, and a journal, of its own.
+fn run_id(at: std::time::SystemTime, earlier: u64) -> String {
+    let at = humantime::format_rfc3339_seconds(at)
+        .to_string()
+        .replace(':', "");
+    match earlier {
+        0 => format!("{at}-{}", std::process::id()),
+        n => format!("{at}-{}-{}", std::process::id(), n + 1),
+    }
+}
+
 /// A line from the terminal; empty if a signal comes first (the question then counts as
 /// not answered: the caller ends its prompt's line).
 pub fn read_answer() -> String {
@@ -323,6 +337,25 @@ pub fn read_answer() -> String {
             Ok(answer) => return answer,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(_) => return String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn two_runs_of_one_process_within_one_second_have_two_ids() {
+        // A pull agent stepping twice within one second: the second run's directory was the
+        // first's ("File exists" creating its journal), and the step failed.
+        let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_765_000_000);
+        let pid = std::process::id();
+        let first = super::run_id(at, 0);
+        let second = super::run_id(at, 1);
+        assert_eq!(first, format!("2025-12-06T054640Z-{pid}"));
+        assert_eq!(second, format!("2025-12-06T054640Z-{pid}-2"));
+        assert!(first < second, "runs of one second sort in their order");
+        for id in [&first, &second] {
+            assert!(crate::history::RunId::parse(id).is_some(), "{id}");
         }
     }
 }
