@@ -15,12 +15,15 @@
 
 #[path = "../tests/support/etcd.rs"]
 mod etcd;
+#[path = "../tests/support/intervals.rs"]
+mod intervals;
 #[path = "common/stats.rs"]
 #[allow(dead_code)]
 mod stats;
 #[path = "common/tiers_fleet.rs"]
 mod tiers_fleet;
 
+use intervals::most_at_once;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -366,21 +369,6 @@ fn intervals(dir: &Path, h: &Host) -> Vec<(u128, u128)> {
         }
     }
     out
-}
-
-/// The most intervals open at one instant.
-fn most_at_once(intervals: &[(u128, u128)]) -> usize {
-    let mut edges: Vec<(u128, i32)> = intervals
-        .iter()
-        .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
-        .collect();
-    edges.sort();
-    let (mut open, mut most) = (0i32, 0i32);
-    for (_, d) in edges {
-        open += d;
-        most = most.max(open);
-    }
-    usize::try_from(most).unwrap_or(0)
 }
 
 /// etcd's counters from its /metrics (summed over labels), with its revision (`revision`),

@@ -49,6 +49,19 @@ pub struct Request {
     pub auth: Option<crate::site::StoreAuth>,
 }
 
+impl Request {
+    /// The store the agent talks to, as a platform's `store "etcd"` would name it.
+    fn spec(&self) -> StoreSpec {
+        StoreSpec {
+            endpoints: self.endpoints.clone(),
+            prefix: self.prefix.clone(),
+            lock_ttl: self.ttl,
+            tls: self.tls.clone(),
+            auth: self.auth.clone(),
+        }
+    }
+}
+
 /// Why the agent cannot go on.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum AgentError {
@@ -221,14 +234,7 @@ fn start(
         None => state_dir.join("secrets"),
     };
     load::private_dir(&state_dir)?;
-    let spec = StoreSpec {
-        endpoints: request.endpoints.clone(),
-        prefix: request.prefix.clone(),
-        lock_ttl: request.ttl,
-        tls: request.tls.clone(),
-        auth: request.auth.clone(),
-    };
-    let etcd = runtime.block_on(Etcd::connect(&spec, "agent"))?;
+    let etcd = runtime.block_on(Etcd::connect(&request.spec(), "agent"))?;
     let agent = Agent {
         etcd: Arc::new(etcd),
         keys: Keys::new(&request.prefix, &request.site),

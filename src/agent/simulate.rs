@@ -7,7 +7,6 @@
 
 use super::{load, start, Agent, AgentError, Place, Request};
 use crate::apply::Say;
-use crate::site::StoreSpec;
 use crate::state::store::{Etcd, Keys};
 use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
@@ -101,14 +100,7 @@ pub fn simulate(request: &Request, n: usize, say: Say) -> Result<(), AgentError>
 
 /// The first `n` hosts of the snapshot `desired/current` names, in the manifest's order.
 async fn published_hosts(request: &Request, n: usize) -> Result<Vec<String>, AgentError> {
-    let spec = StoreSpec {
-        endpoints: request.endpoints.clone(),
-        prefix: request.prefix.clone(),
-        lock_ttl: request.ttl,
-        tls: request.tls.clone(),
-        auth: request.auth.clone(),
-    };
-    let etcd = Etcd::connect(&spec, "agent").await?;
+    let etcd = Etcd::connect(&request.spec(), "agent").await?;
     let keys = Keys::new(&request.prefix, &request.site);
     let Some(digest) = etcd.value(&keys.current()).await? else {
         return Err(AgentError::Usage {

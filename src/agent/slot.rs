@@ -279,10 +279,8 @@ async fn admit(
     let members = Members::of(a.site, a.hosts, a.service);
     // What admission is decided on: decided again only when one of these changes.
     let mut relevant = vec![slots.clone(), agent.keys.lock(), agent.keys.current()];
-    for sid in
-        std::iter::once(a.service).chain(a.site.services[a.service].needs.iter().map(|n| n.service))
-    {
-        let service = &a.site.services[sid].name;
+    for sid in members.0.keys() {
+        let service = &a.site.services[*sid].name;
         relevant.push(agent.keys.status_of(service));
         relevant.push(agent.keys.running_of(service));
     }

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod etcd;
 pub mod fleet;
 pub mod hooks;
+pub mod intervals;
 pub mod moto;
 pub mod process;
 pub mod pull;

@@ -60,9 +60,6 @@ impl Etcd {
     ) -> Result<(), StoreError> {
         match *self {}
     }
-    pub async fn created(&self, _prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
-        match *self {}
-    }
     pub async fn watch(&self, _prefix: &str) -> Result<Watching, StoreError> {
         match *self {}
     }

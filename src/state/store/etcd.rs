@@ -14,7 +14,7 @@ use super::{Fence, Keys, Store, StoreError, View, Write, MAX_OPS};
 use crate::site::StoreSpec;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions, WatchStream,
 };
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -313,19 +313,15 @@ impl Etcd {
         lease: i64,
         patience: Duration,
     ) -> Result<Result<i64, (Vec<u8>, i64, i64)>, StoreError> {
-        let r = self
-            .call_for(patience, |mut c| {
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key,
-                        value,
-                        Some(PutOptions::new().with_lease(lease)),
-                    )])
-                    .or_else([TxnOp::get(key, None)]);
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let r = self.txn_for(patience, txn).await?;
         let revision = r.header().map_or(0, |h| h.revision());
         if r.succeeded() {
             return Ok(Ok(revision));
@@ -343,14 +339,25 @@ impl Etcd {
 
     /// Deletes `key` only while its create revision is `revision`; whether it did.
     pub async fn delete_if(&self, key: &str, revision: i64) -> Result<bool, StoreError> {
-        self.call(|mut c| {
-            let txn = Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-                .and_then([TxnOp::delete(key, None)]);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+            .and_then([TxnOp::delete(key, None)]);
+        self.txn(txn).await.map(|r| r.succeeded())
+    }
+
+    /// Sends `txn` as [`Etcd::call`] sends a call (it is safe to send twice: every one this
+    /// store sends is conditioned).
+    pub(super) async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        self.txn_for(self.patience, txn).await
+    }
+
+    /// [`Etcd::txn`], trying for at most `patience`.
+    async fn txn_for(&self, patience: Duration, txn: Txn) -> Result<TxnResponse, StoreError> {
+        self.call_for(patience, |mut c| {
+            let txn = txn.clone();
             async move { c.txn(txn).await }
         })
         .await
-        .map(|r| r.succeeded())
     }
 
     /// Puts `value` at `key`, not fenced by the site's lock: only for keys no other run
@@ -423,22 +430,6 @@ impl Etcd {
                 let key = kv.key_str().ok()?.to_string();
                 Some((key, kv.value().to_vec()))
             })
-            .collect())
-    }
-
-    /// Every key under `prefix` with its create revision, in key order (a pull agent's
-    /// semaphore: who came first).
-    pub async fn created(&self, prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
-        let mut r = self
-            .call(|mut c| {
-                let prefix = prefix.to_string();
-                let options = GetOptions::new().with_prefix().with_keys_only();
-                async move { c.get(prefix, Some(options)).await }
-            })
-            .await?;
-        Ok(r.take_kvs()
-            .into_iter()
-            .filter_map(|kv| Some((kv.key_str().ok()?.to_string(), kv.create_revision())))
             .collect())
     }
 
@@ -541,13 +532,7 @@ impl Store for Etcd {
         let writes = super::last_per_key(writes);
         for chunk in writes.chunks(MAX_OPS) {
             let done = written.get(&fence.counter).copied().unwrap_or(0);
-            let txn = fenced_txn(fence, done, chunk);
-            let r = self
-                .call(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
+            let r = self.txn(fenced_txn(fence, done, chunk)).await?;
             if !r.succeeded() {
                 // Either the lock is no longer this run's, or a copy of this very transaction
                 // sent before (an attempt cut short, another member asked beside it) was

@@ -33,13 +33,7 @@ impl Etcd {
     ) -> Result<(), StoreError> {
         let writes = super::last_per_key(writes);
         for chunk in writes.chunks(MAX_OPS) {
-            let txn = if_unchanged_txn(key, revision, chunk);
-            let r = self
-                .call(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
+            let r = self.txn(if_unchanged_txn(key, revision, chunk)).await?;
             if !r.succeeded() {
                 let now = r
                     .op_responses()
