@@ -225,6 +225,14 @@ fn a_timed_pause_holds_the_next_wave_after_the_one_before_ended() {
         pull.start_agent(h);
     }
     pull.wait_every(&hosts, "1.0", Duration::from_secs(120));
+    // A host records its version before its check runs: its hooks' log is read once both of
+    // its hooks have ended (a hook that never runs fails the count below after the wait).
+    pull.wait("every check ended", Duration::from_secs(30), || {
+        hosts.iter().all(|(h, _)| {
+            let ran = pull.intervals(h);
+            ran.len() >= 2 && ran.iter().all(|i| i.2 != u128::MAX)
+        })
+    });
     let logs = pull.agent_logs();
     let first = pull.intervals("api1");
     let second = pull.intervals("api2");
